@@ -1,0 +1,99 @@
+"""One run's settings, checked in one place for the Python API and the CLI alike."""
+
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+from .errors import UsageError
+
+DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
+ALGORITHMS = ("atomics", "ring")
+BACKENDS = ("auto", "cpu", "cuda", "iris")
+
+MAX_DIM = 1 << 20            # a side longer than this is a typo, not a workload
+MAX_WORLD_SIZE = 64
+MAX_PROGRAMS = 4096
+MIN_BLOCK, MAX_BLOCK = 16, 256   # tl.dot needs 16 on each side; 256 keeps a tile in registers
+
+
+def dtype_name(dtype):
+    """'fp16' / 'bf16' / 'fp32' for a torch dtype or one of those names; UsageError otherwise."""
+    for name, torch_dtype in DTYPES.items():
+        if dtype in (name, torch_dtype):
+            return name
+    raise UsageError(f"datatype {dtype!r} is not supported: use one of {', '.join(DTYPES)}")
+
+
+def k_bounds(K, world_size, rank):
+    """The K-slice [start, end) that ``rank`` holds. Uneven K: the first K % world_size ranks get one more."""
+    base, extra = divmod(K, world_size)
+    start = rank * base + min(rank, extra)
+    return start, start + base + (1 if rank < extra else 0)
+
+
+def _positive_int(name, value, largest):
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise UsageError(f"{name}={value!r} is not an integer: use a whole number from 1 to {largest}")
+    if not 1 <= value <= largest:
+        raise UsageError(f"{name}={value} is out of range: use a whole number from 1 to {largest}")
+
+
+@dataclass
+class RunConfig:
+    """Everything that fixes one fused GEMM + all-reduce run. Names follow Iris's benchmark flags."""
+
+    m: int = 256
+    n: int = 256
+    k: int = 256
+    datatype: str = "fp16"
+    algorithm: str = "ring"
+    BLK_M: int = 32
+    BLK_N: int = 32
+    BLK_K: int = 32
+    gsize_m: int = 4
+    num_sms: int = 4            # persistent programs per rank
+    world_size: int = 2
+    iterations: int = 1
+    timeout_s: float = 60.0     # watchdog on every spin-wait
+    trace: bool = False
+    seed: int = 0
+    # Compiled-GPU tuning; ignored by the interpreter.
+    num_warps: int = 4
+    num_stages: int = 3
+    extra: dict = field(default_factory=dict)
+
+    def validate(self):
+        """Raise UsageError (one line) for the first bad value; return self."""
+        for name in ("m", "n", "k"):
+            _positive_int(name, getattr(self, name), MAX_DIM)
+        self.datatype = dtype_name(self.datatype)
+        if self.algorithm not in ALGORITHMS:
+            raise UsageError(f"algorithm {self.algorithm!r} is not known: use one of {', '.join(ALGORITHMS)}")
+        for name in ("BLK_M", "BLK_N", "BLK_K"):
+            value = getattr(self, name)
+            _positive_int(name, value, MAX_BLOCK)
+            if value < MIN_BLOCK or value & (value - 1):
+                raise UsageError(f"{name}={value} is not allowed: use a power of two from {MIN_BLOCK} to {MAX_BLOCK}")
+        _positive_int("gsize_m", self.gsize_m, MAX_PROGRAMS)
+        _positive_int("num_sms", self.num_sms, MAX_PROGRAMS)
+        _positive_int("world_size", self.world_size, MAX_WORLD_SIZE)
+        _positive_int("iterations", self.iterations, 1_000_000)
+        _positive_int("num_warps", self.num_warps, 32)
+        if self.num_warps & (self.num_warps - 1):
+            raise UsageError(f"num_warps={self.num_warps} is not allowed: use a power of two from 1 to 32")
+        _positive_int("num_stages", self.num_stages, 8)
+        if not (isinstance(self.timeout_s, (int, float)) and 0 < self.timeout_s <= 86400):
+            raise UsageError(f"timeout_s={self.timeout_s!r} is not allowed: use seconds between 0 and 86400")
+        return self
+
+    @property
+    def torch_dtype(self):
+        return DTYPES[self.datatype]
+
+    @property
+    def tiles(self):
+        """(tiles along M, tiles along N)."""
+        return -(-self.m // self.BLK_M), -(-self.n // self.BLK_N)
+
+    def to_dict(self):
+        return asdict(self)

@@ -1,0 +1,209 @@
+"""The device API: Triton functions that read, write and atomically update another rank's heap.
+
+Every rank's symmetric heap holds the same buffers at the same offsets. A kernel on rank ``r`` that wants
+the copy of a buffer that lives on rank ``q`` takes its own pointer, subtracts its own heap base and adds
+rank ``q``'s base, as seen from this process: ``heap_bases[q]``. That is :func:`translate`; every other
+function here is a Triton memory operation applied to a translated pointer.
+
+The argument order follows Iris, so a kernel written against this module ports to Iris by changing one
+import. ``ptr`` is always an address in the calling rank's own heap; data flows *from* ``from_rank``
+*to* ``to_rank``:
+
+- ``load(ptr, to_rank, from_rank, heap_bases)``: the caller (``to_rank``) reads ``from_rank``'s copy.
+- ``store(ptr, value, from_rank, to_rank, heap_bases)``: the caller (``from_rank``) writes ``to_rank``'s copy.
+- ``atomic_*(ptr, value, from_rank, to_rank, heap_bases, mask=, sem=, scope=)``: the caller updates
+  ``to_rank``'s copy and gets the old value back.
+
+``sem`` is one of ``"relaxed"``, ``"acquire"``, ``"release"``, ``"acq_rel"``; ``scope`` one of ``"cta"``,
+``"gpu"``, ``"sys"``. Across ranks use ``scope="sys"``: the peer is another device (or process).
+
+Under the Triton interpreter (``TRITON_INTERPRET=1``, the cpu backend) the same source runs as Python
+over numpy; the heaps are shared-memory mappings, so a translated pointer is a real address in this
+process and the atomics are real atomics across processes. Two things differ there and are chosen by the
+constexpr ``INTERPRETER``: the clock (:func:`now`) and a short sleep while spinning, so that waiting ranks
+leave the cores to the ranks they wait for.
+"""
+
+import os
+import time
+
+import triton
+import triton.language as tl
+
+# Read once, when gemmar is imported, exactly as Triton itself decides at decoration time.
+INTERPRETER = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") == "1")
+
+
+def _is_rocm():
+    try:
+        import torch
+
+        return torch.version.hip is not None
+    except Exception:  # pragma: no cover - torch is a hard dependency
+        return False
+
+
+# Which hardware timer now() reads when compiled: NVIDIA %globaltimer (ns) or AMD s_memrealtime.
+AMD_TIMER = tl.constexpr(_is_rocm())
+
+# How long a spinning program sleeps between polls under the interpreter (seconds).
+INTERPRETER_POLL_S = 50e-6
+
+
+def _host_clock_ns():
+    # CLOCK_MONOTONIC is one clock for every process on the machine, so events of all ranks line up.
+    return tl.full((), time.monotonic_ns(), tl.int64)
+
+
+def _host_pause():
+    time.sleep(INTERPRETER_POLL_S)
+
+
+# Marking these as builtins lets @triton.jit code name them. They are only ever reached inside an
+# `if INTERPRETER:` branch, which the compiler never visits when it compiles for a GPU.
+_host_clock_ns.__triton_builtin__ = True
+_host_pause.__triton_builtin__ = True
+
+
+@triton.jit
+def now():
+    """A timestamp in nanoseconds, comparable across all ranks of one machine."""
+    if INTERPRETER:
+        t = _host_clock_ns()
+    elif AMD_TIMER:
+        # s_memrealtime counts a constant 100 MHz clock; scale to ns. Untested: no AMD GPU here.
+        t = tl.inline_asm_elementwise("s_memrealtime $0\ns_waitcnt lgkmcnt(0)", "=s", [], dtype=tl.int64,
+                                      is_pure=False, pack=1) * 10
+    else:
+        t = tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False,
+                                      pack=1)
+    return t
+
+
+@triton.jit
+def pause():
+    """Called once per poll of a spin-wait: under the interpreter, give the core to the other ranks."""
+    if INTERPRETER:
+        _host_pause()
+
+
+@triton.jit
+def translate(ptr, from_rank, to_rank, heap_bases):
+    """``ptr`` as an address in ``from_rank``'s heap -> the same offset in ``to_rank``'s heap."""
+    from_base = tl.load(heap_bases + from_rank)
+    to_base = tl.load(heap_bases + to_rank)
+    offset = tl.cast(ptr, tl.uint64) - from_base.to(tl.uint64)
+    to_base_bytes = tl.cast(to_base, tl.pointer_type(tl.int8))
+    return tl.cast(to_base_bytes + offset, ptr.dtype)
+
+
+@triton.jit
+def load(ptr, to_rank, from_rank, heap_bases, mask=None):
+    """The caller (``to_rank``) reads ``from_rank``'s copy of ``ptr``."""
+    return tl.load(translate(ptr, to_rank, from_rank, heap_bases), mask=mask)
+
+
+@triton.jit
+def store(ptr, value, from_rank, to_rank, heap_bases, mask=None):
+    """The caller (``from_rank``) writes ``value`` into ``to_rank``'s copy of ``ptr``."""
+    tl.store(translate(ptr, from_rank, to_rank, heap_bases), value, mask=mask)
+
+
+@triton.jit
+def get(from_ptr, to_ptr, from_rank, to_rank, heap_bases, mask=None):
+    """Copy ``from_rank``'s ``from_ptr`` data into the caller's (``to_rank``) local ``to_ptr``."""
+    data = tl.load(translate(from_ptr, to_rank, from_rank, heap_bases), mask=mask)
+    tl.store(to_ptr, data, mask=mask)
+
+
+@triton.jit
+def put(from_ptr, to_ptr, from_rank, to_rank, heap_bases, mask=None):
+    """Copy the caller's (``from_rank``) local ``from_ptr`` data into ``to_rank``'s ``to_ptr``."""
+    data = tl.load(from_ptr, mask=mask)
+    tl.store(translate(to_ptr, from_rank, to_rank, heap_bases), data, mask=mask)
+
+
+@triton.jit
+def atomic_add(ptr, value, from_rank, to_rank, heap_bases, mask=None, sem=None, scope=None):
+    """``to_rank``'s ``*ptr += value``; returns the old value."""
+    return tl.atomic_add(translate(ptr, from_rank, to_rank, heap_bases), value, mask=mask, sem=sem, scope=scope)
+
+
+@triton.jit
+def atomic_sub(ptr, value, from_rank, to_rank, heap_bases, mask=None, sem=None, scope=None):
+    """``to_rank``'s ``*ptr -= value``; returns the old value."""
+    return tl.atomic_add(translate(ptr, from_rank, to_rank, heap_bases), -value, mask=mask, sem=sem,
+                         scope=scope)
+
+
+@triton.jit
+def atomic_cas(ptr, compare, value, from_rank, to_rank, heap_bases, sem=None, scope=None):
+    """``to_rank``'s ``*ptr = value if *ptr == compare``; returns the old value."""
+    return tl.atomic_cas(translate(ptr, from_rank, to_rank, heap_bases), compare, value, sem=sem, scope=scope)
+
+
+@triton.jit
+def atomic_xchg(ptr, value, from_rank, to_rank, heap_bases, mask=None, sem=None, scope=None):
+    """``to_rank``'s ``*ptr = value``; returns the old value."""
+    return tl.atomic_xchg(translate(ptr, from_rank, to_rank, heap_bases), value, mask=mask, sem=sem, scope=scope)
+
+
+@triton.jit
+def atomic_min(ptr, value, from_rank, to_rank, heap_bases, mask=None, sem=None, scope=None):
+    """``to_rank``'s ``*ptr = min(*ptr, value)``; returns the old value."""
+    return tl.atomic_min(translate(ptr, from_rank, to_rank, heap_bases), value, mask=mask, sem=sem, scope=scope)
+
+
+@triton.jit
+def atomic_max(ptr, value, from_rank, to_rank, heap_bases, mask=None, sem=None, scope=None):
+    """``to_rank``'s ``*ptr = max(*ptr, value)``; returns the old value."""
+    return tl.atomic_max(translate(ptr, from_rank, to_rank, heap_bases), value, mask=mask, sem=sem, scope=scope)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Waiting on a flag, with a watchdog. Used by the ring kernel and the barrier.
+# ---------------------------------------------------------------------------------------------------------
+
+# The watchdog record is 8 int64 words in the caller's own heap: a report of the first wait that expired.
+WATCHDOG_WORDS = 8
+
+
+@triton.jit
+def wait_at_least(flag, target, timeout_ns, watchdog, rank, tile_id, flag_kind, flag_index):
+    """Spin until ``*flag >= target`` (acquire, system scope); give up after ``timeout_ns``.
+
+    ``flag`` must be in the caller's own heap: peers signal into it, the caller polls it locally.
+    Returns the value last seen. When the wait expires, the first expiry of this launch is written to
+    ``watchdog`` (rank, tile, flag kind and index, target, seen) and the host raises DeadlockError.
+    """
+    seen = tl.atomic_add(flag, 0, sem="acquire", scope="sys")
+    if seen < target:
+        start = now()
+        expired = seen < 0  # an int1 that is False: loop-carried values keep one type
+        while (seen < target) & (expired == 0):
+            pause()
+            seen = tl.atomic_add(flag, 0, sem="acquire", scope="sys")
+            expired = (now() - start) > timeout_ns
+        if seen < target:
+            # Only the first expired wait of a launch is reported; the rest follow from it.
+            zero = tl.zeros((), tl.int64)  # adding it makes plain ints and tensors alike int64
+            if tl.atomic_cas(watchdog, zero, zero + 1, sem="relaxed", scope="gpu") == 0:
+                tl.store(watchdog + 1, rank + zero)
+                tl.store(watchdog + 2, tile_id + zero)
+                tl.store(watchdog + 3, flag_kind + zero)
+                tl.store(watchdog + 4, flag_index + zero)
+                tl.store(watchdog + 5, target + zero)
+                tl.store(watchdog + 6, seen + zero)
+                tl.store(watchdog + 7, tl.program_id(0) + zero)
+    return seen
+
+
+@triton.jit
+def signal(flag, value, from_rank, to_rank, heap_bases):
+    """Publish ``value`` in ``to_rank``'s ``flag`` with release semantics.
+
+    The block-wide barrier first makes every thread's earlier stores part of what the one signalling
+    thread releases; without it the receiver could see the flag before the data.
+    """
+    tl.debug_barrier()
+    atomic_xchg(flag, value, from_rank, to_rank, heap_bases, sem="release", scope="sys")

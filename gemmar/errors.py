@@ -1,0 +1,33 @@
+"""The errors gemmar raises on purpose. Each message is one line naming the bad value and what is allowed."""
+
+
+class GemmarError(Exception):
+    """Base class for every error gemmar raises on purpose."""
+
+
+class UsageError(GemmarError, ValueError):
+    """Bad input: a shape, block size, dtype, algorithm, world size or file that gemmar cannot use."""
+
+
+class DeadlockError(GemmarError):
+    """A spin-wait in a kernel ran past its watchdog timeout.
+
+    ``waits`` holds one dict per rank that timed out: rank, program, tile, flag name and index,
+    the value the rank waited for and the value it last saw.
+    """
+
+    def __init__(self, message, waits=()):
+        super().__init__(message)
+        self.waits = list(waits)
+
+
+class RankDiedError(GemmarError):
+    """An engine (rank) stopped answering or died during a run."""
+
+    def __init__(self, message, ranks=()):
+        super().__init__(message)
+        self.ranks = list(ranks)
+
+
+class ClusterError(GemmarError):
+    """The cluster could not start, or is not running."""

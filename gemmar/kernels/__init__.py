@@ -1,0 +1,1 @@
+"""The Triton kernels, one idea per module: gemm (persistent GEMM), atomics, ring, barrier."""

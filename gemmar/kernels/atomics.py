@@ -1,0 +1,63 @@
+"""GEMM + all-reduce by remote atomics.
+
+Every rank holds a K-slice of A and B and computes a partial tile ``acc`` of ``C = sum_r A_r @ B_r``.
+As soon as a tile is done, the rank adds it into *every* rank's copy of C with fp32 atomic adds through
+the symmetric heap. No flags, no waiting: the reduction of one tile overlaps the GEMM of the next, and
+the sum is complete when every rank's kernel has ended and the ranks have met at a barrier.
+
+Atomic adds need C to start at zero. Zeroing it from the host before each launch costs a pass over C and
+a barrier, and forgetting it silently doubles the result (Iris's benchmark zeroed C once and then timed
+garbage). Here C is a pair of buffers used by alternate launches: launch ``i`` adds into ``C[i % 2]``
+and, for each of its tiles, zeroes the same tile of its *own* ``C[(i + 1) % 2]``, ready for launch
+``i + 1``. Nobody adds into that buffer until every rank has passed the barrier that ends launch ``i``.
+Read launch ``i``'s result before launch ``i + 1`` starts (it zeroes that buffer for launch ``i + 2``).
+
+The partial stays fp32 all the way into the atomic add: rounding it to fp16 first would accumulate
+across ranks in fp16.
+"""
+
+import triton
+import triton.language as tl
+
+from .. import device
+from ..events import GEMM, PUSH, STORE, finish_trace, record, stamp
+from .gemm import gemm_tile, tile_coords, tile_offsets
+
+
+@triton.jit
+def gemm_all_reduce_atomics(
+        A, B, C_pair, heap_bases, rank, world_size, parity,
+        M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
+        trace, trace_counts,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_SIZE_M: tl.constexpr,
+        NUM_SMS: tl.constexpr, DOT_PRECISION: tl.constexpr, TRACE_CAPACITY: tl.constexpr):
+    pid = tl.program_id(0)
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    plane = M.to(tl.int64) * N  # C_pair is [2, M, N]
+    C = C_pair + parity * plane
+    C_next = C_pair + (1 - parity) * plane
+    n_events = tl.zeros((), tl.int32)
+    for tile_id in range(pid, num_pid_m * num_pid_n, NUM_SMS):
+        pid_m, pid_n = tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_SIZE_M)
+        t0 = stamp(TRACE_CAPACITY)
+        acc = gemm_tile(A, B, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, pid_m, pid_n,
+                        BLOCK_M, BLOCK_N, BLOCK_K, DOT_PRECISION)
+        t1 = stamp(TRACE_CAPACITY)
+        n_events = record(trace, n_events, GEMM, tile_id, pid_m, pid_n, 0, -1, t0, t1, TRACE_CAPACITY)
+        offsets, mask = tile_offsets(pid_m, pid_n, M, N, stride_cm, stride_cn, BLOCK_M, BLOCK_N)
+
+        # Ready the next launch's output: this tile of our own C_next, which no rank touches this launch.
+        tl.store(C_next + offsets, tl.zeros((BLOCK_M, BLOCK_N), tl.float32), mask=mask)
+        t2 = stamp(TRACE_CAPACITY)
+        n_events = record(trace, n_events, STORE, tile_id, pid_m, pid_n, 0, rank, t1, t2, TRACE_CAPACITY)
+
+        # Push the partial into every rank's C, starting with the next rank so that at any moment the
+        # ranks are writing to different peers rather than all to rank 0.
+        for step in range(world_size):
+            peer = (rank + 1 + step) % world_size
+            t_push = stamp(TRACE_CAPACITY)
+            device.atomic_add(C + offsets, acc, rank, peer, heap_bases, mask=mask, sem="relaxed", scope="sys")
+            n_events = record(trace, n_events, PUSH, tile_id, pid_m, pid_n, step, peer, t_push,
+                              stamp(TRACE_CAPACITY), TRACE_CAPACITY)
+    finish_trace(trace_counts, n_events, TRACE_CAPACITY)

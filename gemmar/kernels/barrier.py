@@ -1,0 +1,19 @@
+"""A barrier across ranks built from the device API: one counter in rank 0's heap.
+
+Barrier number ``b`` (1, 2, ...) is passed when ``world_size * b`` ranks have arrived. The counter only
+grows, so it never needs a reset. It runs as a one-program launch on every rank, with the same watchdog
+as the kernels: a rank that never arrives turns into a DeadlockError, not a hang.
+"""
+
+import triton
+import triton.language as tl
+
+from .. import device
+from ..events import BARRIER_FLAG
+
+
+@triton.jit
+def barrier_kernel(counter, watchdog, heap_bases, rank, target, timeout_ns):
+    device.atomic_add(counter, 1, rank, 0, heap_bases, sem="acq_rel", scope="sys")
+    on_rank0 = device.translate(counter, rank, 0, heap_bases)
+    device.wait_at_least(on_rank0, target, timeout_ns, watchdog, rank, -1, BARRIER_FLAG, 0)

@@ -1,0 +1,93 @@
+"""A persistent GEMM: the building block both all-reduce kernels share.
+
+The output C (M x N) is cut into BLOCK_M x BLOCK_N tiles, numbered 0 .. total_tiles-1. Instead of one
+program per tile, a *persistent* kernel starts a fixed number of programs (``NUM_SMS``, one per
+multiprocessor on a GPU) and each loops over tiles ``pid, pid + NUM_SMS, pid + 2*NUM_SMS, ...``: every
+tile is done exactly once, by program ``tile_id % NUM_SMS``, whatever the tile count.
+
+Tile ids are mapped to (pid_m, pid_n) with a ``GROUP_SIZE_M`` swizzle: consecutive ids walk down a column
+of GROUP_SIZE_M tile-rows before moving right, so programs that run at the same time reuse the same
+columns of B from cache. The last group may be shorter than GROUP_SIZE_M; it is clamped, never skipped.
+"""
+
+import triton
+import triton.language as tl
+
+from ..device import INTERPRETER
+from ..events import GEMM, STORE, finish_trace, record, stamp
+
+
+@triton.jit
+def tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_SIZE_M: tl.constexpr):
+    """tile_id -> (pid_m, pid_n) in grouped order."""
+    tiles_per_group = GROUP_SIZE_M * num_pid_n
+    group = tile_id // tiles_per_group
+    first_pid_m = group * GROUP_SIZE_M
+    rows_in_group = tl.minimum(num_pid_m - first_pid_m, GROUP_SIZE_M)  # the last group may be short
+    within = tile_id % tiles_per_group
+    return first_pid_m + within % rows_in_group, within // rows_in_group
+
+
+@triton.jit
+def gemm_tile(A, B, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, pid_m, pid_n,
+              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+              DOT_PRECISION: tl.constexpr):
+    """One output tile of this rank's partial product, accumulated in fp32.
+
+    Rows and columns past M and N read row/column 0 again (the ``% M``): cheaper than masking every
+    load, and those values are never stored. The K edge is masked to zero so it adds nothing.
+    """
+    rm = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)) % M
+    rn = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)) % N
+    rk = tl.arange(0, BLOCK_K)
+    a_ptrs = A + rm[:, None] * stride_am + rk[None, :] * stride_ak
+    b_ptrs = B + rk[:, None] * stride_bk + rn[None, :] * stride_bn
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, tl.cdiv(K, BLOCK_K)):
+        k_left = K - k0 * BLOCK_K
+        a = tl.load(a_ptrs, mask=rk[None, :] < k_left, other=0.0)
+        b = tl.load(b_ptrs, mask=rk[:, None] < k_left, other=0.0)
+        if INTERPRETER:
+            # The interpreter's tl.dot reads bf16 as raw bits (Triton 3.6-3.9); fp32 is exact for the
+            # product of two fp16/bf16 values, so widening first changes nothing else.
+            a = a.to(tl.float32)
+            b = b.to(tl.float32)
+        acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
+        a_ptrs += BLOCK_K * stride_ak
+        b_ptrs += BLOCK_K * stride_bk
+    return acc
+
+
+@triton.jit
+def tile_offsets(pid_m, pid_n, M, N, stride_cm, stride_cn, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Element offsets of a tile in an M x N matrix, and the mask of the ones inside it."""
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offsets = rm[:, None] * stride_cm + rn[None, :] * stride_cn
+    mask = (rm[:, None] < M) & (rn[None, :] < N)
+    return offsets, mask
+
+
+@triton.jit
+def persistent_gemm(A, B, C, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
+                    trace, trace_counts,
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                    GROUP_SIZE_M: tl.constexpr, NUM_SMS: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                    TRACE_CAPACITY: tl.constexpr):
+    """C = A @ B on one rank, no communication: the plain persistent GEMM, traced like the others."""
+    pid = tl.program_id(0)
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    n_events = tl.zeros((), tl.int32)
+    for tile_id in range(pid, num_pid_m * num_pid_n, NUM_SMS):
+        pid_m, pid_n = tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_SIZE_M)
+        t0 = stamp(TRACE_CAPACITY)
+        acc = gemm_tile(A, B, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, pid_m, pid_n,
+                        BLOCK_M, BLOCK_N, BLOCK_K, DOT_PRECISION)
+        t1 = stamp(TRACE_CAPACITY)
+        n_events = record(trace, n_events, GEMM, tile_id, pid_m, pid_n, 0, -1, t0, t1, TRACE_CAPACITY)
+        offsets, mask = tile_offsets(pid_m, pid_n, M, N, stride_cm, stride_cn, BLOCK_M, BLOCK_N)
+        tl.store(C + offsets, acc.to(C.dtype.element_ty), mask=mask)
+        n_events = record(trace, n_events, STORE, tile_id, pid_m, pid_n, 0, -1, t1, stamp(TRACE_CAPACITY),
+                          TRACE_CAPACITY)
+    finish_trace(trace_counts, n_events, TRACE_CAPACITY)

@@ -1,0 +1,137 @@
+"""What runs inside each engine: one rank's heap, inputs, launches and checks.
+
+The client (``gemmar.Cluster``) calls these functions on every engine at the same time. Each engine keeps
+one :class:`RankContext` for its lifetime. Results travel back as plain dicts; errors that the user must
+see (bad input, a deadlock) travel back as ``{"error": ...}`` so the client can raise the right exception
+with every rank's view.
+"""
+
+import os
+import platform
+import time
+
+import numpy as np
+import torch
+
+from .config import RunConfig, k_bounds
+from .errors import DeadlockError, UsageError
+from .heap import create_heap
+from .launch import FusedGemmAllReduce
+
+_context = None
+
+
+class RankContext:
+    def __init__(self, rank, world_size, backend, heap):
+        self.rank, self.world_size, self.backend, self.heap = rank, world_size, backend, heap
+
+
+def current():
+    if _context is None:
+        raise RuntimeError("this process is not a gemmar rank: start it through gemmar.Cluster")
+    return _context
+
+
+def init_rank(rank, world_size, backend, heap_size, cluster_id, timeout_s):
+    """Make this engine rank ``rank``: pin its device, build its heap, meet the other ranks."""
+    global _context
+    torch.set_num_threads(1)   # ranks share the machine's cores; one thread each is fastest
+    if backend == "cuda":
+        torch.cuda.set_device(rank)
+    heap = create_heap(backend, rank, world_size, heap_size, cluster_id, timeout_s)
+    _context = RankContext(rank, world_size, backend, heap)
+    return describe()
+
+
+def describe():
+    import triton
+
+    ctx = current()
+    device = torch.cuda.get_device_name(ctx.rank) if ctx.backend == "cuda" else platform.processor() or "cpu"
+    return dict(rank=ctx.rank, pid=os.getpid(), backend=ctx.backend, device=device, torch=torch.__version__,
+                triton=triton.__version__, interpreter=os.environ.get("TRITON_INTERPRET") == "1",
+                heap_bytes=ctx.heap.size)
+
+
+def close_rank():
+    global _context
+    if _context is not None:
+        _context.heap.close()
+        _context = None
+
+
+def seeded_inputs(config, rank, device):
+    """This rank's K-slice of the seeded global A (M x K) and B (K x N), and the fp64/fp32 reference C."""
+    gen = torch.Generator().manual_seed(config.seed)
+    A = torch.randn(config.m, config.k, generator=gen).to(config.torch_dtype)
+    B = torch.randn(config.k, config.n, generator=gen).to(config.torch_dtype)
+    start, end = k_bounds(config.k, config.world_size, rank)
+    A_r = A[:, start:end].contiguous().to(device)
+    B_r = B[start:end, :].contiguous().to(device)
+    if device.type == "cuda":  # fp32 on the GPU: fast, and far more precise than the tolerance
+        reference = A.to(device, torch.float32) @ B.to(device, torch.float32)
+    else:
+        reference = A.double() @ B.double()
+    return A_r, B_r, reference
+
+
+def tolerance(config):
+    """Allowed max |C - reference|: fp32 accumulation error grows with K; tf32 dots on GPU for fp32 inputs."""
+    return 1e-3 * max(1.0, config.k ** 0.5) + 1e-4 * config.world_size
+
+
+def _publish(data):
+    try:
+        from ipyparallel.datapub import publish_data
+
+        publish_data(data)
+    except Exception:  # not inside an engine (a plain process in a test): no progress channel
+        pass
+
+
+def run_gemm_all_reduce(config_dict, A=None, B=None, reference=None, mistake="none", return_c=False,
+                        validate=True):
+    """Run ``iterations`` back-to-back launches on this rank; check C after each one.
+
+    Without A and B, the inputs come from ``config.seed`` (every rank builds the same global matrices and
+    keeps its own K-slice), so a benchmark ships no data between client and engines.
+    """
+    ctx = current()
+    try:
+        config = RunConfig(**config_dict).validate()
+        heap = ctx.heap
+        with heap.scope():
+            fused = FusedGemmAllReduce(heap, config, mistake)
+            if A is None:
+                A, B, seeded_reference = seeded_inputs(config, ctx.rank, heap.device)
+                reference = seeded_reference if validate else None
+            else:
+                A, B = A.to(heap.device), B.to(heap.device)
+                fused.check_inputs(A, B)
+                reference = reference.to(heap.device) if (validate and reference is not None) else None
+            heap.barrier(config.timeout_s)   # start together: the traces share one time zero
+            t_zero = time.monotonic_ns()
+            diffs, seconds, events, dropped = [], [], [], 0
+            for it in range(config.iterations):
+                t0 = time.perf_counter()
+                C = fused(A, B)
+                heap.synchronize()
+                seconds.append(time.perf_counter() - t0)
+                diff = float((C.to(reference.dtype) - reference).abs().max()) if reference is not None else None
+                diffs.append(diff)
+                if config.trace:
+                    ev, lost = fused.events()
+                    events.append(np.concatenate([np.full((len(ev), 1), it, np.int64), ev], axis=1))
+                    dropped += lost
+                _publish(dict(iteration=it + 1, max_abs_diff=diff, seconds=seconds[-1]))
+            out = dict(rank=ctx.rank, max_abs_diff=diffs, seconds=seconds, tolerance=tolerance(config),
+                       t_zero_ns=t_zero, dropped_events=dropped)
+            if config.trace:
+                out["events"] = np.concatenate(events) if events else np.zeros((0, 10), np.int64)
+            if return_c:
+                out["C"] = C.detach().to("cpu", copy=True)
+            return out
+    except UsageError as e:
+        return dict(rank=ctx.rank, error="usage", message=str(e))
+    except DeadlockError as e:
+        return dict(rank=ctx.rank, error="deadlock", message=str(e), waits=e.waits)
