@@ -175,26 +175,28 @@ def wait_at_least(flag, target, timeout_ns, watchdog, rank, tile_id, flag_kind, 
     ``flag`` must be in the caller's own heap: peers signal into it, the caller polls it locally.
     Returns the value last seen. When the wait expires, the first expiry of this launch is written to
     ``watchdog`` (rank, tile, flag kind and index, target, seen) and the host raises DeadlockError.
+    The watchdog must be zero before the launch (the launcher clears it only after reporting an expiry).
     """
     seen = tl.atomic_add(flag, 0, sem="acquire", scope="sys")
     if seen < target:
         start = now()
-        expired = seen < 0  # an int1 that is False: loop-carried values keep one type
+        # Once any wait of this launch on this rank has expired, the rest give up at once: the run is
+        # lost anyway, and waiting out every timeout in turn would look like the hang it reports.
+        expired = tl.load(watchdog, volatile=True) != 0
         while (seen < target) & (expired == 0):
             pause()
             seen = tl.atomic_add(flag, 0, sem="acquire", scope="sys")
-            expired = (now() - start) > timeout_ns
+            expired = ((now() - start) > timeout_ns) | (tl.load(watchdog, volatile=True) != 0)
         if seen < target:
             # Only the first expired wait of a launch is reported; the rest follow from it.
-            zero = tl.zeros((), tl.int64)  # adding it makes plain ints and tensors alike int64
-            if tl.atomic_cas(watchdog, zero, zero + 1, sem="relaxed", scope="gpu") == 0:
-                tl.store(watchdog + 1, rank + zero)
-                tl.store(watchdog + 2, tile_id + zero)
-                tl.store(watchdog + 3, flag_kind + zero)
-                tl.store(watchdog + 4, flag_index + zero)
-                tl.store(watchdog + 5, target + zero)
-                tl.store(watchdog + 6, seen + zero)
-                tl.store(watchdog + 7, tl.program_id(0) + zero)
+            if tl.atomic_cas(watchdog, tl.cast(0, tl.int64), tl.cast(1, tl.int64), sem="relaxed", scope="gpu") == 0:
+                tl.store(watchdog + 1, tl.cast(rank, tl.int64))
+                tl.store(watchdog + 2, tl.cast(tile_id, tl.int64))
+                tl.store(watchdog + 3, tl.cast(flag_kind, tl.int64))
+                tl.store(watchdog + 4, tl.cast(flag_index, tl.int64))
+                tl.store(watchdog + 5, tl.cast(target, tl.int64))
+                tl.store(watchdog + 6, tl.cast(seen, tl.int64))
+                tl.store(watchdog + 7, tl.cast(tl.program_id(0), tl.int64))
     return seen
 
 

@@ -11,9 +11,8 @@ import torch
 
 from .config import RunConfig
 from .device import WATCHDOG_WORDS
-from .errors import DeadlockError, UsageError
+from .errors import UsageError
 from .events import EVENT_WORDS
-from .heap import deadlock_message, read_watchdog
 from .kernels.atomics import gemm_all_reduce_atomics
 from .kernels.ring import MISTAKES, gemm_all_reduce_ring
 
@@ -98,9 +97,7 @@ class FusedGemmAllReduce:
                 MISTAKE=self.mistake, SLOT_CACHE=".cg" if heap.device.type == "cuda" else "", **common)
             self.launches += 1
             heap.synchronize()
-        report = read_watchdog(self.watchdog.tolist())
-        if report is not None:
-            raise DeadlockError(deadlock_message([report]), [report])
+        heap.raise_if_expired(self.watchdog)
         return out
 
     def events(self):

@@ -1,0 +1,50 @@
+"""Shared fixtures: real ipyparallel clusters, started once per world size and reused by the tests."""
+
+import os
+import sys
+
+import pytest
+import torch
+
+import gemmar
+
+TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+class Clusters:
+    """Start a cluster of a given world size on first use; stop them all at the end of the session."""
+
+    def __init__(self):
+        self.by_size = {}
+
+    def __call__(self, world_size):
+        cluster = self.by_size.get(world_size)
+        if cluster is None or not cluster.running:
+            cluster = gemmar.Cluster(world_size=world_size, backend="cpu", timeout_s=60)
+            # Engines import test helpers (tests/rank_helpers.py) by module name.
+            cluster.client[cluster.engine_ids].execute(f"import sys; sys.path.insert(0, {TESTS_DIR!r})", block=True)
+            self.by_size[world_size] = cluster
+        return cluster
+
+    def close(self):
+        for cluster in self.by_size.values():
+            cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def clusters():
+    sys.path.insert(0, TESTS_DIR)
+    registry = Clusters()
+    yield registry
+    registry.close()
+
+
+def random_inputs(m, n, k, dtype, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    A = torch.randn(m, k, generator=gen).to(dtype)
+    B = torch.randn(k, n, generator=gen).to(dtype)
+    return A, B
+
+
+def reference(A, B):
+    return A.double() @ B.double()

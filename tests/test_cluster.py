@@ -1,0 +1,90 @@
+"""Cluster life cycle: start, stop, restart, no leftovers; clear errors; two clusters side by side."""
+
+import os
+
+import psutil
+import pytest
+import torch
+
+import gemmar
+from gemmar.heap import shm_dir
+from conftest import random_inputs, reference
+
+
+def gemmar_files():
+    return [f for f in os.listdir(shm_dir()) if f.startswith("gemmar-")]
+
+
+def test_heap_files_are_gone_once_ranks_are_up_and_engines_gone_after_stop():
+    before = set(gemmar_files())
+    cluster = gemmar.Cluster(world_size=2, backend="cpu")
+    try:
+        # Each rank unlinks its file as soon as every rank has mapped it.
+        assert set(gemmar_files()) == before
+        pids = list(cluster.pids)
+        assert all(psutil.pid_exists(p) for p in pids)
+        cluster.restart()
+        assert cluster.running and cluster.pids != pids
+        pids += cluster.pids
+    finally:
+        cluster.stop()
+    assert not cluster.running
+    for pid in pids:
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    assert set(gemmar_files()) == before
+
+
+def test_two_clusters_at_once_do_not_interfere():
+    A, B = random_inputs(32, 32, 32, torch.float16, seed=5)
+    with gemmar.Cluster(world_size=2, backend="cpu") as one, gemmar.Cluster(world_size=3, backend="cpu") as two:
+        assert one.cluster_id != two.cluster_id
+        r1 = one.gemm_all_reduce(A, B, algorithm="ring", block=(16, 16, 16), iterations=2)
+        r2 = two.gemm_all_reduce(A, B, algorithm="atomics", block=(16, 16, 16), iterations=2)
+    ref = reference(A, B)
+    for r in (r1, r2):
+        assert r.ok and (r.C.double() - ref).abs().max() < 1e-2
+
+
+def test_run_gathers_results_by_rank(clusters):
+    from gemmar.rank import describe
+
+    info = clusters(3).run(describe)
+    assert [i["rank"] for i in info] == [0, 1, 2]
+    assert all(i["interpreter"] for i in info)
+    assert len({i["pid"] for i in info}) == 3
+
+
+@pytest.mark.parametrize("kwargs,needle", [
+    (dict(world_size=0), "world_size=0"),
+    (dict(world_size=2, backend="tpu"), "tpu"),
+    (dict(world_size=2, backend="cuda"), "GPUs"),
+])
+def test_bad_cluster_arguments(kwargs, needle):
+    with pytest.raises(gemmar.UsageError, match=needle):
+        gemmar.Cluster(**kwargs)
+
+
+def test_bad_inputs_through_the_python_api(clusters):
+    cluster = clusters(2)
+    A, B = random_inputs(32, 32, 32, torch.float16)
+    with pytest.raises(gemmar.UsageError, match="A's columns must equal B's rows"):
+        cluster.gemm_all_reduce(A, B[:16])
+    with pytest.raises(gemmar.UsageError, match="same dtype"):
+        cluster.gemm_all_reduce(A, B.float())
+    with pytest.raises(gemmar.UsageError, match="float64"):
+        cluster.gemm_all_reduce(A.double(), B.double())
+    with pytest.raises(gemmar.UsageError, match="BLK_N=48"):
+        cluster.gemm_all_reduce(A, B, block=(16, 48, 16))
+    with pytest.raises(gemmar.UsageError, match="algorithm 'tree'"):
+        cluster.gemm_all_reduce(A, B, algorithm="tree")
+    with pytest.raises(gemmar.UsageError, match="mistake 'typo'"):
+        cluster.gemm_all_reduce(A, B, mistake="typo")
+    # The cluster is still usable after each refusal.
+    assert cluster.gemm_all_reduce(A, B, block=(16, 16, 16)).ok
+
+
+def test_heap_too_small_is_a_clear_error():
+    with gemmar.Cluster(world_size=2, backend="cpu", heap_size=64 << 10) as cluster:
+        A, B = random_inputs(256, 256, 32, torch.float16)
+        with pytest.raises(gemmar.UsageError, match="heap too small"):
+            cluster.gemm_all_reduce(A, B, algorithm="atomics", block=(32, 32, 32))

@@ -1,0 +1,35 @@
+"""Settings checks that need no engines."""
+
+import pytest
+import torch
+
+from gemmar import RunConfig, UsageError, k_bounds
+from gemmar.config import dtype_name
+
+
+@pytest.mark.parametrize("K,W", [(1, 1), (7, 3), (120, 3), (3, 4), (1000, 7)])
+def test_k_bounds_cover_k_exactly_once(K, W):
+    bounds = [k_bounds(K, W, r) for r in range(W)]
+    assert bounds[0][0] == 0 and bounds[-1][1] == K
+    assert all(a[1] == b[0] for a, b in zip(bounds, bounds[1:]))
+    sizes = [e - s for s, e in bounds]
+    assert max(sizes) - min(sizes) <= 1
+
+
+@pytest.mark.parametrize("field,value,needle", [
+    ("m", 0, "m=0"), ("n", -3, "n=-3"), ("k", 2.5, "k=2.5"), ("m", 1 << 30, "out of range"),
+    ("BLK_M", 48, "power of two"), ("BLK_N", 8, "power of two"), ("BLK_K", 1024, "BLK_K=1024"),
+    ("datatype", "int8", "int8"), ("algorithm", "tree", "tree"), ("world_size", 0, "world_size=0"),
+    ("num_sms", 0, "num_sms=0"), ("gsize_m", 0, "gsize_m=0"), ("iterations", 0, "iterations=0"),
+    ("num_warps", 3, "num_warps=3"), ("timeout_s", 0, "timeout_s=0"), ("m", True, "not an integer"),
+])
+def test_bad_values_name_themselves(field, value, needle):
+    with pytest.raises(UsageError, match=needle.replace("(", r"\(").replace(".", r"\.")) as info:
+        RunConfig(**{field: value}).validate()
+    assert "\n" not in str(info.value)
+
+
+def test_dtype_names():
+    assert dtype_name(torch.bfloat16) == "bf16" and dtype_name("fp32") == "fp32"
+    assert RunConfig(datatype=torch.float16).validate().datatype == "fp16"
+    assert RunConfig(m=100, n=33, BLK_M=32, BLK_N=16).tiles == (4, 3)

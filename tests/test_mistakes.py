@@ -1,0 +1,39 @@
+"""The ring kernel's teaching mistakes, run for real: each one must actually go wrong, and the hang must
+come back as a DeadlockError naming rank, tile and flag, with the cluster still usable afterwards."""
+
+import time
+
+import pytest
+import torch
+
+import gemmar
+from conftest import random_inputs, reference
+
+
+def wrong_by(result, A, B):
+    return (result.C.double() - reference(A, B)).abs().max().item()
+
+
+def test_forwarding_the_accumulator_is_right_for_two_ranks_only(clusters):
+    A, B = random_inputs(32, 32, 48, torch.float32, seed=3)
+    two = clusters(2).gemm_all_reduce(A, B, block=(16, 16, 16), mistake="forward_accumulator")
+    assert two.ok and wrong_by(two, A, B) < 1e-3
+    three = clusters(3).gemm_all_reduce(A, B, block=(16, 16, 16), mistake="forward_accumulator")
+    assert not three.ok and wrong_by(three, A, B) > 1.0
+
+
+def test_hang_becomes_deadlock_error_naming_rank_tile_and_flag(clusters):
+    cluster = clusters(3)
+    A, B = random_inputs(32, 16, 24, torch.float16, seed=4)
+    start = time.monotonic()
+    with pytest.raises(gemmar.DeadlockError) as info:
+        cluster.gemm_all_reduce(A, B, block=(16, 16, 16), mistake="wait_for_missing_message", timeout_s=2)
+    assert time.monotonic() - start < 30
+    waits = info.value.waits
+    assert sorted(w["rank"] for w in waits) == [0, 1, 2]
+    for w in waits:
+        assert w["flag"] == "data_ready" and w["tile"] == 0 and w["index"] == 0
+        assert w["expected"] == 2 and w["seen"] == 1
+    assert "rank 0" in str(info.value) and "data_ready[0] >= 2" in str(info.value)
+    # The same cluster runs the correct kernel right after.
+    assert cluster.gemm_all_reduce(A, B, block=(16, 16, 16), iterations=2).ok
