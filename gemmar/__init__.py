@@ -11,8 +11,9 @@ The kernels live in ``gemmar.kernels``, the device API (Iris-style) in ``gemmar.
 from .cluster import Cluster, Result
 from .config import RunConfig, k_bounds
 from .errors import ClusterError, DeadlockError, GemmarError, RankDiedError, UsageError
+from .trace import Trace
 
 __version__ = "0.1.0"
 
 __all__ = ["Cluster", "Result", "RunConfig", "k_bounds", "GemmarError", "UsageError", "DeadlockError",
-           "RankDiedError", "ClusterError", "__version__"]
+           "RankDiedError", "ClusterError", "Trace", "__version__"]

@@ -1,4 +1,4 @@
-"""``gemmar`` command line. ``gemmar bench`` takes the flags of Iris's GEMM + all-reduce benchmark.py where
+"""``gemmar`` command line. ``gemmar gantt`` draws a saved trace. ``gemmar bench`` takes the flags of Iris's GEMM + all-reduce benchmark.py where
 the meaning is the same, plus ``--algorithm``, ``--backend``, ``--iterations`` and ``-t/--trace_tiles``.
 
 Exit codes: 0 success, 1 a check failed (C differs from the reference), 2 bad arguments,
@@ -92,6 +92,39 @@ def cmd_bench(args):
     return 0 if success else 1
 
 
+def _gantt_parser(sub):
+    p = sub.add_parser("gantt", help="draw a saved trace: Gantt chart, tile grid, Perfetto JSON",
+                       description="Draw a trace written by gemmar bench -t (or Trace.save).")
+    p.add_argument("trace", help="a .trace.json (or .trace.json.gz) file")
+    p.add_argument("-o", "--output", default="gantt.png", help="Gantt chart image, .png or .svg (default %(default)s)")
+    p.add_argument("--perfetto", help="also write a Chrome/Perfetto trace JSON here (open at ui.perfetto.dev)")
+    p.add_argument("--tile_grid", help="also draw the per-rank tile-grid heat maps here")
+    p.add_argument("--iteration", type=int, default=-1, help="which iteration to draw (default: the last)")
+    p.add_argument("--max_lanes", type=int, default=48, help="above this many lanes, draw per-rank aggregates")
+    p.set_defaults(func=cmd_gantt)
+
+
+def cmd_gantt(args):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from .trace import Trace
+
+    if not args.output.lower().endswith((".png", ".svg")):
+        raise UsageError(f"--output {args.output} must end in .png or .svg")
+    trace = Trace.load(args.trace)
+    trace.gantt(iteration=args.iteration, max_lanes=args.max_lanes, path=args.output)
+    print(f"[gemmar] wrote {args.output}: {trace}")
+    print(trace.summary(args.iteration).round(2).to_string())
+    if args.tile_grid:
+        trace.tile_grid(iteration=args.iteration, path=args.tile_grid)
+        print(f"[gemmar] wrote {args.tile_grid}")
+    if args.perfetto:
+        trace.to_perfetto(args.perfetto)
+        print(f"[gemmar] wrote {args.perfetto} (open it at ui.perfetto.dev)")
+    return 0
+
+
 def trace_path_for(output_file):
     stem = output_file[:-5] if output_file.endswith(".json") else output_file
     return stem + ".trace.json"
@@ -101,9 +134,10 @@ def main(argv=None):
     parser = _Parser(prog="gemmar", description="Fused GEMM + all-reduce in Triton: run, check, trace.")
     sub = parser.add_subparsers(dest="command", parser_class=_Parser)
     _bench_parser(sub)
+    _gantt_parser(sub)
     args = parser.parse_args(argv)
     if args.command is None:
-        parser.error("a command is required: bench")
+        parser.error("a command is required: bench or gantt")
     try:
         return args.func(args)
     except UsageError as e:

@@ -85,6 +85,7 @@ class SymmetricHeap:
         words = self.arenas[rank][:HEADER_BYTES].view(torch.int64)
         self._barrier_counter = words[0:1]
         self._barrier_watchdog = words[8:16]
+        self._barrier_exit = words[16:17]
 
     # -- allocation -----------------------------------------------------------------------------------
     def _alloc(self, nbytes):
@@ -127,16 +128,20 @@ class SymmetricHeap:
         """Wait for this rank's device work (no-op on cpu)."""
 
     def barrier(self, timeout_s=None):
-        """All ranks meet here. A rank that never arrives raises DeadlockError after ``timeout_s``."""
+        """All ranks meet here; returns ``now()`` (device clock, ns) as this rank left.
+
+        A rank that never arrives raises DeadlockError after ``timeout_s``.
+        """
         from .kernels.barrier import barrier_kernel
 
         self.synchronize()
         self._barriers += 1
         timeout_ns = int((timeout_s or self.timeout_s) * 1e9)
-        barrier_kernel[(1,)](self._barrier_counter, self._barrier_watchdog, self.heap_bases, self.rank,
-                             self._barriers * self.world_size, timeout_ns)
+        barrier_kernel[(1,)](self._barrier_counter, self._barrier_watchdog, self._barrier_exit, self.heap_bases,
+                             self.rank, self._barriers * self.world_size, timeout_ns)
         self.synchronize()
         self.raise_if_expired(self._barrier_watchdog)
+        return int(self._barrier_exit.item())
 
     def raise_if_expired(self, watchdog):
         report = read_watchdog(watchdog.tolist())

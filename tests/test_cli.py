@@ -6,6 +6,8 @@ import sys
 
 import pytest
 
+import gemmar
+
 GEMMAR = [sys.executable, "-m", "gemmar.cli"]
 
 
@@ -17,7 +19,7 @@ def run(*args, timeout=300):
 def test_bench_validates_and_writes_json(tmp_path, algorithm):
     out = tmp_path / "run.json"
     p = run("bench", "-r", "3", "--algorithm", algorithm, "-m", "40", "-n", "36", "-k", "30", "--BLK_M", "16",
-            "--BLK_N", "16", "--BLK_K", "16", "-v", "-b", "--iterations", "3", "--output_file", str(out))
+            "--BLK_N", "16", "--BLK_K", "16", "-v", "-b", "--iterations", "3", "--output_file", str(out), "-t")
     assert p.returncode == 0, p.stderr
     lines = p.stdout.splitlines()
     for r in range(3):
@@ -30,6 +32,9 @@ def test_bench_validates_and_writes_json(tmp_path, algorithm):
     assert 0 <= report["max_abs_diff"] < 1e-2
     assert len(report["seconds_per_iteration"]) == 3
     assert [r["rank"] for r in report["ranks"]] == [0, 1, 2]
+    trace = gemmar.Trace.load(tmp_path / "run.trace.json")      # -t wrote the trace beside the report
+    assert trace.meta["algorithm"] == algorithm and sorted(trace.events["rank"].unique()) == [0, 1, 2]
+    assert len(trace.events) == 3 * 3 * trace.expected_event_count()
 
 
 @pytest.mark.parametrize("args,needle", [

@@ -42,7 +42,7 @@ SCRIPT = textwrap.dedent('''
             build(gemm.persistent_gemm,
                   {"A": "*" + dtype, "B": "*" + dtype, "C": "*" + dtype, **{k: "i32" for k in ints},
                    "trace": "*i64", "trace_counts": "*i64"}, tiles)
-    build(barrier.barrier_kernel, {"counter": "*i64", "watchdog": "*i64", "heap_bases": "*i64", "rank": "i32",
+    build(barrier.barrier_kernel, {"counter": "*i64", "watchdog": "*i64", "exit_time": "*i64", "heap_bases": "*i64", "rank": "i32",
                                    "target": "i64", "timeout_ns": "i64"}, {})
 ''')
 

@@ -3,6 +3,9 @@
 Barrier number ``b`` (1, 2, ...) is passed when ``world_size * b`` ranks have arrived. The counter only
 grows, so it never needs a reset. It runs as a one-program launch on every rank, with the same watchdog
 as the kernels: a rank that never arrives turns into a DeadlockError, not a hang.
+
+It also writes ``now()`` at the moment this rank leaves the barrier: all ranks leave within the time it
+takes the last arrival to become visible, so these stamps line up the clocks of different devices.
 """
 
 import triton
@@ -13,7 +16,8 @@ from ..events import BARRIER_FLAG
 
 
 @triton.jit
-def barrier_kernel(counter, watchdog, heap_bases, rank, target, timeout_ns):
+def barrier_kernel(counter, watchdog, exit_time, heap_bases, rank, target, timeout_ns):
     device.atomic_add(counter, 1, rank, 0, heap_bases, sem="acq_rel", scope="sys")
     on_rank0 = device.translate(counter, rank, 0, heap_bases)
     device.wait_at_least(on_rank0, target, timeout_ns, watchdog, rank, -1, BARRIER_FLAG, 0)
+    tl.store(exit_time, device.now())

@@ -1,0 +1,142 @@
+"""Step through a saved trace event by event: the state of every rank's tiles, the ring's flags, who waits.
+
+The state at time t is computed from the events alone (no cluster needed):
+
+- a tile on rank r is *in GEMM* between its gemm event's start and end, *partial* from then until it is
+  reduced, and *reduced* once rank r holds the full sum: for the ring, when r's final store of the tile
+  ends; for atomics, when the last of the world_size pushes into r's copy of the tile ends;
+- ring flags, counted within the iteration: ``data_ready[r][tile]`` = signals rank r has received for the
+  tile, ``slot_free[r][tile]`` = times r's next rank has handed r's slot back (its reduce event);
+- a program is *waiting* while one of its slot_wait / recv_wait events is open.
+"""
+
+import numpy as np
+
+STATE_NAMES = ("not started", "in GEMM", "partial", "reduced")
+STATE_COLORS = ("#eeeeee", "#4C72B0", "#DD8452", "#55A868")
+
+
+class _Timeline:
+    """Per-(rank, tile) times and flag events of one iteration, as arrays, for fast queries by time."""
+
+    def __init__(self, trace, iteration):
+        df = trace.iteration(iteration)
+        m = trace.meta
+        self.meta, self.df = m, df
+        self.W = int(m["world_size"])
+        self.tm, self.tn = -(-m["m"] // m["BLK_M"]), -(-m["n"] // m["BLK_N"])
+        tiles = self.tm * self.tn
+        inf = np.inf
+        self.gemm_start = np.full((self.W, tiles), inf)
+        self.gemm_end = np.full((self.W, tiles), inf)
+        self.done = np.full((self.W, tiles), inf)
+        self.coords = {}
+        for e in df.itertuples():
+            self.coords[e.tile] = (e.pid_m, e.pid_n)
+            if e.kind == "gemm":
+                self.gemm_start[e.rank, e.tile], self.gemm_end[e.rank, e.tile] = e.start_us, e.end_us
+            elif e.kind == "store" and m["algorithm"] == "ring":
+                self.done[e.rank, e.tile] = e.end_us
+        if m["algorithm"] == "atomics":
+            pushes = df[df["kind"] == "push"]
+            for (peer, tile), p in pushes.groupby(["peer", "tile"]):
+                if len(p) == self.W:
+                    self.done[peer, tile] = p["end_us"].max()
+        self.signals = df[df["kind"] == "signal"][["peer", "tile", "end_us"]].to_numpy()
+        self.frees = df[df["kind"] == "reduce"][["peer", "tile", "end_us"]].to_numpy()
+        self.waits = df[df["phase"] == "wait"]
+        self.times = np.unique(np.concatenate([df["start_us"].to_numpy(), df["end_us"].to_numpy()]))
+
+    def _grid(self, values):
+        grid = np.zeros((self.tm, self.tn), dtype=values.dtype)
+        for tile, (pm, pn) in self.coords.items():
+            grid[pm, pn] = values[tile]
+        return grid
+
+    def _counts(self, rows, t):
+        counts = np.zeros((self.W, self.tm * self.tn), dtype=np.int64)
+        for peer, tile, end in rows:
+            if end <= t:
+                counts[int(peer), int(tile)] += 1
+        return counts
+
+    def state_at(self, step):
+        t = self.times[step]
+        status = np.zeros((self.W, self.tm * self.tn), dtype=np.int64)
+        status[self.gemm_start <= t] = 1
+        status[self.gemm_end <= t] = 2
+        status[self.done <= t] = 3
+        w = self.waits
+        open_waits = w[(w["start_us"] <= t) & (w["end_us"] > t)]
+        waiting = []
+        for e in open_waits.itertuples():
+            if e.kind == "recv_wait":
+                waiting.append(f"rank {e.rank} program {e.program}: tile {e.tile} step {e.step} waits for "
+                               f"data_ready (rank {e.peer} sends)")
+            else:
+                waiting.append(f"rank {e.rank} program {e.program}: tile {e.tile} step {e.step} waits for "
+                               f"slot_free (rank {e.peer} must read its slot)")
+        d = self.df
+        happened = d[(d["end_us"] == t) | (d["start_us"] == t)]
+        event = "; ".join(f"rank {e.rank} prog {e.program}: {e.kind} tile {e.tile} "
+                          f"{'ends' if e.end_us == t else 'starts'}" for e in happened.head(4).itertuples())
+        state = dict(step=step, time_us=float(t), event=event, waiting=waiting,
+                     tiles=[self._grid(status[r]) for r in range(self.W)])
+        if self.meta["algorithm"] == "ring":
+            state["data_ready"] = self._counts(self.signals, t)
+            state["slot_free"] = self._counts(self.frees, t)
+        return state
+
+
+def build_states(trace, iteration=-1):
+    timeline = _Timeline(trace, iteration)
+    return [timeline.state_at(i) for i in range(len(timeline.times))]
+
+
+class ReplayWidget:
+    """Slider + play button; each step redraws every rank's tile grid and lists who waits on what."""
+
+    def __init__(self, trace, iteration=-1):
+        import ipywidgets as widgets
+
+        self.timeline = _Timeline(trace, iteration)
+        n = len(self.timeline.times)
+        self.slider = widgets.IntSlider(value=0, min=0, max=max(n - 1, 0), description="step",
+                                        continuous_update=False, layout=widgets.Layout(width="60%"))
+        self.play = widgets.Play(value=0, min=0, max=max(n - 1, 0), interval=300, description="play")
+        widgets.jslink((self.play, "value"), (self.slider, "value"))
+        self.out = widgets.Output()
+        self.text = widgets.HTML()
+        self.slider.observe(lambda change: self.draw(change["new"]), names="value")
+        self.widget = widgets.VBox([widgets.HBox([self.play, self.slider]), self.text, self.out])
+        self.draw(0)
+
+    def draw(self, step):
+        import matplotlib.pyplot as plt
+        from matplotlib.colors import ListedColormap
+        from IPython.display import display
+
+        state = self.timeline.state_at(step)
+        W = self.timeline.W
+        self.out.clear_output(wait=True)
+        with self.out:
+            fig, axes = plt.subplots(1, W, figsize=(2.6 * W + 0.5, 2.8), squeeze=False)
+            for r in range(W):
+                ax = axes[0, r]
+                ax.imshow(state["tiles"][r], cmap=ListedColormap(STATE_COLORS), vmin=0, vmax=3)
+                ax.set_title(f"rank {r}", fontsize=9)
+                ax.set_xticks([])
+                ax.set_yticks([])
+                if "data_ready" in state and self.timeline.tm * self.timeline.tn <= 36:
+                    for tile, (pm, pn) in self.timeline.coords.items():
+                        ax.text(pn, pm, f"{state['data_ready'][r, tile]}/{state['slot_free'][r, tile]}",
+                                ha="center", va="center", fontsize=7)
+            handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in STATE_COLORS]
+            fig.legend(handles, STATE_NAMES, loc="lower center", ncol=4, fontsize=8)
+            fig.tight_layout(rect=(0, 0.12, 1, 1))
+            display(fig)
+            plt.close(fig)
+        flags = " (numbers: data_ready/slot_free per tile)" if "data_ready" in state else ""
+        waits = "<br>".join(state["waiting"]) or "nobody is waiting"
+        self.text.value = (f"<b>t = {state['time_us']:.1f} µs</b>{flags}<br>{state['event']}<br>"
+                           f"<i>{waits}</i>")

@@ -1,0 +1,170 @@
+"""Traces from real 4-rank runs: every event of every tile on every rank, causal order across ranks,
+save/load, Perfetto structure, the Gantt and tile-grid figures, the replay states, and the CLI."""
+
+import gzip
+import json
+import subprocess
+import sys
+
+import matplotlib
+import numpy as np
+import pytest
+
+import gemmar
+from gemmar.trace import Trace
+
+matplotlib.use("Agg")
+
+SHAPE = dict(m=48, n=40, k=40, BLK_M=16, BLK_N=16, BLK_K=16, num_sms=3, gsize_m=2, iterations=2, trace=True)
+TILES = 3 * 3
+
+
+@pytest.fixture(scope="module")
+def traces(clusters):
+    cluster = clusters(4)
+    return {alg: cluster.bench(gemmar.RunConfig(algorithm=alg, **SHAPE)).trace for alg in ("ring", "atomics")}
+
+
+def test_ring_trace_has_every_event_of_every_tile_on_every_rank(traces):
+    t = traces["ring"]
+    ev = t.events
+    assert t.meta["dropped_events"] == [0, 0, 0, 0]
+    for (rank, it), d in ev.groupby(["rank", "iteration"]):
+        counts = d["kind"].value_counts().to_dict()
+        assert counts == {"gemm": TILES, "store": TILES, "slot_wait": 3 * TILES, "send": 3 * TILES,
+                          "signal": 3 * TILES, "recv_wait": 3 * TILES, "reduce": 3 * TILES}
+        assert sorted(d.loc[d["kind"] == "gemm", "tile"]) == list(range(TILES))
+        # Program p did exactly the tiles p, p + 3, ...
+        for e in d[d["kind"] == "gemm"].itertuples():
+            assert e.tile % 3 == e.program
+    assert len(ev) == 4 * 2 * t.expected_event_count()
+
+
+def test_ring_events_are_causal_across_ranks(traces):
+    ev = traces["ring"].events
+    W = 4
+    key = ["iteration", "tile", "step"]
+    signal = ev[ev["kind"] == "signal"].set_index(["rank"] + key)
+    recv = ev[ev["kind"] == "recv_wait"].set_index(["rank"] + key)
+    reduce = ev[ev["kind"] == "reduce"].set_index(["rank"] + key)
+    gemm = ev[ev["kind"] == "gemm"].set_index(["rank", "iteration", "tile"])
+    checked = 0
+    for (rank, it, tile, step), r in recv.iterrows():
+        sender = (rank - 1) % W
+        sent = signal.loc[(sender, it, tile, step)]
+        # The receive ends only after the sender has started signalling that very message ...
+        assert r["t_end_ns"] >= sent["t_start_ns"]
+        assert r["peer"] == sender and sent["peer"] == rank
+        # ... and the reduce of a tile never precedes its receive; the GEMM comes before both.
+        red = reduce.loc[(rank, it, tile, step)]
+        assert red["t_start_ns"] >= r["t_end_ns"]
+        assert gemm.loc[(rank, it, tile), "t_end_ns"] <= r["t_start_ns"]
+        checked += 1
+    assert checked == 4 * 2 * TILES * 3
+
+
+def test_atomics_trace_pushes_every_tile_to_every_rank(traces):
+    ev = traces["atomics"].events
+    for (rank, it), d in ev.groupby(["rank", "iteration"]):
+        pushes = d[d["kind"] == "push"]
+        assert len(pushes) == TILES * 4 and len(d[d["kind"] == "gemm"]) == TILES
+        for tile, p in pushes.groupby("tile"):
+            assert sorted(p["peer"]) == [0, 1, 2, 3]
+            assert p["t_start_ns"].min() >= d[(d["kind"] == "gemm") & (d["tile"] == tile)]["t_end_ns"].iloc[0]
+
+
+def test_save_load_roundtrip_and_bad_files(traces, tmp_path):
+    t = traces["ring"]
+    for name in ("run.trace.json", "run.trace.json.gz"):
+        path = tmp_path / name
+        t.save(path)
+        back = Trace.load(path)
+        assert back.meta == json.loads(json.dumps(t.meta))
+        np.testing.assert_array_equal(back.raw, t.raw)
+    doc = json.loads((tmp_path / "run.trace.json").read_text())
+    doc["version"] = 99
+    (tmp_path / "future.json").write_text(json.dumps(doc))
+    with pytest.raises(gemmar.UsageError, match="version 99; this gemmar reads version 1"):
+        Trace.load(tmp_path / "future.json")
+    (tmp_path / "cut.json").write_text((tmp_path / "run.trace.json").read_text()[:500])
+    with pytest.raises(gemmar.UsageError, match="not a readable gemmar trace"):
+        Trace.load(tmp_path / "cut.json")
+    (tmp_path / "other.json").write_text(json.dumps({"traceEvents": []}))
+    with pytest.raises(gemmar.UsageError, match="not a gemmar trace"):
+        Trace.load(tmp_path / "other.json")
+    with gzip.open(tmp_path / "bad.json.gz", "wt") as f:
+        f.write("{not json")
+    with pytest.raises(gemmar.UsageError, match="not a readable"):
+        Trace.load(tmp_path / "bad.json.gz")
+    with pytest.raises(gemmar.UsageError, match="does not exist"):
+        Trace.load(tmp_path / "missing.json")
+
+
+def test_perfetto_structure(traces, tmp_path):
+    t = traces["atomics"]
+    doc = t.to_perfetto(tmp_path / "p.json")
+    assert json.loads((tmp_path / "p.json").read_text()) == json.loads(json.dumps(doc))
+    meta = [e for e in doc["traceEvents"] if e["ph"] == "M"]
+    complete = [e for e in doc["traceEvents"] if e["ph"] == "X"]
+    assert {e["args"]["name"] for e in meta if e["name"] == "process_name"} == {f"rank {r}" for r in range(4)}
+    assert len([e for e in meta if e["name"] == "thread_name"]) == 4 * 3
+    assert len(complete) == len(t.events)
+    for e in complete:
+        assert {"tile", "pid_m", "pid_n", "step", "peer", "iteration"} <= set(e["args"])
+        assert e["dur"] >= 0 and 0 <= e["pid"] < 4 and 0 <= e["tid"] < 3
+        assert e["cat"] in ("gemm", "wait", "comm", "reduce", "store")
+
+
+def test_summary_and_figures(traces, tmp_path):
+    for alg, t in traces.items():
+        s = t.summary()
+        assert list(s.index) == [0, 1, 2, 3]
+        assert (s["gemm_us"] > 0).all() and (s["span_us"] >= s["comm_wall_us"]).all()
+        assert ((s["hidden_share"] >= 0) & (s["hidden_share"] <= 1)).all()
+        fig = t.gantt(path=tmp_path / f"{alg}.png")
+        assert (tmp_path / f"{alg}.png").stat().st_size > 10_000 and len(fig.axes) == 2
+        t.tile_grid(path=tmp_path / f"{alg}-tiles.png")
+        assert (tmp_path / f"{alg}-tiles.png").stat().st_size > 10_000
+    # Too many lanes for one row each: the per-rank aggregate view, and zooming back to a few programs.
+    t = traces["ring"]
+    t.gantt(max_lanes=4, path=tmp_path / "aggregate.png")
+    t.gantt(max_lanes=4, ranks=[0], programs=range(2), path=tmp_path / "zoom.png")
+    with pytest.raises(gemmar.UsageError, match="iteration=5"):
+        t.gantt(iteration=5)
+
+
+def test_replay_states_follow_the_run(traces):
+    t = traces["ring"]
+    states = t.replay_states()
+    first, last = states[0], states[-1]
+    assert all((g <= 1).all() for g in first["tiles"])          # nothing reduced at the start
+    assert all((g == 3).all() for g in last["tiles"])           # everything reduced at the end
+    assert (last["data_ready"] == 3).all() and (last["slot_free"] == 3).all()
+    # Tile states never go backwards.
+    for a, b in zip(states, states[1:]):
+        assert all((gb >= ga).all() for ga, gb in zip(a["tiles"], b["tiles"]))
+    assert any(s["waiting"] for s in states)
+    states = traces["atomics"].replay_states()
+    assert all((g == 3).all() for g in states[-1]["tiles"]) and "data_ready" not in states[-1]
+
+
+def test_replay_widget_from_a_saved_trace(traces, tmp_path):
+    pytest.importorskip("ipywidgets")
+    traces["ring"].save(tmp_path / "r.json")
+    player = Trace.load(tmp_path / "r.json").replay()   # no cluster involved
+    slider = player.children[0].children[1]
+    slider.value = slider.max // 2
+    assert "µs" in player.children[1].value
+
+
+def test_gantt_cli(traces, tmp_path):
+    traces["ring"].save(tmp_path / "run.trace.json")
+    p = subprocess.run([sys.executable, "-m", "gemmar.cli", "gantt", str(tmp_path / "run.trace.json"), "-o",
+                        str(tmp_path / "g.png"), "--perfetto", str(tmp_path / "p.json"), "--tile_grid",
+                        str(tmp_path / "t.png")], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert all((tmp_path / f).exists() for f in ("g.png", "p.json", "t.png"))
+    (tmp_path / "bad.json").write_text("garbage")
+    p = subprocess.run([sys.executable, "-m", "gemmar.cli", "gantt", str(tmp_path / "bad.json")],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1 and "bad.json" in p.stderr
