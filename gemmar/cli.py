@@ -11,7 +11,7 @@ import json
 import platform
 import sys
 
-from .config import ALGORITHMS, BACKENDS, DTYPES, RunConfig
+from .config import ALGORITHMS, BACKENDS, DTYPES, RunConfig, tuned_defaults
 from .errors import ClusterError, DeadlockError, GemmarError, RankDiedError, UsageError
 
 
@@ -26,23 +26,28 @@ def _bench_parser(sub):
                        description="Run the fused GEMM + all-reduce with K split over ranks. Every rank "
                                    "builds the same seeded A (M x K) and B (K x N) and keeps its K-slice.")
     d = RunConfig()
+    tuned = "default: tuned for the device (cpu: 32/32/32, 4 programs; GPU: see config.GPU_TUNING)"
     p.add_argument("-m", type=int, default=d.m, help="rows of A and C (default %(default)s)")
     p.add_argument("-n", type=int, default=d.n, help="columns of B and C (default %(default)s)")
     p.add_argument("-k", type=int, default=d.k, help="the reduced dimension, split over ranks (default %(default)s)")
     p.add_argument("--datatype", choices=list(DTYPES), default=d.datatype, help="input dtype; accumulation is fp32")
     p.add_argument("--algorithm", choices=ALGORITHMS, default=d.algorithm, help="how partial tiles are reduced")
-    p.add_argument("--BLK_M", type=int, default=d.BLK_M)
-    p.add_argument("--BLK_N", type=int, default=d.BLK_N)
-    p.add_argument("--BLK_K", type=int, default=d.BLK_K)
-    p.add_argument("--gsize_m", type=int, default=d.gsize_m, help="GROUP_SIZE_M of the tile swizzle")
-    p.add_argument("--num_sms", type=int, default=d.num_sms, help="persistent programs per rank")
-    p.add_argument("--num_warps", type=int, default=d.num_warps, help="GPU only")
-    p.add_argument("--num_stages", type=int, default=d.num_stages, help="GPU only")
+    p.add_argument("--BLK_M", type=int, help=tuned)
+    p.add_argument("--BLK_N", type=int, help=tuned)
+    p.add_argument("--BLK_K", type=int, help=tuned)
+    p.add_argument("--gsize_m", type=int, help="GROUP_SIZE_M of the tile swizzle; " + tuned)
+    p.add_argument("--num_sms", type=int, help="persistent programs per rank; " + tuned)
+    p.add_argument("--num_warps", type=int, help="GPU only; " + tuned)
+    p.add_argument("--num_stages", type=int, help="GPU only; " + tuned)
     p.add_argument("-r", "--num_ranks", type=int, default=2, help="ranks = ipyparallel engines (default 2)")
     p.add_argument("--backend", choices=BACKENDS, default="auto", help="auto: cuda when GPUs are present, else cpu")
     p.add_argument("--iterations", type=int, default=1, help="back-to-back launches, each checked with -v")
     p.add_argument("-v", "--validate", action="store_true", help="check every rank's C after every iteration")
     p.add_argument("-b", "--benchmark", action="store_true", help="print timings")
+    p.add_argument("--baseline", action="store_true",
+                   help="with -b on GPUs: time both fused kernels, torch.matmul, the NCCL all-reduce of C and the "
+                        "two in sequence, in one run, and print the ratios")
+    p.add_argument("--reps", type=int, default=20, help="timed repetitions per measurement with --baseline")
     p.add_argument("-t", "--trace_tiles", action="store_true", help="record per-tile events on every rank")
     p.add_argument("--output_file", help="write a JSON report (and, with -t, <stem>.trace.json beside it)")
     p.add_argument("--timeout", type=float, default=60.0, help="watchdog on every spin-wait, seconds")
@@ -51,20 +56,46 @@ def _bench_parser(sub):
     p.set_defaults(func=cmd_bench)
 
 
-def cmd_bench(args):
-    from .cluster import Cluster, log
+def device_properties(backend):
+    """(name, compute capability, multiprocessors) of GPU 0 as the client sees it; blanks on cpu."""
+    if backend != "cuda":
+        return "", (0, 0), 0
+    import torch
 
-    config = RunConfig(m=args.m, n=args.n, k=args.k, datatype=args.datatype, algorithm=args.algorithm,
-                       BLK_M=args.BLK_M, BLK_N=args.BLK_N, BLK_K=args.BLK_K, gsize_m=args.gsize_m,
-                       num_sms=args.num_sms, world_size=args.num_ranks, iterations=args.iterations,
-                       timeout_s=args.timeout, trace=args.trace_tiles, seed=args.seed, num_warps=args.num_warps,
-                       num_stages=args.num_stages).validate()
+    props = torch.cuda.get_device_properties(0)
+    return props.name, (props.major, props.minor), props.multi_processor_count
+
+
+def config_from_args(args, backend):
+    defaults = tuned_defaults(backend, args.algorithm, *device_properties(backend))
+    knobs = {k: getattr(args, k) if getattr(args, k) is not None else v for k, v in defaults.items()}
+    return RunConfig(m=args.m, n=args.n, k=args.k, datatype=args.datatype, algorithm=args.algorithm,
+                     world_size=args.num_ranks, iterations=args.iterations, timeout_s=args.timeout,
+                     trace=args.trace_tiles, seed=args.seed, **knobs).validate()
+
+
+def cmd_bench(args):
+    from .cluster import Cluster, log, resolve_backend
+
+    if args.baseline and not args.benchmark:
+        raise UsageError("--baseline times against cuBLAS + NCCL: use it together with -b/--benchmark")
+    if not 1 <= args.reps <= 100_000:
+        raise UsageError(f"--reps {args.reps} is out of range: use 1 to 100000")
+    backend = resolve_backend(args.backend, args.num_ranks) if 1 <= args.num_ranks <= 64 else "cpu"
+    config = config_from_args(args, backend)
+    if args.baseline and backend != "cuda":
+        raise UsageError(f"--baseline needs the cuda backend (NCCL and cuBLAS); this run's backend is {backend}")
     W = config.world_size
     log("-", W, f"starting {W} ipyparallel engine(s) as ranks 0..{W - 1}")
-    with Cluster(world_size=W, backend=args.backend, heap_size=args.heap_size, timeout_s=args.timeout) as cluster:
+    figures = None
+    with Cluster(world_size=W, backend=backend, heap_size=args.heap_size, timeout_s=args.timeout) as cluster:
         log("-", W, f"ranks up on backend {cluster.backend}: {cluster.info[0]['device']}, "
                     f"torch {cluster.info[0]['torch']}, triton {cluster.info[0]['triton']}")
         result = cluster.bench(config, validate=args.validate, verbose=True)
+        if args.baseline:
+            log("-", W, f"timing both fused kernels and the unfused baseline ({args.reps} reps, median of 5)")
+            figures = cluster.benchmark(config, reps=args.reps)
+            print_figures(figures, config, W)
     seconds = result.seconds
     if args.benchmark:
         ordered = sorted(seconds)
@@ -78,6 +109,7 @@ def cmd_bench(args):
         report = dict(args={k: v for k, v in vars(args).items() if k != "func"}, success=success,
                       validated=args.validate, max_abs_diff=result.max_abs_diff if args.validate else None,
                       seconds_per_iteration=seconds, backend=result.backend, ranks=result.info,
+                      config=config.to_dict(), timings_ms=figures,
                       date=datetime.datetime.now().isoformat(timespec="seconds"), host=platform.node())
         with open(args.output_file, "w") as f:
             json.dump(report, f, indent=2)
@@ -123,6 +155,20 @@ def cmd_gantt(args):
         trace.to_perfetto(args.perfetto)
         print(f"[gemmar] wrote {args.perfetto} (open it at ui.perfetto.dev)")
     return 0
+
+
+def print_figures(f, config, W):
+    from .cluster import log
+
+    k_rank = -(-config.k // W)
+    log("-", W, f"per-rank {config.m} x {config.n} x {k_rank} {config.datatype}, "
+                f"{config.BLK_M}x{config.BLK_N}x{config.BLK_K} tiles, {config.num_sms} programs per rank")
+    log("-", W, f"torch.matmul {f['matmul_ms']:.3f} ms | NCCL all_reduce(C) {f['allreduce_ms']:.3f} ms | "
+                f"sequential {f['sequential_ms']:.3f} ms | bound max(mm, ar) {f['bound_ms']:.3f} ms")
+    for alg in ("atomics", "ring"):
+        ms = f[f"{alg}_ms"]
+        log("-", W, f"fused {alg:8s} {ms:.3f} ms  fused/sequential {ms / f['sequential_ms']:.3f}  "
+                    f"fused/bound {ms / f['bound_ms']:.3f}  max|C - ref| {f[f'{alg}_max_abs_diff']:.3g}")
 
 
 def trace_path_for(output_file):

@@ -241,6 +241,21 @@ class Cluster:
         inputs = [(A[:, s:e].contiguous(), B[s:e, :].contiguous()) for s, e in slices]
         return self._run(config, (inputs, reference), validate, verbose, mistake, True)
 
+    def benchmark(self, config, algorithms=("atomics", "ring"), reps=20, warmup=5, baseline=True):
+        """GPU only: time each fused kernel and the unfused baseline (cuBLAS matmul, NCCL all-reduce, both in
+        sequence) in one run. Returns per-algorithm and baseline milliseconds, the slowest rank's each."""
+        config = RunConfig(**{**config.to_dict(), "world_size": self.world_size}).validate()
+        outs = self.run(rank_runtime.benchmark_rank, config.to_dict(), tuple(algorithms), reps, warmup, baseline)
+        _raise_rank_errors(outs)
+        figures = {f"{alg}_ms": max(o["fused_ms"][alg] for o in outs) for alg in algorithms}
+        figures.update({f"{alg}_max_abs_diff": max(o["max_abs_diff"][alg] for o in outs) for alg in algorithms})
+        figures["tolerance"] = outs[0]["tolerance"]
+        if baseline:
+            for key in ("matmul_ms", "allreduce_ms", "sequential_ms"):
+                figures[key] = max(o[key] for o in outs)
+            figures["bound_ms"] = max(figures["matmul_ms"], figures["allreduce_ms"])
+        return figures
+
     def _run(self, config, data, validate, verbose, mistake, return_c):
         W, n = self.world_size, config.iterations
 

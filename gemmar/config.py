@@ -16,6 +16,28 @@ MAX_PROGRAMS = 4096
 MIN_BLOCK, MAX_BLOCK = 16, 256   # tl.dot needs 16 on each side; 256 keeps a tile in registers
 
 
+# Per-GPU starting points: (BLK_M, BLK_N, BLK_K, num_warps, num_stages, gsize_m) per algorithm. The ring
+# keeps three tiles live (sum, payload, received), so it gets a smaller tile than atomics.
+GPU_TUNING = {
+    "hopper": {"atomics": (128, 256, 64, 8, 3, 8), "ring": (128, 128, 64, 8, 4, 8)},
+    "default": {"atomics": (128, 128, 32, 4, 3, 8), "ring": (128, 128, 32, 4, 3, 8)},
+}
+CPU_TUNING = (32, 32, 32, 4, 3, 4)
+
+
+def tuned_defaults(backend, algorithm, device_name="", capability=(0, 0), multiprocessors=0):
+    """Settings that suit the device, for every knob the user did not set (GPU: one program per SM)."""
+    if backend == "cpu":
+        blk_m, blk_n, blk_k, warps, stages, gsize = CPU_TUNING
+        programs = 4
+    else:
+        family = "hopper" if tuple(capability) >= (9, 0) else "default"
+        blk_m, blk_n, blk_k, warps, stages, gsize = GPU_TUNING[family][algorithm]
+        programs = multiprocessors or 108
+    return dict(BLK_M=blk_m, BLK_N=blk_n, BLK_K=blk_k, num_warps=warps, num_stages=stages, gsize_m=gsize,
+                num_sms=programs)
+
+
 def dtype_name(dtype):
     """'fp16' / 'bf16' / 'fp32' for a torch dtype or one of those names; UsageError otherwise."""
     for name, torch_dtype in DTYPES.items():

@@ -74,15 +74,15 @@ class SymmetricHeap:
 
     backend = "?"
 
-    def __init__(self, rank, world_size, arenas, heap_bases, device, timeout_s):
+    def __init__(self, rank, world_size, arena, heap_bases, device, timeout_s):
         self.rank, self.world_size, self.device = rank, world_size, device
-        self.arenas = arenas                 # uint8 tensor per rank, as this process sees it
-        self.heap_bases = heap_bases         # int64 tensor on `device`
-        self.size = arenas[rank].numel()
+        self.arena = arena                   # this rank's arena: a uint8 tensor on `device`
+        self.heap_bases = heap_bases         # int64 tensor on `device`: every arena, as this process sees it
+        self.size = arena.numel()
         self.timeout_s = timeout_s
         self._top = HEADER_BYTES
         self._barriers = 0
-        words = self.arenas[rank][:HEADER_BYTES].view(torch.int64)
+        words = self.arena[:HEADER_BYTES].view(torch.int64)
         self._barrier_counter = words[0:1]
         self._barrier_watchdog = words[8:16]
         self._barrier_exit = words[16:17]
@@ -103,7 +103,7 @@ class SymmetricHeap:
             count *= s
         nbytes = count * torch.empty((), dtype=dtype).element_size()
         offset = self._alloc(nbytes)
-        return self.arenas[self.rank][offset:offset + nbytes].view(dtype).view(shape)
+        return self.arena[offset:offset + nbytes].view(dtype).view(shape)
 
     def zeros(self, shape, dtype):
         return self.empty(shape, dtype).zero_()
@@ -121,27 +121,34 @@ class SymmetricHeap:
             self._top = top
 
     def offset_of(self, tensor):
-        return tensor.data_ptr() - self.arenas[self.rank].data_ptr()
+        return tensor.data_ptr() - self.arena.data_ptr()
 
     # -- synchronisation ------------------------------------------------------------------------------
     def synchronize(self):
         """Wait for this rank's device work (no-op on cpu)."""
 
-    def barrier(self, timeout_s=None):
+    def barrier(self, timeout_s=None, wait=True):
         """All ranks meet here; returns ``now()`` (device clock, ns) as this rank left.
 
-        A rank that never arrives raises DeadlockError after ``timeout_s``.
+        A rank that never arrives raises DeadlockError after ``timeout_s``. With ``wait=False`` (GPU
+        timing loops) the barrier is only enqueued behind this rank's work: no host synchronisation, no
+        return value; call :meth:`check_barrier` once afterwards.
         """
         from .kernels.barrier import barrier_kernel
 
-        self.synchronize()
+        if wait:
+            self.synchronize()
         self._barriers += 1
         timeout_ns = int((timeout_s or self.timeout_s) * 1e9)
         barrier_kernel[(1,)](self._barrier_counter, self._barrier_watchdog, self._barrier_exit, self.heap_bases,
                              self.rank, self._barriers * self.world_size, timeout_ns)
-        self.synchronize()
+        if wait:
+            self.synchronize()
+            self.check_barrier()
+            return int(self._barrier_exit.item())
+
+    def check_barrier(self):
         self.raise_if_expired(self._barrier_watchdog)
-        return int(self._barrier_exit.item())
 
     def raise_if_expired(self, watchdog):
         report = read_watchdog(watchdog.tolist())
@@ -150,7 +157,7 @@ class SymmetricHeap:
             raise DeadlockError(deadlock_message([report]), [report])
 
     def close(self):
-        self.arenas = None
+        self.arena = None
         self.heap_bases = None
 
 
@@ -192,8 +199,8 @@ class CpuHeap(SymmetricHeap):
                 os.close(fd)
         arenas = [torch.frombuffer(m, dtype=torch.uint8) for m in maps]
         bases = torch.tensor([a.data_ptr() for a in arenas], dtype=torch.int64)
-        heap = cls(rank, world_size, arenas, bases, torch.device("cpu"), timeout_s)
-        heap._maps = maps
+        heap = cls(rank, world_size, arenas[rank], bases, torch.device("cpu"), timeout_s)
+        heap._peer_arenas = arenas   # keeps every mapping alive as long as the heap
         try:
             heap.barrier()          # every rank has mapped every arena ...
         finally:
@@ -202,7 +209,7 @@ class CpuHeap(SymmetricHeap):
 
     def close(self):
         super().close()
-        self._maps = None  # the mappings close when the last tensor view of them is gone
+        self._peer_arenas = None  # the mappings close when the last tensor view of them is gone
 
 
 def create_heap(backend, rank, world_size, size, cluster_id, timeout_s=60.0):

@@ -67,8 +67,12 @@ class FusedGemmAllReduce:
             raise UsageError(f"rank {rank}: A is {tuple(A.shape)} and B is {tuple(B.shape)}; "
                              f"need A: {cfg.m} x K_r and B: K_r x {cfg.n}")
 
-    def __call__(self, A, B):
-        """Launch once; return this rank's C (fp32, M x N). Atomics: valid until the next launch."""
+    def __call__(self, A, B, wait=True):
+        """Launch once; return this rank's C (fp32, M x N). Atomics: valid until the next launch.
+
+        ``wait=False`` (GPU timing loops) only enqueues the work, with no host synchronisation and no
+        watchdog check: call :meth:`check` after the loop.
+        """
         self.check_inputs(A, B)
         cfg, heap = self.config, self.heap
         common = dict(BLOCK_M=cfg.BLK_M, BLOCK_N=cfg.BLK_N, BLOCK_K=cfg.BLK_K, GROUP_SIZE_M=cfg.gsize_m,
@@ -86,7 +90,7 @@ class FusedGemmAllReduce:
                 out.stride(1), self.trace, self.trace_counts, **common)
             self.launches += 1
             # Remote adds into our C may still be in flight from other ranks until all have finished.
-            heap.barrier(cfg.timeout_s)
+            heap.barrier(cfg.timeout_s, wait=wait)
         else:
             out = self.c
             gemm_all_reduce_ring[grid](
@@ -96,9 +100,15 @@ class FusedGemmAllReduce:
                 out.stride(1), int(cfg.timeout_s * 1e9), self.trace, self.trace_counts,
                 MISTAKE=self.mistake, SLOT_CACHE=".cg" if heap.device.type == "cuda" else "", **common)
             self.launches += 1
-            heap.synchronize()
-        heap.raise_if_expired(self.watchdog)
+        if wait:
+            self.check()
         return out
+
+    def check(self):
+        """Wait for this rank's work; raise DeadlockError if a wait (or the barrier) expired."""
+        self.heap.synchronize()
+        self.heap.raise_if_expired(self.watchdog)
+        self.heap.check_barrier()
 
     def events(self):
         """The last launch's events as an int64 array [n, 1 + 8]: the program, then the 8 fields of events.py.

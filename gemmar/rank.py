@@ -68,8 +68,13 @@ def seeded_inputs(config, rank, device):
     start, end = k_bounds(config.k, config.world_size, rank)
     A_r = A[:, start:end].contiguous().to(device)
     B_r = B[start:end, :].contiguous().to(device)
-    if device.type == "cuda":  # fp32 on the GPU: fast, and far more precise than the tolerance
-        reference = A.to(device, torch.float32) @ B.to(device, torch.float32)
+    if device.type == "cuda":  # fp32 on the GPU (tf32 off): fast, and far more precise than the tolerance
+        A_full, B_full = A.to(device, torch.float32), B.to(device, torch.float32)
+        allow_tf32 = torch.backends.cuda.matmul.allow_tf32
+        torch.backends.cuda.matmul.allow_tf32 = False
+        reference = A_full @ B_full
+        torch.backends.cuda.matmul.allow_tf32 = allow_tf32
+        del A_full, B_full
     else:
         reference = A.double() @ B.double()
     return A_r, B_r, reference
@@ -131,6 +136,65 @@ def run_gemm_all_reduce(config_dict, A=None, B=None, reference=None, mistake="no
             if return_c:
                 out["C"] = C.detach().to("cpu", copy=True)
             return out
+    except UsageError as e:
+        return dict(rank=ctx.rank, error="usage", message=str(e))
+    except DeadlockError as e:
+        return dict(rank=ctx.rank, error="deadlock", message=str(e), waits=e.waits)
+
+
+def _median_ms(fn, reps, trials=5):
+    """Median over ``trials`` of the mean time of ``reps`` back-to-back calls, all ranks starting together."""
+    import torch.distributed as dist
+
+    times = []
+    for _ in range(trials):
+        dist.barrier()
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(reps):
+            fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) / reps)
+    return float(np.median(times))
+
+
+def benchmark_rank(config_dict, algorithms=("atomics", "ring"), reps=20, warmup=5, baseline=True):
+    """GPU timing on this rank, all in one process and run: each fused kernel (validated first), then
+    torch.matmul of the same per-rank shapes, the NCCL all-reduce of C, and the two in sequence."""
+    import torch.distributed as dist
+
+    ctx = current()
+    heap = ctx.heap
+    if heap.device.type != "cuda":
+        return dict(rank=ctx.rank, error="usage", message="timing against cuBLAS + NCCL needs the cuda backend")
+    try:
+        base = RunConfig(**config_dict).validate()
+        A, B, reference = seeded_inputs(base, ctx.rank, heap.device)
+        out = dict(rank=ctx.rank, fused_ms={}, max_abs_diff={}, tolerance=tolerance(base))
+        for algorithm in algorithms:
+            config = RunConfig(**{**config_dict, "algorithm": algorithm}).validate()
+            with heap.scope():
+                fused = FusedGemmAllReduce(heap, config)
+                heap.barrier()
+                diffs = [float((fused(A, B).float() - reference).abs().max()) for _ in range(2)]
+                for _ in range(warmup):
+                    fused(A, B, wait=False)
+                out["fused_ms"][algorithm] = _median_ms(lambda: fused(A, B, wait=False), reps)
+                fused.check()
+                diffs.append(float((fused(A, B).float() - reference).abs().max()))  # still right after timing
+                out["max_abs_diff"][algorithm] = max(diffs)
+                heap.barrier()
+        if baseline:
+            C = A @ B
+            for _ in range(warmup):
+                torch.matmul(A, B, out=C)
+                dist.all_reduce(C)
+            out["matmul_ms"] = _median_ms(lambda: torch.matmul(A, B, out=C), reps)
+            out["allreduce_ms"] = _median_ms(lambda: dist.all_reduce(C), reps)
+            out["sequential_ms"] = _median_ms(lambda: (torch.matmul(A, B, out=C), dist.all_reduce(C)), reps)
+        return out
     except UsageError as e:
         return dict(rank=ctx.rank, error="usage", message=str(e))
     except DeadlockError as e:

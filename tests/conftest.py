@@ -11,6 +11,10 @@ import gemmar
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 
 
+# GEMMAR_TEST_BACKEND=cuda runs the same validation compiled on GPUs (world sizes above the GPU count skip).
+BACKEND = os.environ.get("GEMMAR_TEST_BACKEND", "cpu")
+
+
 class Clusters:
     """Start a cluster of a given world size on first use; stop them all at the end of the session."""
 
@@ -18,9 +22,14 @@ class Clusters:
         self.by_size = {}
 
     def __call__(self, world_size):
+        if BACKEND == "cuda" and world_size > torch.cuda.device_count():
+            pytest.skip(f"world size {world_size} needs {world_size} GPUs; {torch.cuda.device_count()} here")
         cluster = self.by_size.get(world_size)
         if cluster is None or not cluster.running:
-            cluster = gemmar.Cluster(world_size=world_size, backend="cpu", timeout_s=60)
+            for other in self.by_size.values():  # on GPUs one cluster at a time: one NCCL group per engine
+                if BACKEND == "cuda":
+                    other.stop()
+            cluster = gemmar.Cluster(world_size=world_size, backend=BACKEND, timeout_s=60)
             # Engines import test helpers (tests/rank_helpers.py) by module name.
             cluster.client[cluster.engine_ids].execute(f"import sys; sys.path.insert(0, {TESTS_DIR!r})", block=True)
             self.by_size[world_size] = cluster

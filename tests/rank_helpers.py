@@ -56,7 +56,7 @@ def device_api_roundtrip(sem, valid):
         heap.barrier()
         device_api_kernel[(1,)](src, *bufs.values(), heap.heap_bases, rank, W, valid, SEM=sem, BLOCK=BLOCK)
         heap.barrier()
-        out = {name: t.clone().numpy() for name, t in bufs.items()}
+        out = {name: t.cpu().numpy() for name, t in bufs.items()}
         out["offsets"] = [heap.offset_of(t) for t in bufs.values()]
         heap.barrier()
         return out

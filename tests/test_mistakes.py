@@ -30,10 +30,13 @@ def test_hang_becomes_deadlock_error_naming_rank_tile_and_flag(clusters):
         cluster.gemm_all_reduce(A, B, block=(16, 16, 16), mistake="wait_for_missing_message", timeout_s=2)
     assert time.monotonic() - start < 30
     waits = info.value.waits
+    # Every rank ends up waiting for the one message too many (the last one of the launch is never sent).
+    # Which step a rank is at when its watchdog fires depends on timing: a rank that gave up goes on and
+    # sends, which can let a neighbour pass its first wait.
     assert sorted(w["rank"] for w in waits) == [0, 1, 2]
     for w in waits:
-        assert w["flag"] == "data_ready" and w["tile"] == 0 and w["index"] == 0
-        assert w["expected"] == 2 and w["seen"] == 1
-    assert "rank 0" in str(info.value) and "data_ready[0] >= 2" in str(info.value)
+        assert w["flag"] == "data_ready" and w["index"] == w["tile"] and w["expected"] == w["seen"] + 1
+    assert any(w["tile"] == 0 and w["expected"] == 2 for w in waits)
+    assert "rank 0" in str(info.value) and "flag data_ready[" in str(info.value)
     # The same cluster runs the correct kernel right after.
     assert cluster.gemm_all_reduce(A, B, block=(16, 16, 16), iterations=2).ok

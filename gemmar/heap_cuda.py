@@ -1,0 +1,55 @@
+"""The cuda backend of the symmetric heap: torch symmetric memory, one process (engine) per GPU.
+
+``symm_mem.empty`` allocates this rank's arena so that peers can map it; ``rendezvous`` exchanges the
+handles and gives every peer arena's address in this process (``buffer_ptrs``): exactly the heap bases
+the device API needs. torch.distributed (NCCL) is initialised once per engine over a file store, and is
+also what the benchmark's NCCL all-reduce baseline uses.
+"""
+
+import os
+import tempfile
+
+import torch
+
+from .errors import UsageError
+from .heap import SymmetricHeap
+
+
+def store_path(cluster_id):
+    return os.path.join(tempfile.gettempdir(), f"gemmar-{cluster_id}.store")
+
+
+class CudaHeap(SymmetricHeap):
+    backend = "cuda"
+
+    @classmethod
+    def create(cls, rank, world_size, size, cluster_id, timeout_s=60.0):
+        import datetime
+
+        import torch.distributed as dist
+        import torch.distributed._symmetric_memory as symm_mem
+
+        if not torch.cuda.is_available() or torch.cuda.device_count() < world_size:
+            raise UsageError(f"backend cuda needs {world_size} GPUs; this machine has {torch.cuda.device_count()}")
+        device = torch.device("cuda", rank)
+        torch.cuda.set_device(device)
+        if not dist.is_initialized():
+            store = dist.FileStore(store_path(cluster_id), world_size)
+            dist.init_process_group("nccl", store=store, rank=rank, world_size=world_size, device_id=device,
+                                    timeout=datetime.timedelta(seconds=max(60, timeout_s)))
+        group = dist.group.WORLD
+        if hasattr(symm_mem, "enable_symm_mem_for_group"):  # needed by torch < 2.9, harmless after
+            symm_mem.enable_symm_mem_for_group(group.group_name)
+        arena = symm_mem.empty(size, dtype=torch.uint8, device=device)
+        handle = symm_mem.rendezvous(arena, group.group_name)
+        bases = torch.tensor(list(handle.buffer_ptrs), dtype=torch.int64, device=device)
+        arena.zero_()
+        torch.cuda.synchronize(device)
+        dist.barrier()
+        heap = cls(rank, world_size, arena, bases, device, timeout_s)
+        heap._handle = handle
+        heap.barrier()
+        return heap
+
+    def synchronize(self):
+        torch.cuda.synchronize(self.device)
