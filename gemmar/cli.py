@@ -66,10 +66,11 @@ def device_properties(backend):
     return props.name, (props.major, props.minor), props.multi_processor_count
 
 
-def config_from_args(args, backend):
-    defaults = tuned_defaults(backend, args.algorithm, *device_properties(backend))
+def config_from_args(args, backend, algorithm=None):
+    algorithm = algorithm or args.algorithm
+    defaults = tuned_defaults(backend, algorithm, *device_properties(backend))
     knobs = {k: getattr(args, k) if getattr(args, k) is not None else v for k, v in defaults.items()}
-    return RunConfig(m=args.m, n=args.n, k=args.k, datatype=args.datatype, algorithm=args.algorithm,
+    return RunConfig(m=args.m, n=args.n, k=args.k, datatype=args.datatype, algorithm=algorithm,
                      world_size=args.num_ranks, iterations=args.iterations, timeout_s=args.timeout,
                      trace=args.trace_tiles, seed=args.seed, **knobs).validate()
 
@@ -94,8 +95,9 @@ def cmd_bench(args):
         result = cluster.bench(config, validate=args.validate, verbose=True)
         if args.baseline:
             log("-", W, f"timing both fused kernels and the unfused baseline ({args.reps} reps, median of 5)")
-            figures = cluster.benchmark(config, reps=args.reps)
-            print_figures(figures, config, W)
+            configs = {alg: config_from_args(args, backend, alg) for alg in ALGORITHMS}
+            figures = cluster.benchmark(configs, reps=args.reps)
+            print_figures(figures, configs, W)
     seconds = result.seconds
     if args.benchmark:
         ordered = sorted(seconds)
@@ -157,18 +159,20 @@ def cmd_gantt(args):
     return 0
 
 
-def print_figures(f, config, W):
+def print_figures(f, configs, W):
+    """The benchmark lines: baseline times, then each fused kernel with its ratios and tile settings."""
     from .cluster import log
 
-    k_rank = -(-config.k // W)
-    log("-", W, f"per-rank {config.m} x {config.n} x {k_rank} {config.datatype}, "
-                f"{config.BLK_M}x{config.BLK_N}x{config.BLK_K} tiles, {config.num_sms} programs per rank")
-    log("-", W, f"torch.matmul {f['matmul_ms']:.3f} ms | NCCL all_reduce(C) {f['allreduce_ms']:.3f} ms | "
-                f"sequential {f['sequential_ms']:.3f} ms | bound max(mm, ar) {f['bound_ms']:.3f} ms")
-    for alg in ("atomics", "ring"):
+    c = next(iter(configs.values()))
+    log("-", W, f"per-rank {c.m} x {c.n} x {-(-c.k // W)} {c.datatype}: torch.matmul {f['matmul_ms']:.3f} ms | "
+                f"NCCL all_reduce(C) {f['allreduce_ms']:.3f} ms | sequential {f['sequential_ms']:.3f} ms | "
+                f"bound max(mm, ar) {f['bound_ms']:.3f} ms")
+    for alg, c in configs.items():
         ms = f[f"{alg}_ms"]
         log("-", W, f"fused {alg:8s} {ms:.3f} ms  fused/sequential {ms / f['sequential_ms']:.3f}  "
-                    f"fused/bound {ms / f['bound_ms']:.3f}  max|C - ref| {f[f'{alg}_max_abs_diff']:.3g}")
+                    f"fused/bound {ms / f['bound_ms']:.3f}  max|C - ref| {f[f'{alg}_max_abs_diff']:.3g}  "
+                    f"({c.BLK_M}x{c.BLK_N}x{c.BLK_K}, {c.num_warps} warps, {c.num_stages} stages, "
+                    f"{c.num_sms} programs)")
 
 
 def trace_path_for(output_file):

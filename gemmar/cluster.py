@@ -241,14 +241,23 @@ class Cluster:
         inputs = [(A[:, s:e].contiguous(), B[s:e, :].contiguous()) for s, e in slices]
         return self._run(config, (inputs, reference), validate, verbose, mistake, True)
 
-    def benchmark(self, config, algorithms=("atomics", "ring"), reps=20, warmup=5, baseline=True):
+    def benchmark(self, configs, reps=20, warmup=5, baseline=True):
         """GPU only: time each fused kernel and the unfused baseline (cuBLAS matmul, NCCL all-reduce, both in
-        sequence) in one run. Returns per-algorithm and baseline milliseconds, the slowest rank's each."""
-        config = RunConfig(**{**config.to_dict(), "world_size": self.world_size}).validate()
-        outs = self.run(rank_runtime.benchmark_rank, config.to_dict(), tuple(algorithms), reps, warmup, baseline)
+        sequence) in one run. ``configs`` maps an algorithm to its RunConfig (same shape for all; a single
+        RunConfig times just its own algorithm). Returns milliseconds, the slowest rank's each."""
+        if isinstance(configs, RunConfig):
+            configs = {configs.algorithm: configs}
+        dicts = {}
+        for alg, cfg in configs.items():
+            dicts[alg] = RunConfig(**{**cfg.to_dict(), "algorithm": alg, "world_size": self.world_size}).validate() \
+                .to_dict()
+        shapes = {(d["m"], d["n"], d["k"], d["datatype"], d["seed"]) for d in dicts.values()}
+        if len(shapes) != 1:
+            raise UsageError(f"benchmark configs must share one shape, dtype and seed; got {sorted(shapes)}")
+        outs = self.run(rank_runtime.benchmark_rank, dicts, reps, warmup, baseline)
         _raise_rank_errors(outs)
-        figures = {f"{alg}_ms": max(o["fused_ms"][alg] for o in outs) for alg in algorithms}
-        figures.update({f"{alg}_max_abs_diff": max(o["max_abs_diff"][alg] for o in outs) for alg in algorithms})
+        figures = {f"{alg}_ms": max(o["fused_ms"][alg] for o in outs) for alg in dicts}
+        figures.update({f"{alg}_max_abs_diff": max(o["max_abs_diff"][alg] for o in outs) for alg in dicts})
         figures["tolerance"] = outs[0]["tolerance"]
         if baseline:
             for key in ("matmul_ms", "allreduce_ms", "sequential_ms"):

@@ -160,9 +160,10 @@ def _median_ms(fn, reps, trials=5):
     return float(np.median(times))
 
 
-def benchmark_rank(config_dict, algorithms=("atomics", "ring"), reps=20, warmup=5, baseline=True):
-    """GPU timing on this rank, all in one process and run: each fused kernel (validated first), then
-    torch.matmul of the same per-rank shapes, the NCCL all-reduce of C, and the two in sequence."""
+def benchmark_rank(config_dicts, reps=20, warmup=5, baseline=True):
+    """GPU timing on this rank, all in one process and run: each fused kernel (``config_dicts`` maps an
+    algorithm to its settings; validated before and after timing), then torch.matmul of the same per-rank
+    shapes, the NCCL all-reduce of C, and the two in sequence."""
     import torch.distributed as dist
 
     ctx = current()
@@ -170,11 +171,11 @@ def benchmark_rank(config_dict, algorithms=("atomics", "ring"), reps=20, warmup=
     if heap.device.type != "cuda":
         return dict(rank=ctx.rank, error="usage", message="timing against cuBLAS + NCCL needs the cuda backend")
     try:
-        base = RunConfig(**config_dict).validate()
+        configs = {alg: RunConfig(**d).validate() for alg, d in config_dicts.items()}
+        base = next(iter(configs.values()))
         A, B, reference = seeded_inputs(base, ctx.rank, heap.device)
         out = dict(rank=ctx.rank, fused_ms={}, max_abs_diff={}, tolerance=tolerance(base))
-        for algorithm in algorithms:
-            config = RunConfig(**{**config_dict, "algorithm": algorithm}).validate()
+        for algorithm, config in configs.items():
             with heap.scope():
                 fused = FusedGemmAllReduce(heap, config)
                 heap.barrier()
