@@ -12,6 +12,7 @@ import platform
 import sys
 
 from .config import ALGORITHMS, BACKENDS, DTYPES, RunConfig, tuned_defaults
+from .launch import heap_bytes_needed
 from .errors import ClusterError, DeadlockError, GemmarError, RankDiedError, UsageError
 
 
@@ -51,7 +52,8 @@ def _bench_parser(sub):
     p.add_argument("-t", "--trace_tiles", action="store_true", help="record per-tile events on every rank")
     p.add_argument("--output_file", help="write a JSON report (and, with -t, <stem>.trace.json beside it)")
     p.add_argument("--timeout", type=float, default=60.0, help="watchdog on every spin-wait, seconds")
-    p.add_argument("--heap_size", type=int, default=256 << 20, help="symmetric heap bytes per rank")
+    p.add_argument("--heap_size", type=int, help="symmetric heap bytes per rank (default: what the run needs, "
+                                                 "at least 256 MiB)")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=cmd_bench)
 
@@ -89,7 +91,9 @@ def cmd_bench(args):
     W = config.world_size
     log("-", W, f"starting {W} ipyparallel engine(s) as ranks 0..{W - 1}")
     figures = None
-    with Cluster(world_size=W, backend=backend, heap_size=args.heap_size, timeout_s=args.timeout) as cluster:
+    heap_size = args.heap_size or max(256 << 20, max(heap_bytes_needed(config_from_args(args, backend, alg))
+                                                     for alg in ALGORITHMS))
+    with Cluster(world_size=W, backend=backend, heap_size=heap_size, timeout_s=args.timeout) as cluster:
         log("-", W, f"ranks up on backend {cluster.backend}: {cluster.info[0]['device']}, "
                     f"torch {cluster.info[0]['torch']}, triton {cluster.info[0]['triton']}")
         result = cluster.bench(config, validate=args.validate, verbose=True)

@@ -89,12 +89,19 @@ def pause():
 
 @triton.jit
 def translate(ptr, from_rank, to_rank, heap_bases):
-    """``ptr`` as an address in ``from_rank``'s heap -> the same offset in ``to_rank``'s heap."""
+    """``ptr`` as an address in ``from_rank``'s heap -> the same offset in ``to_rank``'s heap.
+
+    The shift is one scalar (the distance between the two heaps, in elements) added to ``ptr``. Adding a
+    scalar keeps what the compiler knows about ``ptr`` (which elements are contiguous), so a tile still
+    moves in 16-byte vector loads and stores; rebuilding every address from integers would lose that and
+    turn a remote tile store into thousands of 4-byte writes over NVLink. Heaps start on 256-byte
+    boundaries (checked when the heap is made), so the distance is a multiple of 16 bytes.
+    """
     from_base = tl.load(heap_bases + from_rank)
     to_base = tl.load(heap_bases + to_rank)
-    offset = tl.cast(ptr, tl.uint64) - from_base.to(tl.uint64)
-    to_base_bytes = tl.cast(to_base, tl.pointer_type(tl.int8))
-    return tl.cast(to_base_bytes + offset, ptr.dtype)
+    ELEMENT_BYTES: tl.constexpr = ptr.dtype.element_ty.primitive_bitwidth // 8
+    shift = tl.multiple_of((to_base - from_base) // ELEMENT_BYTES, 16 // ELEMENT_BYTES)
+    return ptr + shift
 
 
 @triton.jit

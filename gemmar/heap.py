@@ -80,6 +80,9 @@ class SymmetricHeap:
         self.heap_bases = heap_bases         # int64 tensor on `device`: every arena, as this process sees it
         self.size = arena.numel()
         self.timeout_s = timeout_s
+        misaligned = [b for b in heap_bases.tolist() if b % ALIGN]
+        if misaligned:  # device.translate relies on heaps starting on ALIGN-byte boundaries
+            raise ClusterError(f"rank {rank}: heap bases {misaligned} are not {ALIGN}-byte aligned")
         self._top = HEADER_BYTES
         self._barriers = 0
         words = self.arena[:HEADER_BYTES].view(torch.int64)

@@ -24,6 +24,20 @@ def events_per_tile(algorithm, world_size):
     return 2 + world_size                 # gemm, zero-next store, a push to each rank
 
 
+def heap_bytes_needed(config):
+    """Symmetric heap bytes one rank needs for ``config`` (what FusedGemmAllReduce allocates, aligned)."""
+    from .heap import ALIGN, HEADER_BYTES
+
+    tiles_m, tiles_n = config.tiles
+    if config.algorithm == "atomics":
+        sizes = [2 * config.m * config.n * 4]
+    else:
+        tiles = tiles_m * tiles_n
+        sizes = [config.m * config.n * 4, tiles * config.BLK_M * config.BLK_N * 4, tiles * 4, tiles * 4]
+    sizes.append(WATCHDOG_WORDS * 8)
+    return HEADER_BYTES + sum(-(-s // ALIGN) * ALIGN + ALIGN for s in sizes)
+
+
 class FusedGemmAllReduce:
     def __init__(self, heap, config: RunConfig, mistake="none"):
         config.validate()
