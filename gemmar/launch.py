@@ -91,7 +91,7 @@ class FusedGemmAllReduce:
         cfg, heap = self.config, self.heap
         common = dict(BLOCK_M=cfg.BLK_M, BLOCK_N=cfg.BLK_N, BLOCK_K=cfg.BLK_K, GROUP_SIZE_M=cfg.gsize_m,
                       NUM_SMS=cfg.num_sms, DOT_PRECISION="ieee" if cfg.datatype == "fp32" else "tf32",
-                      TRACE_CAPACITY=self.trace_capacity)
+                      TRACE_CAPACITY=self.trace_capacity, EVEN_K=A.shape[1] % cfg.BLK_K == 0)
         if heap.device.type == "cuda":
             common.update(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
         grid = (cfg.num_sms,)

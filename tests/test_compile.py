@@ -29,7 +29,7 @@ SCRIPT = textwrap.dedent('''
     for dtype in ("bf16", "fp16"):
         for cap in (0, 64):
             tiles = dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_SIZE_M=8, NUM_SMS=132, DOT_PRECISION="tf32",
-                         TRACE_CAPACITY=cap)
+                         TRACE_CAPACITY=cap, EVEN_K=cap == 0)
             build(ring.gemm_all_reduce_ring,
                   {"A": "*" + dtype, "B": "*" + dtype, "C": "*fp32", "ring_buffer": "*fp32", "data_ready": "*i32",
                    "slot_free": "*i32", "watchdog": "*i64", "heap_bases": "*i64", "rank": "i32", "world_size": "i32",

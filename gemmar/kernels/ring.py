@@ -49,7 +49,7 @@ def gemm_all_reduce_ring(
         trace, trace_counts,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_SIZE_M: tl.constexpr,
         NUM_SMS: tl.constexpr, DOT_PRECISION: tl.constexpr, TRACE_CAPACITY: tl.constexpr,
-        MISTAKE: tl.constexpr, SLOT_CACHE: tl.constexpr):
+        MISTAKE: tl.constexpr, SLOT_CACHE: tl.constexpr, EVEN_K: tl.constexpr):
     pid = tl.program_id(0)
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
@@ -62,7 +62,7 @@ def gemm_all_reduce_ring(
         pid_m, pid_n = tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_SIZE_M)
         t0 = stamp(TRACE_CAPACITY)
         acc = gemm_tile(A, B, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, pid_m, pid_n,
-                        BLOCK_M, BLOCK_N, BLOCK_K, DOT_PRECISION)
+                        BLOCK_M, BLOCK_N, BLOCK_K, DOT_PRECISION, EVEN_K)
         t1 = stamp(TRACE_CAPACITY)
         n_events = record(trace, n_events, GEMM, tile_id, pid_m, pid_n, 0, -1, t0, t1, TRACE_CAPACITY)
 
