@@ -19,7 +19,8 @@ MIN_BLOCK, MAX_BLOCK = 16, 256   # tl.dot needs 16 on each side; 256 keeps a til
 # Per-GPU starting points: (BLK_M, BLK_N, BLK_K, num_warps, num_stages, gsize_m) per algorithm. The ring
 # keeps three tiles live (sum, payload, received), so it gets a smaller tile than atomics.
 GPU_TUNING = {
-    "hopper": {"atomics": (128, 256, 64, 8, 3, 8), "ring": (128, 128, 64, 8, 4, 8)},
+    # Measured on 2 x H200 at 8192 x 8192 x 8192 per rank (BENCHMARKS.md, sweep).
+    "hopper": {"atomics": (128, 128, 64, 8, 4, 8), "ring": (128, 128, 64, 8, 4, 8)},
     "default": {"atomics": (128, 128, 32, 4, 3, 8), "ring": (128, 128, 32, 4, 3, 8)},
 }
 CPU_TUNING = (32, 32, 32, 4, 3, 4)

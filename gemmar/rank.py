@@ -118,6 +118,10 @@ def run_gemm_all_reduce(config_dict, A=None, B=None, reference=None, mistake="no
             t_zero = heap.barrier(config.timeout_s)
             diffs, seconds, events, dropped = [], [], [], 0
             for it in range(config.iterations):
+                if config.trace and it > 0:
+                    # Checking C and copying events out takes host time that differs per rank; without
+                    # this the next iteration's trace would show a rank waiting for a late peer.
+                    heap.barrier(config.timeout_s)
                 t0 = time.perf_counter()
                 C = fused(A, B)
                 heap.synchronize()
