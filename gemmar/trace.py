@@ -220,7 +220,8 @@ class Trace:
             self._draw_lanes(ax, df, lanes, span, width)
         m = self.meta
         it = sorted(self.events["iteration"].unique())[iteration] if len(self.events) else 0
-        ax.set_title(f"{m.get('algorithm')} all-reduce, {m.get('m')}x{m.get('n')}x{m.get('k')} {m.get('datatype')}, "
+        ax.set_title(f"{m.get('algorithm')} all-reduce, M x N x K = {m.get('m')}x{m.get('n')}x{m.get('k')} "
+                     f"{m.get('datatype')} (K split over the ranks), "
                      f"blocks {m.get('BLK_M')}x{m.get('BLK_N')}x{m.get('BLK_K')}, {m.get('world_size')} ranks x "
                      f"{m.get('num_sms')} programs, {m.get('backend')} backend, iteration {it}")
         ax.set_xlabel(f"time since the iteration started ({unit})")
