@@ -187,8 +187,7 @@ class Cluster:
                     on_progress(r, seen[r])
             dead = [r for r, pid in enumerate(self.pids) if pid is not None and not _alive(pid)]
             if dead:
-                raise RankDiedError(f"rank {', '.join(map(str, dead))} died during the run (engine process "
-                                    f"{', '.join(str(self.pids[r]) for r in dead)} exited); call restart()", dead)
+                self._raise_rank_died(dead, pending)
             if deadline is not None and time.monotonic() > deadline:
                 late = [r for r, ar in enumerate(pending) if not ar.ready()]
                 raise ClusterError(f"ranks {late} did not answer within {timeout:g} s; call restart()")
@@ -206,6 +205,34 @@ class Cluster:
             if on_progress is not None and ar.data and ar.data != seen[r]:
                 on_progress(r, dict(ar.data))
         return results
+
+    def _raise_rank_died(self, dead, pending):
+        """A rank's process is gone. The others may be spinning on flags it will never set: their
+        watchdogs release them within timeout_s; wait that long (no longer) and report what they saw."""
+        deadline = time.monotonic() + self.timeout_s + 15
+        alive = [r for r in range(self.world_size) if r not in dead]
+        while time.monotonic() < deadline and not all(pending[r].ready() for r in alive):
+            time.sleep(0.05)
+        seen = []
+        for r in alive:
+            if not pending[r].ready():
+                seen.append(f"rank {r} still busy")
+                continue
+            try:
+                out = pending[r].get()
+            except Exception as e:  # noqa: BLE001 - reported, not raised: the dead rank is the story
+                seen.append(f"rank {r}: {type(e).__name__}")
+                continue
+            if isinstance(out, dict) and out.get("error") == "deadlock":
+                seen.append(out["message"].replace("deadlock: ", ""))
+            elif isinstance(out, dict) and "error" in out:
+                seen.append(f"rank {r}: {out['message']}")
+            else:
+                seen.append(f"rank {r} finished")
+        pids = ", ".join(str(self.pids[r]) for r in dead)
+        released = f"; the others were released: {'; '.join(seen)}" if seen else ""
+        raise RankDiedError(f"rank {', '.join(map(str, dead))} died during the run (engine process {pids} "
+                            f"exited){released}; call restart() to start fresh ranks", dead)
 
     # -- the fused GEMM + all-reduce ------------------------------------------------------------------
     def bench(self, config=None, validate=True, verbose=False, mistake="none", return_c=False, **settings):

@@ -1,0 +1,79 @@
+"""Faults injected for real: a rank killed mid-run, a stress of 200 back-to-back launches per kernel at
+world size 4, and randomized shapes/blocks/programs/world sizes/dtypes against torch (hypothesis)."""
+
+import os
+import signal
+import threading
+import time
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import gemmar
+from gemmar.heap import shm_dir
+from conftest import random_inputs, reference
+
+
+def test_a_killed_rank_is_reported_and_the_others_are_released():
+    before = {f for f in os.listdir(shm_dir()) if f.startswith("gemmar-")}
+    cluster = gemmar.Cluster(world_size=3, backend="cpu", timeout_s=4)
+    A, B = random_inputs(64, 64, 48, torch.float16)
+    outcome = {}
+
+    def run():
+        try:
+            cluster.gemm_all_reduce(A, B, algorithm="ring", block=(16, 16, 16), iterations=200, timeout_s=4)
+        except Exception as e:  # noqa: BLE001 - the test inspects it below
+            outcome["error"] = e
+        outcome["at"] = time.monotonic()
+
+    worker = threading.Thread(target=run)
+    worker.start()
+    time.sleep(4)                      # mid-run: 200 ring launches take far longer than this
+    killed_at = time.monotonic()
+    os.kill(cluster.pids[1], signal.SIGKILL)
+    worker.join(60)
+    try:
+        assert not worker.is_alive(), "the client is still waiting 60 s after the rank died"
+        error = outcome["error"]
+        assert isinstance(error, gemmar.RankDiedError) and error.ranks == [1]
+        assert "rank 1 died" in str(error) and "released" in str(error)
+        assert outcome["at"] - killed_at < 4 + 20          # within the watchdog timeout and a margin
+        assert {f for f in os.listdir(shm_dir()) if f.startswith("gemmar-")} == before
+    finally:
+        cluster.stop()
+    # A new cluster starts in the same process and works.
+    with gemmar.Cluster(world_size=2, backend="cpu") as fresh:
+        assert fresh.gemm_all_reduce(A, B, block=(16, 16, 16)).ok
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("algorithm", ["atomics", "ring"])
+def test_200_back_to_back_launches_at_world_size_4(clusters, algorithm):
+    A, B = random_inputs(32, 32, 40, torch.float16, seed=200)
+    result = clusters(4).gemm_all_reduce(A, B, algorithm=algorithm, block=(16, 16, 16), iterations=200,
+                                         num_sms=2)
+    ref = reference(A, B)
+    assert (result.C.double() - ref).abs().max() < 1e-2
+    for r in result.ranks:
+        assert len(r["max_abs_diff"]) == 200 and max(r["max_abs_diff"]) <= r["tolerance"]
+    assert result.ok
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture],
+          derandomize=True)
+@given(world_size=st.integers(1, 5), algorithm=st.sampled_from(["atomics", "ring"]),
+       dtype=st.sampled_from([torch.float16, torch.bfloat16, torch.float32]),
+       m=st.integers(1, 70), n=st.integers(1, 70), k=st.integers(1, 70),
+       block_m=st.sampled_from([16, 32]), block_n=st.sampled_from([16, 32]), block_k=st.sampled_from([16, 32]),
+       num_sms=st.integers(1, 6), gsize_m=st.integers(1, 4), iterations=st.integers(1, 3))
+def test_random_configurations_match_torch(clusters, world_size, algorithm, dtype, m, n, k, block_m, block_n,
+                                           block_k, num_sms, gsize_m, iterations):
+    A, B = random_inputs(m, n, k, dtype, seed=m * 10007 + n * 101 + k)
+    result = clusters(world_size).gemm_all_reduce(A, B, algorithm=algorithm, block=(block_m, block_n, block_k),
+                                                  num_sms=num_sms, gsize_m=gsize_m, iterations=iterations)
+    ref = reference(A, B)
+    assert (result.C.double() - ref).abs().max() <= 1e-3 * max(1.0, k ** 0.5)
+    assert result.ok
