@@ -6,11 +6,13 @@ on every rank at the same time and come back as a list indexed by rank. ``stop()
 removes any heap file a dead rank may have left in /dev/shm; a stopped cluster can be started again.
 """
 
+import atexit
 import logging
 import os
 import sys
 import time
 import uuid
+import weakref
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -108,7 +110,10 @@ class Cluster:
                "PYTHONUNBUFFERED": "1"}
         for var in ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "NCCL_NVLS_ENABLE", "NVSHMEM_DISABLE_NVLS"):
             env[var] = os.environ.get(var, "1" if var != "NCCL_NVLS_ENABLE" else "0")
-        self._ipp = ipp.Cluster(n=self.world_size, cluster_id=self.cluster_id, log_level=logging.WARNING)
+        # ipyparallel's own exit hook can stall a closing Jupyter kernel for minutes; ours kills the engines.
+        self._ipp = ipp.Cluster(n=self.world_size, cluster_id=self.cluster_id, log_level=logging.WARNING,
+                                shutdown_atexit=False)
+        atexit.register(_stop_at_exit, weakref.ref(self))
         try:
             self._ipp.start_controller_sync()
             self._ipp.start_engines_sync(self.world_size, environment=env)
@@ -235,11 +240,15 @@ class Cluster:
                             f"exited){released}; call restart() to start fresh ranks", dead)
 
     # -- the fused GEMM + all-reduce ------------------------------------------------------------------
-    def bench(self, config=None, validate=True, verbose=False, mistake="none", return_c=False, **settings):
-        """Run with seeded inputs built on each rank (nothing but settings travel). Returns a Result."""
+    def bench(self, config=None, validate=True, verbose=False, mistake="none", return_c=False, on_progress=None,
+              **settings):
+        """Run with seeded inputs built on each rank (nothing but settings travel). Returns a Result.
+
+        ``on_progress(rank, {"iteration", "max_abs_diff", "seconds"})`` is called as ranks finish iterations.
+        """
         config = (config or RunConfig(world_size=self.world_size))
         config = RunConfig(**{**config.to_dict(), **settings, "world_size": self.world_size}).validate()
-        return self._run(config, None, validate, verbose, mistake, return_c)
+        return self._run(config, None, validate, verbose, mistake, return_c, on_progress)
 
     def gemm_all_reduce(self, A, B, algorithm="ring", block=(32, 32, 32), iterations=1, gsize_m=4, num_sms=4,
                         trace=False, validate=True, mistake="none", verbose=False, timeout_s=None):
@@ -292,10 +301,12 @@ class Cluster:
             figures["bound_ms"] = max(figures["matmul_ms"], figures["allreduce_ms"])
         return figures
 
-    def _run(self, config, data, validate, verbose, mistake, return_c):
+    def _run(self, config, data, validate, verbose, mistake, return_c, on_progress=None):
         W, n = self.world_size, config.iterations
 
         def progress(r, d):
+            if on_progress is not None:
+                on_progress(r, d)
             if verbose:
                 diff = "" if d.get("max_abs_diff") is None else f"  max|C - ref| = {d['max_abs_diff']:.3g}"
                 log(r, W, f"{config.algorithm} iteration {d['iteration']}/{n}  {d['seconds'] * 1e3:.1f} ms{diff}")
@@ -332,6 +343,15 @@ def _raise_rank_errors(outs):
         raise DeadlockError(deadlock_message(waits), waits)
     if any("error" in o for o in outs):
         raise GemmarError("; ".join(o["message"] for o in outs if "error" in o))
+
+
+def _stop_at_exit(ref):
+    cluster = ref()
+    if cluster is not None:
+        try:
+            cluster.stop()
+        except Exception:  # noqa: BLE001 - exiting anyway; stop() already kills what it can
+            pass
 
 
 def _alive(pid):

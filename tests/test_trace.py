@@ -168,3 +168,14 @@ def test_gantt_cli(traces, tmp_path):
     p = subprocess.run([sys.executable, "-m", "gemmar.cli", "gantt", str(tmp_path / "bad.json")],
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1 and "bad.json" in p.stderr
+
+
+def test_host_schedule_matches_the_tiles_the_kernels_did(traces):
+    from gemmar.schedule import tile_schedule
+
+    s = tile_schedule(SHAPE["m"], SHAPE["n"], SHAPE["BLK_M"], SHAPE["BLK_N"], SHAPE["gsize_m"], SHAPE["num_sms"])
+    expected = {(r.tile, r.pid_m, r.pid_n, r.program) for r in s.itertuples()}
+    for t in traces.values():
+        gemm = t.events[t.events["kind"] == "gemm"]
+        for rank, d in gemm.groupby("rank"):
+            assert {(e.tile, e.pid_m, e.pid_n, e.program) for e in d.itertuples()} == expected
