@@ -33,6 +33,9 @@ class Explorer:
         self.status = w.HTML("Press Run.")
         self.out = w.Output()
         self.button.on_click(lambda _: self.run())
+        for knob in (self.m, self.n, self.k, self.block_m, self.block_n, self.block_k, self.group, self.programs,
+                     self.world, self.algorithm, self.datatype, self.iterations):
+            knob.style = {"description_width": "110px"}
         knobs = w.GridBox([self.m, self.n, self.k, self.block_m, self.block_n, self.block_k, self.group,
                            self.programs, self.world, self.algorithm, self.datatype, self.iterations],
                           layout=w.Layout(grid_template_columns="repeat(3, 320px)"))
