@@ -23,7 +23,7 @@ def test_forwarding_the_accumulator_is_right_for_two_ranks_only(clusters):
 
 
 def test_hang_becomes_deadlock_error_naming_rank_tile_and_flag(clusters):
-    cluster = clusters(3)
+    cluster = clusters(2)   # two ranks, so that the same test runs on a 2-GPU machine
     A, B = random_inputs(32, 16, 24, torch.float16, seed=4)
     start = time.monotonic()
     with pytest.raises(gemmar.DeadlockError) as info:
@@ -33,7 +33,7 @@ def test_hang_becomes_deadlock_error_naming_rank_tile_and_flag(clusters):
     # Every rank ends up waiting for the one message too many (the last one of the launch is never sent).
     # Which step a rank is at when its watchdog fires depends on timing: a rank that gave up goes on and
     # sends, which can let a neighbour pass its first wait.
-    assert sorted(w["rank"] for w in waits) == [0, 1, 2]
+    assert sorted(w["rank"] for w in waits) == [0, 1]
     for w in waits:
         assert w["flag"] == "data_ready" and w["index"] == w["tile"] and w["expected"] == w["seen"] + 1
     assert any(w["tile"] == 0 and w["expected"] == 2 for w in waits)
