@@ -111,7 +111,8 @@ class Cluster:
         for var in ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "NCCL_NVLS_ENABLE", "NVSHMEM_DISABLE_NVLS"):
             env[var] = os.environ.get(var, "1" if var != "NCCL_NVLS_ENABLE" else "0")
         # ipyparallel's own exit hook can stall a closing Jupyter kernel for minutes; ours kills the engines.
-        self._ipp = ipp.Cluster(n=self.world_size, cluster_id=self.cluster_id, log_level=logging.WARNING,
+        # ERROR: stopping engines makes them exit 1, and ipyparallel would log their whole output as a warning.
+        self._ipp = ipp.Cluster(n=self.world_size, cluster_id=self.cluster_id, log_level=logging.ERROR,
                                 shutdown_atexit=False)
         atexit.register(_stop_at_exit, weakref.ref(self))
         try:
