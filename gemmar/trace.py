@@ -106,6 +106,11 @@ class Trace:
                     torch=info[0].get("torch"), triton=info[0].get("triton"),
                     dropped_events=[int(out.get("dropped_events", 0)) for out in result.ranks],
                     seconds=[list(map(float, out["seconds"])) for out in result.ranks])
+        if any(meta["dropped_events"]):  # cannot happen unless events_per_tile is wrong; never silently
+            import warnings
+
+            warnings.warn(f"trace is incomplete: events dropped per rank {meta['dropped_events']} "
+                          f"(trace buffer too small)", stacklevel=2)
         return cls(np.concatenate(blocks) if blocks else np.zeros((0, len(RAW_COLUMNS))), meta)
 
     def save(self, path):

@@ -1,6 +1,7 @@
 """Cluster life cycle: start, stop, restart, no leftovers; clear errors; two clusters side by side."""
 
 import os
+import time
 
 import psutil
 import pytest
@@ -88,3 +89,19 @@ def test_heap_too_small_is_a_clear_error():
         A, B = random_inputs(256, 256, 32, torch.float16)
         with pytest.raises(gemmar.UsageError, match="heap too small"):
             cluster.gemm_all_reduce(A, B, algorithm="atomics", block=(32, 32, 32))
+
+
+def test_engines_that_do_not_come_up_in_time_are_a_clear_error():
+    before = {p.pid for p in psutil.process_iter()}
+    with pytest.raises(gemmar.ClusterError, match=r"engines came up within 0.01 s"):
+        gemmar.Cluster(world_size=2, backend="cpu", start_timeout_s=0.01)
+    time.sleep(2)
+    leftover = [p for p in psutil.process_iter() if p.pid not in before and "ipyparallel" in " ".join(_cmdline(p))]
+    assert not leftover
+
+
+def _cmdline(p):
+    try:
+        return p.cmdline()
+    except psutil.Error:
+        return []
