@@ -72,13 +72,26 @@ def test_explorer_in_jupyterlab_redraws_after_run(jupyterlab):
             "--disable-component-update", "--disable-sync"])
         page = browser.new_page(viewport={"width": 1500, "height": 1800})
         page.goto(f"{url}/lab/tree/04_tile_explorer.ipynb?token={token}")
-        page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=90_000)
-        page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=90_000)
-        # Run > Run All Cells
-        page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
-        page.locator(".lm-Menu-itemLabel", has_text="Run All Cells").first.click()
+        page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=120_000)
+        # The kernel must be up before Run All; on a cold start (fresh venv) that takes a while.
+        page.get_by_text("| Idle").first.wait_for(timeout=180_000)
+        for attempt in range(2):
+            page.locator(".jp-Notebook").first.click()   # focus the notebook, so Run All applies to it
+            page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
+            page.locator(".lm-Menu-itemLabel", has_text="Run All Cells").first.click()
+            try:   # the first cell shows an execution count once Run All took effect
+                page.locator(".jp-InputPrompt", has_text="[1]").first.wait_for(timeout=60_000)
+                break
+            except Exception:
+                if attempt:
+                    page.screenshot(path=str(SHOTS / "browser-explorer-failed.png"), full_page=True)
+                    raise
         status = page.locator(".widget-html-content", has_text="run 1:")
-        status.wait_for(timeout=180_000)
+        try:
+            status.wait_for(timeout=240_000)
+        except Exception:
+            page.screenshot(path=str(SHOTS / "browser-explorer-failed.png"), full_page=True)
+            raise
         gantt = page.locator(".widget-output img").first
         gantt.wait_for(timeout=60_000)
         first_src = gantt.get_attribute("src")
