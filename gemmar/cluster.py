@@ -7,6 +7,7 @@ removes any heap file a dead rank may have left in /dev/shm; a stopped cluster c
 """
 
 import atexit
+import functools
 import logging
 import os
 import sys
@@ -74,8 +75,9 @@ class Result:
         """Per iteration, the slowest rank's time (the all-reduce is done when the last rank is)."""
         return [max(r["seconds"][i] for r in self.ranks) for i in range(self.config.iterations)]
 
-    @property
+    @functools.cached_property
     def trace(self):
+        """The run's Trace (built once, on first use)."""
         from .trace import Trace
 
         return Trace.from_result(self)
