@@ -6,6 +6,7 @@ see (bad input, a deadlock) travel back as ``{"error": ...}`` so the client can 
 with every rank's view.
 """
 
+import functools
 import os
 import platform
 import time
@@ -94,6 +95,23 @@ def _publish(data):
         pass
 
 
+def _errors_as_results(fn):
+    """Bad input and deadlocks travel back as ``{"error": ...}`` dicts, so the client can raise one error
+    that combines every rank's view (other exceptions are bugs and travel as remote tracebacks)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except UsageError as e:
+            return dict(rank=current().rank, error="usage", message=str(e))
+        except DeadlockError as e:
+            return dict(rank=current().rank, error="deadlock", message=str(e), waits=e.waits)
+
+    return wrapper
+
+
+@_errors_as_results
 def run_gemm_all_reduce(config_dict, A=None, B=None, reference=None, mistake="none", return_c=False,
                         validate=True):
     """Run ``iterations`` back-to-back launches on this rank; check C after each one.
@@ -102,48 +120,43 @@ def run_gemm_all_reduce(config_dict, A=None, B=None, reference=None, mistake="no
     keeps its own K-slice), so a benchmark ships no data between client and engines.
     """
     ctx = current()
-    try:
-        config = RunConfig(**config_dict).validate()
-        heap = ctx.heap
-        with heap.scope():
-            fused = FusedGemmAllReduce(heap, config, mistake)
-            if A is None:
-                A, B, seeded_reference = seeded_inputs(config, ctx.rank, heap.device)
-                reference = seeded_reference if validate else None
-            else:
-                A, B = A.to(heap.device), B.to(heap.device)
-                fused.check_inputs(A, B)
-                reference = reference.to(heap.device) if (validate and reference is not None) else None
-            # Start together. The device clock as each rank leaves the barrier is its trace's time zero.
-            t_zero = heap.barrier(config.timeout_s)
-            diffs, seconds, events, dropped = [], [], [], 0
-            for it in range(config.iterations):
-                if config.trace and it > 0:
-                    # Checking C and copying events out takes host time that differs per rank; without
-                    # this the next iteration's trace would show a rank waiting for a late peer.
-                    heap.barrier(config.timeout_s)
-                t0 = time.perf_counter()
-                C = fused(A, B)
-                heap.synchronize()
-                seconds.append(time.perf_counter() - t0)
-                diff = float((C.to(reference.dtype) - reference).abs().max()) if reference is not None else None
-                diffs.append(diff)
-                if config.trace:
-                    ev, lost = fused.events()
-                    events.append(np.concatenate([np.full((len(ev), 1), it, np.int64), ev], axis=1))
-                    dropped += lost
-                _publish(dict(iteration=it + 1, max_abs_diff=diff, seconds=seconds[-1]))
-            out = dict(rank=ctx.rank, max_abs_diff=diffs, seconds=seconds, tolerance=tolerance(config),
-                       t_zero_ns=t_zero, dropped_events=dropped)
+    config = RunConfig(**config_dict).validate()
+    heap = ctx.heap
+    with heap.scope():
+        fused = FusedGemmAllReduce(heap, config, mistake)
+        if A is None:
+            A, B, seeded_reference = seeded_inputs(config, ctx.rank, heap.device)
+            reference = seeded_reference if validate else None
+        else:
+            A, B = A.to(heap.device), B.to(heap.device)
+            fused.check_inputs(A, B)
+            reference = reference.to(heap.device) if (validate and reference is not None) else None
+        # Start together. The device clock as each rank leaves the barrier is its trace's time zero.
+        t_zero = heap.barrier(config.timeout_s)
+        diffs, seconds, events, dropped = [], [], [], 0
+        for it in range(config.iterations):
+            if config.trace and it > 0:
+                # Checking C and copying events out takes host time that differs per rank; without
+                # this the next iteration's trace would show a rank waiting for a late peer.
+                heap.barrier(config.timeout_s)
+            t0 = time.perf_counter()
+            C = fused(A, B)
+            heap.synchronize()
+            seconds.append(time.perf_counter() - t0)
+            diff = float((C.to(reference.dtype) - reference).abs().max()) if reference is not None else None
+            diffs.append(diff)
             if config.trace:
-                out["events"] = np.concatenate(events) if events else np.zeros((0, 10), np.int64)
-            if return_c:
-                out["C"] = C.detach().to("cpu", copy=True)
-            return out
-    except UsageError as e:
-        return dict(rank=ctx.rank, error="usage", message=str(e))
-    except DeadlockError as e:
-        return dict(rank=ctx.rank, error="deadlock", message=str(e), waits=e.waits)
+                ev, lost = fused.events()
+                events.append(np.concatenate([np.full((len(ev), 1), it, np.int64), ev], axis=1))
+                dropped += lost
+            _publish(dict(iteration=it + 1, max_abs_diff=diff, seconds=seconds[-1]))
+        out = dict(rank=ctx.rank, max_abs_diff=diffs, seconds=seconds, tolerance=tolerance(config),
+                   t_zero_ns=t_zero, dropped_events=dropped)
+        if config.trace:
+            out["events"] = np.concatenate(events) if events else np.zeros((0, 10), np.int64)
+        if return_c:
+            out["C"] = C.detach().to("cpu", copy=True)
+        return out
 
 
 def _median_ms(fn, reps, trials=5):
@@ -164,6 +177,7 @@ def _median_ms(fn, reps, trials=5):
     return float(np.median(times))
 
 
+@_errors_as_results
 def benchmark_rank(config_dicts, reps=20, warmup=5, baseline=True):
     """GPU timing on this rank, all in one process and run: each fused kernel (``config_dicts`` maps an
     algorithm to its settings; validated before and after timing), then torch.matmul of the same per-rank
@@ -173,34 +187,29 @@ def benchmark_rank(config_dicts, reps=20, warmup=5, baseline=True):
     ctx = current()
     heap = ctx.heap
     if heap.device.type != "cuda":
-        return dict(rank=ctx.rank, error="usage", message="timing against cuBLAS + NCCL needs the cuda backend")
-    try:
-        configs = {alg: RunConfig(**d).validate() for alg, d in config_dicts.items()}
-        base = next(iter(configs.values()))
-        A, B, reference = seeded_inputs(base, ctx.rank, heap.device)
-        out = dict(rank=ctx.rank, fused_ms={}, max_abs_diff={}, tolerance=tolerance(base))
-        for algorithm, config in configs.items():
-            with heap.scope():
-                fused = FusedGemmAllReduce(heap, config)
-                heap.barrier()
-                diffs = [float((fused(A, B).float() - reference).abs().max()) for _ in range(2)]
-                for _ in range(warmup):
-                    fused(A, B, wait=False)
-                out["fused_ms"][algorithm] = _median_ms(lambda: fused(A, B, wait=False), reps)
-                fused.check()
-                diffs.append(float((fused(A, B).float() - reference).abs().max()))  # still right after timing
-                out["max_abs_diff"][algorithm] = max(diffs)
-                heap.barrier()
-        if baseline:
-            C = A @ B
+        raise UsageError("timing against cuBLAS + NCCL needs the cuda backend")
+    configs = {alg: RunConfig(**d).validate() for alg, d in config_dicts.items()}
+    base = next(iter(configs.values()))
+    A, B, reference = seeded_inputs(base, ctx.rank, heap.device)
+    out = dict(rank=ctx.rank, fused_ms={}, max_abs_diff={}, tolerance=tolerance(base))
+    for algorithm, config in configs.items():
+        with heap.scope():
+            fused = FusedGemmAllReduce(heap, config)
+            heap.barrier()
+            diffs = [float((fused(A, B).float() - reference).abs().max()) for _ in range(2)]
             for _ in range(warmup):
-                torch.matmul(A, B, out=C)
-                dist.all_reduce(C)
-            out["matmul_ms"] = _median_ms(lambda: torch.matmul(A, B, out=C), reps)
-            out["allreduce_ms"] = _median_ms(lambda: dist.all_reduce(C), reps)
-            out["sequential_ms"] = _median_ms(lambda: (torch.matmul(A, B, out=C), dist.all_reduce(C)), reps)
-        return out
-    except UsageError as e:
-        return dict(rank=ctx.rank, error="usage", message=str(e))
-    except DeadlockError as e:
-        return dict(rank=ctx.rank, error="deadlock", message=str(e), waits=e.waits)
+                fused(A, B, wait=False)
+            out["fused_ms"][algorithm] = _median_ms(lambda: fused(A, B, wait=False), reps)
+            fused.check()
+            diffs.append(float((fused(A, B).float() - reference).abs().max()))  # still right after timing
+            out["max_abs_diff"][algorithm] = max(diffs)
+            heap.barrier()
+    if baseline:
+        C = A @ B
+        for _ in range(warmup):
+            torch.matmul(A, B, out=C)
+            dist.all_reduce(C)
+        out["matmul_ms"] = _median_ms(lambda: torch.matmul(A, B, out=C), reps)
+        out["allreduce_ms"] = _median_ms(lambda: dist.all_reduce(C), reps)
+        out["sequential_ms"] = _median_ms(lambda: (torch.matmul(A, B, out=C), dist.all_reduce(C)), reps)
+    return out
