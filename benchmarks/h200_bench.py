@@ -16,7 +16,8 @@ import torch
 import triton
 
 import gemmar
-from gemmar.cli import device_properties, print_figures
+from gemmar.report import print_figures
+from gemmar.runtime.engines import gpu_properties
 from gemmar.config import tuned_defaults
 
 SHAPES = [(8192, 8192, 8192), (4096, 8192, 14336), (8192, 8192, 2048)]
@@ -26,7 +27,7 @@ TRACED = [(8192, 8192, 8192), (8192, 8192, 2048)]
 
 
 def config_for(m, n, k_rank, algorithm, W, **over):
-    knobs = tuned_defaults("cuda", algorithm, *device_properties("cuda"))
+    knobs = tuned_defaults("cuda", algorithm, *gpu_properties("cuda"))
     knobs.update(over)
     return gemmar.RunConfig(m=m, n=n, k=k_rank * W, datatype="bf16", algorithm=algorithm, world_size=W, **knobs)
 
@@ -43,14 +44,14 @@ def main(out_dir, sweep):
                 for bm, bn, bk, warps, stages in configs:
                     cfg = config_for(m, n, k, alg, W, BLK_M=bm, BLK_N=bn, BLK_K=bk, num_warps=warps,
                                      num_stages=stages)
-                    f = cluster.benchmark(cfg, baseline=False)
+                    f = cluster.compare_to_unfused(cfg, baseline=False)
                     print(f"[sweep] {alg:8s} {bm}x{bn}x{bk} w{warps} s{stages}: {f[alg + '_ms']:.3f} ms "
                           f"(max|C - ref| {f[alg + '_max_abs_diff']:.3g})", flush=True)
                     report["sweep"].append(dict(algorithm=alg, block=(bm, bn, bk), num_warps=warps,
                                                 num_stages=stages, ms=f[alg + "_ms"]))
         for m, n, k in SHAPES:
             configs = {alg: config_for(m, n, k, alg, W) for alg in ("atomics", "ring")}
-            figures = cluster.benchmark(configs)
+            figures = cluster.compare_to_unfused(configs)
             print_figures(figures, configs, W)
             report["results"].append(dict(shape=(m, n, k), configs={a: c.to_dict() for a, c in configs.items()},
                                           **figures))

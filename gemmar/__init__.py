@@ -5,13 +5,14 @@
         result = cluster.gemm_all_reduce(A, B, algorithm="ring", block=(32, 32, 16), iterations=5)
         result.C                                         # checked against torch on every rank
 
-The kernels live in ``gemmar.kernels``, the device API (Iris-style) in ``gemmar.device``.
+The kernels and the device API (Iris-style) live in ``gemmar.kernels``; how ranks run them in
+``gemmar.runtime``; traces and figures in ``gemmar.analysis``.
 """
 
 from .cluster import Cluster, Result
 from .config import RunConfig, k_bounds
 from .errors import ClusterError, DeadlockError, GemmarError, RankDiedError, UsageError
-from .trace import Trace
+from .analysis.trace import Trace
 
 __version__ = "0.1.0"
 

@@ -12,8 +12,10 @@ import platform
 import sys
 
 from .config import ALGORITHMS, BACKENDS, DTYPES, RunConfig, tuned_defaults
-from .launch import heap_bytes_needed
 from .errors import ClusterError, DeadlockError, GemmarError, RankDiedError, UsageError
+from .report import log, print_figures
+from .runtime.engines import gpu_properties, resolve_backend
+from .runtime.launch import heap_bytes_needed
 
 
 class _Parser(argparse.ArgumentParser):
@@ -58,19 +60,9 @@ def _bench_parser(sub):
     p.set_defaults(func=cmd_bench)
 
 
-def device_properties(backend):
-    """(name, compute capability, multiprocessors) of GPU 0 as the client sees it; blanks on cpu."""
-    if backend != "cuda":
-        return "", (0, 0), 0
-    import torch
-
-    props = torch.cuda.get_device_properties(0)
-    return props.name, (props.major, props.minor), props.multi_processor_count
-
-
 def config_from_args(args, backend, algorithm=None):
     algorithm = algorithm or args.algorithm
-    defaults = tuned_defaults(backend, algorithm, *device_properties(backend))
+    defaults = tuned_defaults(backend, algorithm, *gpu_properties(backend))
     knobs = {k: getattr(args, k) if getattr(args, k) is not None else v for k, v in defaults.items()}
     return RunConfig(m=args.m, n=args.n, k=args.k, datatype=args.datatype, algorithm=algorithm,
                      world_size=args.num_ranks, iterations=args.iterations, timeout_s=args.timeout,
@@ -78,7 +70,7 @@ def config_from_args(args, backend, algorithm=None):
 
 
 def cmd_bench(args):
-    from .cluster import Cluster, log, resolve_backend
+    from .cluster import Cluster
 
     if args.baseline and not args.benchmark:
         raise UsageError("--baseline times against cuBLAS + NCCL: use it together with -b/--benchmark")
@@ -100,7 +92,7 @@ def cmd_bench(args):
         if args.baseline:
             log("-", W, f"timing both fused kernels and the unfused baseline ({args.reps} reps, median of 5)")
             configs = {alg: config_from_args(args, backend, alg) for alg in ALGORITHMS}
-            figures = cluster.benchmark(configs, reps=args.reps)
+            figures = cluster.compare_to_unfused(configs, reps=args.reps)
             print_figures(figures, configs, W)
     seconds = result.seconds
     if args.benchmark:
@@ -146,7 +138,7 @@ def cmd_gantt(args):
     import matplotlib
 
     matplotlib.use("Agg")
-    from .trace import Trace
+    from .analysis.trace import Trace
 
     if not args.output.lower().endswith((".png", ".svg")):
         raise UsageError(f"--output {args.output} must end in .png or .svg")
@@ -161,22 +153,6 @@ def cmd_gantt(args):
         trace.to_perfetto(args.perfetto)
         print(f"[gemmar] wrote {args.perfetto} (open it at ui.perfetto.dev)")
     return 0
-
-
-def print_figures(f, configs, W):
-    """The benchmark lines: baseline times, then each fused kernel with its ratios and tile settings."""
-    from .cluster import log
-
-    c = next(iter(configs.values()))
-    log("-", W, f"per-rank {c.m} x {c.n} x {-(-c.k // W)} {c.datatype}: torch.matmul {f['matmul_ms']:.3f} ms | "
-                f"NCCL all_reduce(C) {f['allreduce_ms']:.3f} ms | sequential {f['sequential_ms']:.3f} ms | "
-                f"bound max(mm, ar) {f['bound_ms']:.3f} ms")
-    for alg, c in configs.items():
-        ms = f[f"{alg}_ms"]
-        log("-", W, f"fused {alg:8s} {ms:.3f} ms  fused/sequential {ms / f['sequential_ms']:.3f}  "
-                    f"fused/bound {ms / f['bound_ms']:.3f}  max|C - ref| {f[f'{alg}_max_abs_diff']:.3g}  "
-                    f"({c.BLK_M}x{c.BLK_N}x{c.BLK_K}, {c.num_warps} warps, {c.num_stages} stages, "
-                    f"{c.num_sms} programs)")
 
 
 def trace_path_for(output_file):

@@ -1,6 +1,6 @@
 """One run's settings, checked in one place for the Python API and the CLI alike."""
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, fields
 
 import torch
 
@@ -16,27 +16,24 @@ MAX_PROGRAMS = 4096
 MIN_BLOCK, MAX_BLOCK = 16, 256   # tl.dot needs 16 on each side; 256 keeps a tile in registers
 
 
-# Per-GPU starting points: (BLK_M, BLK_N, BLK_K, num_warps, num_stages, gsize_m) per algorithm. The ring
-# keeps three tiles live (sum, payload, received), so it gets a smaller tile than atomics.
+# Per-GPU starting points: (BLK_M, BLK_N, BLK_K, num_warps, num_stages, gsize_m) per algorithm.
 GPU_TUNING = {
-    # Measured on 2 x H200 at 8192 x 8192 x 8192 per rank (BENCHMARKS.md, sweep).
+    # Measured on 2 x H200 at 8192 x 8192 x 8192 per rank (BENCHMARKS.md, sweep): the same for both.
     "hopper": {"atomics": (128, 128, 64, 8, 4, 8), "ring": (128, 128, 64, 8, 4, 8)},
     "default": {"atomics": (128, 128, 32, 4, 3, 8), "ring": (128, 128, 32, 4, 3, 8)},
 }
-CPU_TUNING = (32, 32, 32, 4, 3, 4)
+TUNED_KNOBS = ("BLK_M", "BLK_N", "BLK_K", "num_warps", "num_stages", "gsize_m", "num_sms")
 
 
-def tuned_defaults(backend, algorithm, device_name="", capability=(0, 0), multiprocessors=0):
-    """Settings that suit the device, for every knob the user did not set (GPU: one program per SM)."""
+def tuned_defaults(backend, algorithm, name="", capability=(0, 0), multiprocessors=0):
+    """Settings that suit the device, for every knob the user did not set. On the cpu backend these are
+    RunConfig's own defaults; on GPUs one program per SM and the tile of GPU_TUNING.
+    ``name`` (the GPU's) is unused: capability decides the tuning row."""
     if backend == "cpu":
-        blk_m, blk_n, blk_k, warps, stages, gsize = CPU_TUNING
-        programs = 4
-    else:
-        family = "hopper" if tuple(capability) >= (9, 0) else "default"
-        blk_m, blk_n, blk_k, warps, stages, gsize = GPU_TUNING[family][algorithm]
-        programs = multiprocessors or 108
-    return dict(BLK_M=blk_m, BLK_N=blk_n, BLK_K=blk_k, num_warps=warps, num_stages=stages, gsize_m=gsize,
-                num_sms=programs)
+        defaults = RunConfig()
+        return {knob: getattr(defaults, knob) for knob in TUNED_KNOBS}
+    family = "hopper" if tuple(capability) >= (9, 0) else "default"
+    return dict(zip(TUNED_KNOBS, GPU_TUNING[family][algorithm] + (multiprocessors or 108,)))
 
 
 def dtype_name(dtype):
@@ -83,7 +80,16 @@ class RunConfig:
     # Compiled-GPU tuning; ignored by the interpreter.
     num_warps: int = 4
     num_stages: int = 3
-    extra: dict = field(default_factory=dict)
+
+    @classmethod
+    def from_settings(cls, settings, **fixed):
+        """A validated RunConfig from keyword settings; an unknown name is a one-line UsageError."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(settings) - known)
+        if unknown:
+            raise UsageError(f"setting {unknown[0]!r} is not known: use RunConfig's names "
+                             f"({', '.join(sorted(known))})")
+        return cls(**{**settings, **fixed}).validate()
 
     def validate(self):
         """Raise UsageError (one line) for the first bad value; return self."""

@@ -13,12 +13,24 @@ class DeadlockError(GemmarError):
     """A spin-wait in a kernel ran past its watchdog timeout.
 
     ``waits`` holds one dict per rank that timed out: rank, program, tile, flag name and index,
-    the value the rank waited for and the value it last saw.
+    the value the rank waited for and the value it last saw. The message is built from them.
     """
 
-    def __init__(self, message, waits=()):
-        super().__init__(message)
+    def __init__(self, waits):
         self.waits = list(waits)
+        super().__init__(self.describe(self.waits))
+
+    @staticmethod
+    def describe(waits):
+        parts = []
+        for w in waits:
+            where = "at the barrier" if w["flag"] == "barrier" else f"on tile {w['tile']}"
+            parts.append(f"rank {w['rank']} (program {w['program']}) waited {where} for flag "
+                         f"{w['flag']}[{w['index']}] >= {w['expected']} but saw {w['seen']}")
+        return "deadlock: " + "; ".join(parts)
+
+    def __reduce__(self):  # travels between engine and client by pickle
+        return DeadlockError, (self.waits,)
 
 
 class RankDiedError(GemmarError):

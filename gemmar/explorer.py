@@ -10,8 +10,9 @@ from .errors import GemmarError
 
 
 class Explorer:
-    def __init__(self, world_size=3, m=64, n=64, k=64, block=(16, 16, 16), programs=3, group_size_m=2,
+    def __init__(self, world_size=3, m=64, n=64, k=64, BLK_M=16, BLK_N=16, BLK_K=16, num_sms=3, gsize_m=2,
                  algorithm="ring", datatype="fp16", iterations=1, backend="cpu"):
+        """Knobs take RunConfig's names; the values here are the widgets' starting values."""
         import ipywidgets as w
 
         self.backend, self.cluster, self.runs = backend, None, 0
@@ -19,11 +20,11 @@ class Explorer:
         self.m = w.BoundedIntText(value=m, min=1, max=512, description="M")
         self.n = w.BoundedIntText(value=n, min=1, max=512, description="N")
         self.k = w.BoundedIntText(value=k, min=1, max=512, description="K")
-        self.block_m = w.Dropdown(options=blocks, value=block[0], description="BLK_M")
-        self.block_n = w.Dropdown(options=blocks, value=block[1], description="BLK_N")
-        self.block_k = w.Dropdown(options=blocks, value=block[2], description="BLK_K")
-        self.group = w.BoundedIntText(value=group_size_m, min=1, max=16, description="GROUP_SIZE_M")
-        self.programs = w.BoundedIntText(value=programs, min=1, max=16, description="programs")
+        self.block_m = w.Dropdown(options=blocks, value=BLK_M, description="BLK_M")
+        self.block_n = w.Dropdown(options=blocks, value=BLK_N, description="BLK_N")
+        self.block_k = w.Dropdown(options=blocks, value=BLK_K, description="BLK_K")
+        self.group = w.BoundedIntText(value=gsize_m, min=1, max=16, description="gsize_m")
+        self.programs = w.BoundedIntText(value=num_sms, min=1, max=16, description="num_sms")
         self.world = w.BoundedIntText(value=world_size, min=1, max=5, description="world size")
         self.algorithm = w.Dropdown(options=list(ALGORITHMS), value=algorithm, description="algorithm")
         self.datatype = w.Dropdown(options=list(DTYPES), value=datatype, description="dtype")

@@ -46,14 +46,3 @@ def clusters():
     registry = Clusters()
     yield registry
     registry.close()
-
-
-def random_inputs(m, n, k, dtype, seed=0):
-    gen = torch.Generator().manual_seed(seed)
-    A = torch.randn(m, k, generator=gen).to(dtype)
-    B = torch.randn(k, n, generator=gen).to(dtype)
-    return A, B
-
-
-def reference(A, B):
-    return A.double() @ B.double()

@@ -5,8 +5,8 @@ import torch
 import triton
 import triton.language as tl
 
-from gemmar import device
-from gemmar.rank import current
+from gemmar.kernels import device
+from gemmar.runtime.rank import current
 
 BLOCK = 16
 

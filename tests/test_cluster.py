@@ -1,15 +1,14 @@
 """Cluster life cycle: start, stop, restart, no leftovers; clear errors; two clusters side by side."""
 
 import os
-import time
 
 import psutil
 import pytest
 import torch
 
 import gemmar
-from gemmar.heap import shm_dir
-from conftest import random_inputs, reference
+from gemmar.runtime.heap import shm_dir
+from inputs import random_inputs, reference, wait_until
 
 
 def gemmar_files():
@@ -39,15 +38,15 @@ def test_two_clusters_at_once_do_not_interfere():
     A, B = random_inputs(32, 32, 32, torch.float16, seed=5)
     with gemmar.Cluster(world_size=2, backend="cpu") as one, gemmar.Cluster(world_size=3, backend="cpu") as two:
         assert one.cluster_id != two.cluster_id
-        r1 = one.gemm_all_reduce(A, B, algorithm="ring", block=(16, 16, 16), iterations=2)
-        r2 = two.gemm_all_reduce(A, B, algorithm="atomics", block=(16, 16, 16), iterations=2)
+        r1 = one.gemm_all_reduce(A, B, algorithm="ring", BLK_M=16, BLK_N=16, BLK_K=16, iterations=2)
+        r2 = two.gemm_all_reduce(A, B, algorithm="atomics", BLK_M=16, BLK_N=16, BLK_K=16, iterations=2)
     ref = reference(A, B)
     for r in (r1, r2):
         assert r.ok and (r.C.double() - ref).abs().max() < 1e-2
 
 
 def test_run_gathers_results_by_rank(clusters):
-    from gemmar.rank import describe
+    from gemmar.runtime.rank import describe
 
     info = clusters(3).run(describe)
     assert [i["rank"] for i in info] == [0, 1, 2]
@@ -75,29 +74,31 @@ def test_bad_inputs_through_the_python_api(clusters):
     with pytest.raises(gemmar.UsageError, match="float64"):
         cluster.gemm_all_reduce(A.double(), B.double())
     with pytest.raises(gemmar.UsageError, match="BLK_N=48"):
-        cluster.gemm_all_reduce(A, B, block=(16, 48, 16))
+        cluster.gemm_all_reduce(A, B, BLK_M=16, BLK_N=48, BLK_K=16)
     with pytest.raises(gemmar.UsageError, match="algorithm 'tree'"):
         cluster.gemm_all_reduce(A, B, algorithm="tree")
     with pytest.raises(gemmar.UsageError, match="mistake 'typo'"):
         cluster.gemm_all_reduce(A, B, mistake="typo")
     # The cluster is still usable after each refusal.
-    assert cluster.gemm_all_reduce(A, B, block=(16, 16, 16)).ok
+    assert cluster.gemm_all_reduce(A, B, BLK_M=16, BLK_N=16, BLK_K=16).ok
 
 
 def test_heap_too_small_is_a_clear_error():
     with gemmar.Cluster(world_size=2, backend="cpu", heap_size=64 << 10) as cluster:
         A, B = random_inputs(256, 256, 32, torch.float16)
         with pytest.raises(gemmar.UsageError, match="heap too small"):
-            cluster.gemm_all_reduce(A, B, algorithm="atomics", block=(32, 32, 32))
+            cluster.gemm_all_reduce(A, B, algorithm="atomics", BLK_M=32, BLK_N=32, BLK_K=32)
 
 
 def test_engines_that_do_not_come_up_in_time_are_a_clear_error():
     before = {p.pid for p in psutil.process_iter()}
     with pytest.raises(gemmar.ClusterError, match=r"engines came up within 0.01 s"):
         gemmar.Cluster(world_size=2, backend="cpu", start_timeout_s=0.01)
-    time.sleep(2)
-    leftover = [p for p in psutil.process_iter() if p.pid not in before and "ipyparallel" in " ".join(_cmdline(p))]
-    assert not leftover
+
+    def leftover():
+        return [p for p in psutil.process_iter() if p.pid not in before and "ipyparallel" in " ".join(_cmdline(p))]
+
+    assert wait_until(lambda: not leftover(), timeout_s=10), leftover()
 
 
 def _cmdline(p):

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import gemmar
-from gemmar.cluster import resolve_backend
+from gemmar.runtime.engines import resolve_backend
 
 
 def test_iris_backend_needs_iris():
@@ -39,7 +39,7 @@ def test_iris_heap_takes_arena_and_bases_from_iris(monkeypatch):
     fake = types.SimpleNamespace(iris=FakeIris)
     monkeypatch.setitem(sys.modules, "iris", fake)
     monkeypatch.setattr(torch.cuda, "set_device", lambda rank: calls.setdefault("device", rank))
-    from gemmar.heap_iris import IrisHeap
+    from gemmar.runtime.heap.iris import IrisHeap
 
     monkeypatch.setattr(IrisHeap, "synchronize", lambda self: None)
     monkeypatch.setattr(IrisHeap, "barrier", lambda self, *a, **k: 0)

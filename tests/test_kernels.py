@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import gemmar
-from conftest import random_inputs, reference
+from inputs import random_inputs, reference
 
 ALGORITHMS = ["atomics", "ring"]
 
@@ -30,7 +30,7 @@ def check(result, A, B, world_size):
 def test_world_sizes_and_dtypes(clusters, world_size, algorithm, dtype):
     # 40 x 24 with 16 x 16 tiles: 3 x 2 = 6 tiles, both edges partial; K = 37 splits unevenly.
     A, B = random_inputs(40, 24, 37, dtype, seed=world_size)
-    result = clusters(world_size).gemm_all_reduce(A, B, algorithm=algorithm, block=(16, 16, 16), iterations=2,
+    result = clusters(world_size).gemm_all_reduce(A, B, algorithm=algorithm, BLK_M=16, BLK_N=16, BLK_K=16, iterations=2,
                                                   num_sms=4)
     check(result, A, B, world_size)
 
@@ -55,7 +55,7 @@ def test_twenty_back_to_back_launches(clusters, algorithm):
     # Atomics alternate output buffers and zero the next one in-kernel; the ring's flags are sequence
     # numbers. Either mistake (no zeroing, a stale flag) shows as a wrong sum from the second launch on.
     A, B = random_inputs(48, 40, 36, torch.float16, seed=20)
-    result = clusters(3).gemm_all_reduce(A, B, algorithm=algorithm, block=(16, 16, 16), iterations=20, num_sms=3)
+    result = clusters(3).gemm_all_reduce(A, B, algorithm=algorithm, BLK_M=16, BLK_N=16, BLK_K=16, iterations=20, num_sms=3)
     check(result, A, B, 3)
     assert all(len(r["max_abs_diff"]) == 20 for r in result.ranks)
 

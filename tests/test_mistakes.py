@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import gemmar
-from conftest import random_inputs, reference
+from inputs import random_inputs, reference
 
 
 def wrong_by(result, A, B):
@@ -16,9 +16,9 @@ def wrong_by(result, A, B):
 
 def test_forwarding_the_accumulator_is_right_for_two_ranks_only(clusters):
     A, B = random_inputs(32, 32, 48, torch.float32, seed=3)
-    two = clusters(2).gemm_all_reduce(A, B, block=(16, 16, 16), mistake="forward_accumulator")
+    two = clusters(2).gemm_all_reduce(A, B, BLK_M=16, BLK_N=16, BLK_K=16, mistake="forward_accumulator")
     assert two.ok and wrong_by(two, A, B) < 1e-3
-    three = clusters(3).gemm_all_reduce(A, B, block=(16, 16, 16), mistake="forward_accumulator")
+    three = clusters(3).gemm_all_reduce(A, B, BLK_M=16, BLK_N=16, BLK_K=16, mistake="forward_accumulator")
     assert not three.ok and wrong_by(three, A, B) > 1.0
 
 
@@ -27,7 +27,7 @@ def test_hang_becomes_deadlock_error_naming_rank_tile_and_flag(clusters):
     A, B = random_inputs(32, 16, 24, torch.float16, seed=4)
     start = time.monotonic()
     with pytest.raises(gemmar.DeadlockError) as info:
-        cluster.gemm_all_reduce(A, B, block=(16, 16, 16), mistake="wait_for_missing_message", timeout_s=2)
+        cluster.gemm_all_reduce(A, B, BLK_M=16, BLK_N=16, BLK_K=16, mistake="wait_for_missing_message", timeout_s=2)
     assert time.monotonic() - start < 30
     waits = info.value.waits
     # Every rank ends up waiting for the one message too many (the last one of the launch is never sent).
@@ -39,4 +39,4 @@ def test_hang_becomes_deadlock_error_naming_rank_tile_and_flag(clusters):
     assert any(w["tile"] == 0 and w["expected"] == 2 for w in waits)
     assert "rank 0" in str(info.value) and "flag data_ready[" in str(info.value)
     # The same cluster runs the correct kernel right after.
-    assert cluster.gemm_all_reduce(A, B, block=(16, 16, 16), iterations=2).ok
+    assert cluster.gemm_all_reduce(A, B, BLK_M=16, BLK_N=16, BLK_K=16, iterations=2).ok

@@ -12,26 +12,28 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import gemmar
-from gemmar.heap import shm_dir
-from conftest import random_inputs, reference
+from gemmar.runtime.heap import shm_dir
+from inputs import random_inputs, reference
 
 
 def test_a_killed_rank_is_reported_and_the_others_are_released():
     before = {f for f in os.listdir(shm_dir()) if f.startswith("gemmar-")}
     cluster = gemmar.Cluster(world_size=3, backend="cpu", timeout_s=4)
     A, B = random_inputs(64, 64, 48, torch.float16)
-    outcome = {}
+    outcome, running = {}, threading.Event()
 
     def run():
         try:
-            cluster.gemm_all_reduce(A, B, algorithm="ring", block=(16, 16, 16), iterations=200, timeout_s=4)
+            cluster.bench(gemmar.RunConfig(m=64, n=64, k=48, algorithm="ring", BLK_M=16, BLK_N=16, BLK_K=16,
+                                           iterations=200, timeout_s=4),
+                          on_progress=lambda rank, data: running.set())
         except Exception as e:  # noqa: BLE001 - the test inspects it below
             outcome["error"] = e
         outcome["at"] = time.monotonic()
 
     worker = threading.Thread(target=run)
     worker.start()
-    time.sleep(4)                      # mid-run: 200 ring launches take far longer than this
+    assert running.wait(60), "no rank finished an iteration within 60 s"   # mid-run: 200 launches to go
     killed_at = time.monotonic()
     os.kill(cluster.pids[1], signal.SIGKILL)
     worker.join(60)
@@ -46,14 +48,14 @@ def test_a_killed_rank_is_reported_and_the_others_are_released():
         cluster.stop()
     # A new cluster starts in the same process and works.
     with gemmar.Cluster(world_size=2, backend="cpu") as fresh:
-        assert fresh.gemm_all_reduce(A, B, block=(16, 16, 16)).ok
+        assert fresh.gemm_all_reduce(A, B, BLK_M=16, BLK_N=16, BLK_K=16).ok
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("algorithm", ["atomics", "ring"])
 def test_200_back_to_back_launches_at_world_size_4(clusters, algorithm):
     A, B = random_inputs(32, 32, 40, torch.float16, seed=200)
-    result = clusters(4).gemm_all_reduce(A, B, algorithm=algorithm, block=(16, 16, 16), iterations=200,
+    result = clusters(4).gemm_all_reduce(A, B, algorithm=algorithm, BLK_M=16, BLK_N=16, BLK_K=16, iterations=200,
                                          num_sms=2)
     ref = reference(A, B)
     assert (result.C.double() - ref).abs().max() < 1e-2
@@ -72,7 +74,7 @@ def test_200_back_to_back_launches_at_world_size_4(clusters, algorithm):
 def test_random_configurations_match_torch(clusters, world_size, algorithm, dtype, m, n, k, block_m, block_n,
                                            block_k, num_sms, gsize_m, iterations):
     A, B = random_inputs(m, n, k, dtype, seed=m * 10007 + n * 101 + k)
-    result = clusters(world_size).gemm_all_reduce(A, B, algorithm=algorithm, block=(block_m, block_n, block_k),
+    result = clusters(world_size).gemm_all_reduce(A, B, algorithm=algorithm, BLK_M=block_m, BLK_N=block_n, BLK_K=block_k,
                                                   num_sms=num_sms, gsize_m=gsize_m, iterations=iterations)
     ref = reference(A, B)
     assert (result.C.double() - ref).abs().max() <= 1e-3 * max(1.0, k ** 0.5)

@@ -1,8 +1,10 @@
-"""Traces from real 4-rank runs: every event of every tile on every rank, causal order across ranks,
-save/load, Perfetto structure, the Gantt and tile-grid figures, the replay states, and the CLI."""
+"""Traces. What the kernels record is checked on a live 4-rank run (every event of every tile on every rank,
+causal order across ranks); the analysis (save/load, Perfetto, figures, replay, schedule, CLI) runs on
+traces saved from such runs in data/, with no cluster."""
 
 import gzip
 import json
+import os
 import subprocess
 import sys
 
@@ -11,22 +13,39 @@ import numpy as np
 import pytest
 
 import gemmar
-from gemmar.trace import Trace
+from gemmar.analysis.trace import Trace
 
 matplotlib.use("Agg")
 
+# The shape of the live runs here and of the saved traces in data/ (recorded the same way).
 SHAPE = dict(m=48, n=40, k=40, BLK_M=16, BLK_N=16, BLK_K=16, num_sms=3, gsize_m=2, iterations=2, trace=True)
 TILES = 3 * 3
+DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "data")
 
 
 @pytest.fixture(scope="module")
-def traces(clusters):
+def live(clusters):
     cluster = clusters(4)
     return {alg: cluster.bench(gemmar.RunConfig(algorithm=alg, **SHAPE)).trace for alg in ("ring", "atomics")}
 
 
-def test_ring_trace_has_every_event_of_every_tile_on_every_rank(traces):
-    t = traces["ring"]
+@pytest.fixture(scope="module")
+def traces():
+    """Saved 4-rank CPU traces of SHAPE: analysis tests need no cluster."""
+    return {alg: Trace.load(os.path.join(DATA, f"cpu-{alg}-4ranks-48x40x40.trace.json.gz"))
+            for alg in ("ring", "atomics")}
+
+
+def test_saved_traces_are_of_the_shape_the_tests_expect(traces):
+    for alg, t in traces.items():
+        assert t.meta["algorithm"] == alg and t.meta["world_size"] == 4
+        assert {k: t.meta[k] for k in ("m", "n", "k", "BLK_M", "BLK_N", "num_sms", "gsize_m", "iterations")} == \
+            {k: SHAPE[k] for k in ("m", "n", "k", "BLK_M", "BLK_N", "num_sms", "gsize_m", "iterations")}
+        assert len(t.events) == 4 * 2 * t.expected_event_count()
+
+
+def test_ring_trace_has_every_event_of_every_tile_on_every_rank(live):
+    t = live["ring"]
     ev = t.events
     assert t.meta["dropped_events"] == [0, 0, 0, 0]
     for (rank, it), d in ev.groupby(["rank", "iteration"]):
@@ -40,8 +59,8 @@ def test_ring_trace_has_every_event_of_every_tile_on_every_rank(traces):
     assert len(ev) == 4 * 2 * t.expected_event_count()
 
 
-def test_ring_events_are_causal_across_ranks(traces):
-    ev = traces["ring"].events
+def test_ring_events_are_causal_across_ranks(live):
+    ev = live["ring"].events
     W = 4
     key = ["iteration", "tile", "step"]
     signal = ev[ev["kind"] == "signal"].set_index(["rank"] + key)
@@ -63,8 +82,8 @@ def test_ring_events_are_causal_across_ranks(traces):
     assert checked == 4 * 2 * TILES * 3
 
 
-def test_atomics_trace_pushes_every_tile_to_every_rank(traces):
-    ev = traces["atomics"].events
+def test_atomics_trace_pushes_every_tile_to_every_rank(live):
+    ev = live["atomics"].events
     for (rank, it), d in ev.groupby(["rank", "iteration"]):
         pushes = d[d["kind"] == "push"]
         assert len(pushes) == TILES * 4 and len(d[d["kind"] == "gemm"]) == TILES
@@ -170,12 +189,12 @@ def test_gantt_cli(traces, tmp_path):
     assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1 and "bad.json" in p.stderr
 
 
-def test_host_schedule_matches_the_tiles_the_kernels_did(traces):
-    from gemmar.schedule import tile_schedule
+def test_host_schedule_matches_the_tiles_the_kernels_did(live):
+    from gemmar.analysis.schedule import tile_schedule
 
     s = tile_schedule(SHAPE["m"], SHAPE["n"], SHAPE["BLK_M"], SHAPE["BLK_N"], SHAPE["gsize_m"], SHAPE["num_sms"])
     expected = {(r.tile, r.pid_m, r.pid_n, r.program) for r in s.itertuples()}
-    for t in traces.values():
+    for t in live.values():
         gemm = t.events[t.events["kind"] == "gemm"]
         for rank, d in gemm.groupby("rank"):
             assert {(e.tile, e.pid_m, e.pid_n, e.program) for e in d.itertuples()} == expected

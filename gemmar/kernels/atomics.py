@@ -19,9 +19,9 @@ across ranks in fp16.
 import triton
 import triton.language as tl
 
-from .. import device
-from ..events import GEMM, PUSH, STORE, finish_trace, record, stamp
-from .gemm import gemm_tile, tile_coords, tile_offsets
+from . import device
+from .events import PUSH, STORE, finish_trace, record, stamp
+from .gemm import tile_offsets, traced_gemm_tile
 
 
 @triton.jit
@@ -40,12 +40,10 @@ def gemm_all_reduce_atomics(
     C_next = C_pair + (1 - parity) * plane
     n_events = tl.zeros((), tl.int32)
     for tile_id in range(pid, num_pid_m * num_pid_n, NUM_SMS):
-        pid_m, pid_n = tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_SIZE_M)
-        t0 = stamp(TRACE_CAPACITY)
-        acc = gemm_tile(A, B, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, pid_m, pid_n,
-                        BLOCK_M, BLOCK_N, BLOCK_K, DOT_PRECISION, EVEN_K)
+        acc, pid_m, pid_n, n_events = traced_gemm_tile(
+            A, B, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, tile_id, num_pid_m, num_pid_n, trace,
+            n_events, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_SIZE_M, DOT_PRECISION, EVEN_K, TRACE_CAPACITY)
         t1 = stamp(TRACE_CAPACITY)
-        n_events = record(trace, n_events, GEMM, tile_id, pid_m, pid_n, 0, -1, t0, t1, TRACE_CAPACITY)
         offsets, mask = tile_offsets(pid_m, pid_n, M, N, stride_cm, stride_cn, BLOCK_M, BLOCK_N)
 
         # Ready the next launch's output: this tile of our own C_next, which no rank touches this launch.

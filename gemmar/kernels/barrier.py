@@ -11,8 +11,8 @@ takes the last arrival to become visible, so these stamps line up the clocks of 
 import triton
 import triton.language as tl
 
-from .. import device
-from ..events import BARRIER_FLAG
+from . import device
+from .device import BARRIER_FLAG
 
 
 @triton.jit

@@ -13,8 +13,8 @@ columns of B from cache. The last group may be shorter than GROUP_SIZE_M; it is 
 import triton
 import triton.language as tl
 
-from ..device import INTERPRETER
-from ..events import GEMM, STORE, finish_trace, record, stamp
+from .device import INTERPRETER
+from .events import GEMM, STORE, finish_trace, record, stamp
 
 
 @triton.jit
@@ -64,6 +64,22 @@ def gemm_tile(A, B, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, pid_m, 
 
 
 @triton.jit
+def traced_gemm_tile(A, B, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, tile_id, num_pid_m, num_pid_n,
+                     trace, n_events, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                     GROUP_SIZE_M: tl.constexpr, DOT_PRECISION: tl.constexpr, EVEN_K: tl.constexpr,
+                     TRACE_CAPACITY: tl.constexpr):
+    """The step every kernel starts a tile with: where the tile is, its partial product, and a ``gemm``
+    trace event. Returns (acc, pid_m, pid_n, n_events)."""
+    pid_m, pid_n = tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_SIZE_M)
+    t0 = stamp(TRACE_CAPACITY)
+    acc = gemm_tile(A, B, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, pid_m, pid_n,
+                    BLOCK_M, BLOCK_N, BLOCK_K, DOT_PRECISION, EVEN_K)
+    n_events = record(trace, n_events, GEMM, tile_id, pid_m, pid_n, 0, -1, t0, stamp(TRACE_CAPACITY),
+                      TRACE_CAPACITY)
+    return acc, pid_m, pid_n, n_events
+
+
+@triton.jit
 def tile_offsets(pid_m, pid_n, M, N, stride_cm, stride_cn, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """Element offsets of a tile in an M x N matrix, and the mask of the ones inside it."""
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -85,12 +101,10 @@ def persistent_gemm(A, B, C, M, N, K, stride_am, stride_ak, stride_bk, stride_bn
     num_pid_n = tl.cdiv(N, BLOCK_N)
     n_events = tl.zeros((), tl.int32)
     for tile_id in range(pid, num_pid_m * num_pid_n, NUM_SMS):
-        pid_m, pid_n = tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_SIZE_M)
-        t0 = stamp(TRACE_CAPACITY)
-        acc = gemm_tile(A, B, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, pid_m, pid_n,
-                        BLOCK_M, BLOCK_N, BLOCK_K, DOT_PRECISION, EVEN_K)
+        acc, pid_m, pid_n, n_events = traced_gemm_tile(
+            A, B, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, tile_id, num_pid_m, num_pid_n, trace,
+            n_events, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_SIZE_M, DOT_PRECISION, EVEN_K, TRACE_CAPACITY)
         t1 = stamp(TRACE_CAPACITY)
-        n_events = record(trace, n_events, GEMM, tile_id, pid_m, pid_n, 0, -1, t0, t1, TRACE_CAPACITY)
         offsets, mask = tile_offsets(pid_m, pid_n, M, N, stride_cm, stride_cn, BLOCK_M, BLOCK_N)
         tl.store(C + offsets, acc.to(C.dtype.element_ty), mask=mask)
         n_events = record(trace, n_events, STORE, tile_id, pid_m, pid_n, 0, -1, t1, stamp(TRACE_CAPACITY),

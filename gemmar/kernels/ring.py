@@ -33,10 +33,10 @@ the slot-free wait, 3 waits for a message that is never sent (a hang, caught by 
 import triton
 import triton.language as tl
 
-from .. import device
-from ..events import (DATA_READY_FLAG, GEMM, RECV_WAIT, REDUCE, SEND, SIGNAL, SLOT_FREE_FLAG, SLOT_WAIT, STORE,
-                      finish_trace, record, stamp)
-from .gemm import gemm_tile, tile_coords, tile_offsets
+from . import device
+from .device import DATA_READY_FLAG, SLOT_FREE_FLAG
+from .events import RECV_WAIT, REDUCE, SEND, SIGNAL, SLOT_WAIT, STORE, finish_trace, record, stamp
+from .gemm import tile_offsets, traced_gemm_tile
 
 MISTAKES = ("none", "forward_accumulator", "skip_slot_free_wait", "wait_for_missing_message")
 NO_MISTAKE, FORWARD_ACCUMULATOR, SKIP_SLOT_FREE_WAIT, WAIT_FOR_MISSING_MESSAGE = (tl.constexpr(i) for i in range(4))
@@ -59,12 +59,9 @@ def gemm_all_reduce_ring(
     slot_offsets = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
     n_events = tl.zeros((), tl.int32)
     for tile_id in range(pid, num_pid_m * num_pid_n, NUM_SMS):
-        pid_m, pid_n = tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_SIZE_M)
-        t0 = stamp(TRACE_CAPACITY)
-        acc = gemm_tile(A, B, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, pid_m, pid_n,
-                        BLOCK_M, BLOCK_N, BLOCK_K, DOT_PRECISION, EVEN_K)
-        t1 = stamp(TRACE_CAPACITY)
-        n_events = record(trace, n_events, GEMM, tile_id, pid_m, pid_n, 0, -1, t0, t1, TRACE_CAPACITY)
+        acc, pid_m, pid_n, n_events = traced_gemm_tile(
+            A, B, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, tile_id, num_pid_m, num_pid_n, trace,
+            n_events, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_SIZE_M, DOT_PRECISION, EVEN_K, TRACE_CAPACITY)
 
         slot = ring_buffer + tile_id * (BLOCK_M * BLOCK_N) + slot_offsets
         total = acc

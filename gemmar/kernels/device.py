@@ -174,6 +174,20 @@ def atomic_max(ptr, value, from_rank, to_rank, heap_bases, mask=None, sem=None, 
 # The watchdog record is 8 int64 words in the caller's own heap: a report of the first wait that expired.
 WATCHDOG_WORDS = 8
 
+# The flags a kernel can wait on, by the id passed to wait_at_least, named in DeadlockError.
+FLAG_NAMES = {1: "slot_free", 2: "data_ready", 3: "barrier", 4: "partial_ready", 5: "result_ready"}
+SLOT_FREE_FLAG, DATA_READY_FLAG, BARRIER_FLAG, PARTIAL_READY_FLAG, RESULT_READY_FLAG = \
+    (tl.constexpr(i) for i in range(1, 6))
+
+
+def read_watchdog(words):
+    """A watchdog record (8 int64s, host side) -> a dict for DeadlockError, or None when nothing expired."""
+    words = [int(x) for x in words]
+    if words[0] == 0:
+        return None
+    return dict(rank=words[1], tile=words[2], flag=FLAG_NAMES.get(words[3], str(words[3])), index=words[4],
+                expected=words[5], seen=words[6], program=words[7])
+
 
 @triton.jit
 def wait_at_least(flag, target, timeout_ns, watchdog, rank, tile_id, flag_kind, flag_index):

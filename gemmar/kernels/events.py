@@ -1,17 +1,21 @@
-"""The one trace schema: what kernels record, shared by the device side and the host ``Trace``.
+"""The one trace schema: what kernels record, how much room it takes, and how a row of the host's table is
+built from it. The device side (``stamp``, ``record``) and the host side (``Trace``) both read it from here.
 
-Each event is 8 int64 words: ``kind, tile_id, pid_m, pid_n, step, peer, t_start_ns, t_end_ns``. Every
+Each event is 8 int64 words: ``kind, tile, pid_m, pid_n, step, peer, t_start_ns, t_end_ns``. Every
 program writes its own region of the rank's trace buffer (no atomics needed) and counts the events it
-wanted to write, so the host can report how many did not fit instead of losing them silently.
+wanted to write, so the host can report how many did not fit instead of losing them silently. On the host
+a row is those 8 words with ``rank, iteration, program`` in front (:data:`COLUMNS`).
 """
 
+import numpy as np
 import triton
 import triton.language as tl
 
 from .device import now
 
-EVENT_WORDS = 8
-FIELDS = ("kind", "tile", "pid_m", "pid_n", "step", "peer", "t_start", "t_end")
+RECORDED = ("kind_id", "tile", "pid_m", "pid_n", "step", "peer", "t_start_ns", "t_end_ns")
+EVENT_WORDS = len(RECORDED)
+COLUMNS = ("rank", "iteration", "program") + RECORDED
 
 # kind -> (name, phase). Phases colour the Gantt: gemm, wait, comm, reduce, store.
 KINDS = {
@@ -27,9 +31,34 @@ KINDS = {
 # The same ids as constexpr globals, the only kind of global a @triton.jit function may read.
 GEMM, SLOT_WAIT, SEND, SIGNAL, RECV_WAIT, REDUCE, STORE, PUSH = (tl.constexpr(i) for i in range(1, 9))
 
-# Flags a kernel can wait on, named in DeadlockError.
-FLAG_NAMES = {1: "slot_free", 2: "data_ready", 3: "barrier"}
-SLOT_FREE_FLAG, DATA_READY_FLAG, BARRIER_FLAG = (tl.constexpr(i) for i in range(1, 4))
+
+
+def events_per_tile(algorithm, world_size):
+    """How many events one tile records on one rank, so that trace room is reserved up front."""
+    if algorithm == "ring":
+        return 2 + 5 * (world_size - 1)   # gemm, store, and per step: slot_wait, send, signal, recv_wait, reduce
+    if algorithm == "atomics":
+        return 2 + world_size             # gemm, zeroing of the next buffer, a push to each rank
+    raise ValueError(f"no event layout for algorithm {algorithm!r}")
+
+
+def rows(buffer, counts, capacity, rank, iteration):
+    """One launch's trace buffer ([programs, capacity, EVENT_WORDS] int64) -> table rows in COLUMNS order.
+
+    Returns (rows, dropped): ``dropped`` counts events past a program's capacity (0 unless sizing is wrong).
+    """
+    buffer = np.asarray(buffer, np.int64).reshape(len(counts), capacity, EVENT_WORDS)
+    blocks, dropped = [np.zeros((0, len(COLUMNS)), np.int64)], 0
+    for program, count in enumerate(int(c) for c in counts):
+        kept = min(count, capacity)
+        dropped += count - kept
+        block = np.empty((kept, len(COLUMNS)), np.int64)
+        block[:, :3] = (rank, iteration, program)
+        block[:, 3:] = buffer[program, :kept]
+        blocks.append(block)
+    return np.concatenate(blocks), dropped
+
+
 
 
 @triton.jit

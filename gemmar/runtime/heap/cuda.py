@@ -11,8 +11,8 @@ import tempfile
 
 import torch
 
-from .errors import UsageError
-from .heap import SymmetricHeap
+from ...errors import UsageError
+from .base import SymmetricHeap
 
 
 def store_path(cluster_id):

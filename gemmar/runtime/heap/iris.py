@@ -11,7 +11,7 @@ import os
 
 import torch
 
-from .heap import SymmetricHeap
+from .base import SymmetricHeap
 
 
 class IrisHeap(SymmetricHeap):

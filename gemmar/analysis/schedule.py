@@ -9,39 +9,38 @@ import numpy as np
 import pandas as pd
 
 
-def tile_coords(tile_id, num_pid_m, num_pid_n, group_size_m):
-    tiles_per_group = group_size_m * num_pid_n
+def tile_coords(tile_id, num_pid_m, num_pid_n, gsize_m):
+    tiles_per_group = gsize_m * num_pid_n
     group = tile_id // tiles_per_group
-    first_pid_m = group * group_size_m
-    rows_in_group = min(num_pid_m - first_pid_m, group_size_m)
+    first_pid_m = group * gsize_m
+    rows_in_group = min(num_pid_m - first_pid_m, gsize_m)
     within = tile_id % tiles_per_group
     return first_pid_m + within % rows_in_group, within // rows_in_group
 
 
-def tile_schedule(m, n, block_m, block_n, group_size_m, num_programs):
+def tile_schedule(m, n, BLK_M, BLK_N, gsize_m, num_sms):
     """One row per tile: tile id, (pid_m, pid_n), the program that computes it and its turn in that
-    program's loop (0 = first)."""
-    num_pid_m, num_pid_n = -(-m // block_m), -(-n // block_n)
+    program's loop (0 = first). Arguments take RunConfig's names."""
+    num_pid_m, num_pid_n = -(-m // BLK_M), -(-n // BLK_N)
     rows = []
     for tile in range(num_pid_m * num_pid_n):
-        pid_m, pid_n = tile_coords(tile, num_pid_m, num_pid_n, group_size_m)
-        rows.append(dict(tile=tile, pid_m=pid_m, pid_n=pid_n, program=tile % num_programs,
-                         turn=tile // num_programs))
+        pid_m, pid_n = tile_coords(tile, num_pid_m, num_pid_n, gsize_m)
+        rows.append(dict(tile=tile, pid_m=pid_m, pid_n=pid_n, program=tile % num_sms, turn=tile // num_sms))
     return pd.DataFrame(rows)
 
 
-def plot_schedule(m, n, block_m, block_n, group_size_m, num_programs, path=None):
+def plot_schedule(m, n, BLK_M, BLK_N, gsize_m, num_sms, path=None):
     """Two heat maps over the output tiles: the tile id (the order tiles are handed out) and the program."""
     import matplotlib.pyplot as plt
 
-    s = tile_schedule(m, n, block_m, block_n, group_size_m, num_programs)
+    s = tile_schedule(m, n, BLK_M, BLK_N, gsize_m, num_sms)
     shape = (s["pid_m"].max() + 1, s["pid_n"].max() + 1)
     order, program = np.zeros(shape), np.zeros(shape)
     order[s["pid_m"], s["pid_n"]] = s["tile"]
     program[s["pid_m"], s["pid_n"]] = s["program"]
     fig, axes = plt.subplots(1, 2, figsize=(10, 4.2))
-    for ax, grid, title, cmap in ((axes[0], order, f"tile id (GROUP_SIZE_M={group_size_m})", "viridis"),
-                                  (axes[1], program, f"program ({num_programs} programs)", "tab20")):
+    for ax, grid, title, cmap in ((axes[0], order, f"tile id (gsize_m={gsize_m})", "viridis"),
+                                  (axes[1], program, f"program ({num_sms} program{'s' if num_sms != 1 else ''})", "tab20")):
         ax.imshow(grid, cmap=cmap)
         ax.set_title(title)
         ax.set_xlabel("pid_n")
@@ -49,7 +48,7 @@ def plot_schedule(m, n, block_m, block_n, group_size_m, num_programs, path=None)
         if grid.size <= 100:
             for (i, j), v in np.ndenumerate(grid):
                 ax.text(j, i, int(v), ha="center", va="center", fontsize=8, color="white")
-    fig.suptitle(f"C = {m} x {n} in {block_m} x {block_n} tiles")
+    fig.suptitle(f"C = {m} x {n} in {BLK_M} x {BLK_N} tiles")
     fig.tight_layout()
     if path:
         fig.savefig(path, dpi=110)

@@ -24,7 +24,7 @@ class _Timeline:
         m = trace.meta
         self.meta, self.df = m, df
         self.W = int(m["world_size"])
-        self.tm, self.tn = -(-m["m"] // m["BLK_M"]), -(-m["n"] // m["BLK_N"])
+        self.tm, self.tn = trace.tiles
         tiles = self.tm * self.tn
         inf = np.inf
         self.gemm_start = np.full((self.W, tiles), inf)

@@ -9,25 +9,17 @@ zeroed or reset on the host in between (see the kernels' docstrings for how each
 import numpy as np
 import torch
 
-from .config import RunConfig
-from .device import WATCHDOG_WORDS
-from .errors import UsageError
-from .events import EVENT_WORDS
-from .kernels.atomics import gemm_all_reduce_atomics
-from .kernels.ring import MISTAKES, gemm_all_reduce_ring
-
-
-def events_per_tile(algorithm, world_size):
-    """How many events one tile records: enough trace room is reserved up front, so none is dropped."""
-    if algorithm == "ring":
-        return 2 + 5 * (world_size - 1)   # gemm, store, and per step: slot_wait, send, signal, recv_wait, reduce
-    return 2 + world_size                 # gemm, zero-next store, a push to each rank
+from ..config import RunConfig
+from ..errors import UsageError
+from ..kernels import events
+from ..kernels.atomics import gemm_all_reduce_atomics
+from ..kernels.device import WATCHDOG_WORDS
+from ..kernels.ring import MISTAKES, gemm_all_reduce_ring
+from .heap import ALIGN, HEADER_BYTES
 
 
 def heap_bytes_needed(config):
     """Symmetric heap bytes one rank needs for ``config`` (what FusedGemmAllReduce allocates, aligned)."""
-    from .heap import ALIGN, HEADER_BYTES
-
     tiles_m, tiles_n = config.tiles
     if config.algorithm == "atomics":
         sizes = [2 * config.m * config.n * 4]
@@ -62,9 +54,9 @@ class FusedGemmAllReduce:
         self.watchdog = heap.zeros(WATCHDOG_WORDS, torch.int64)
         # The trace buffers are local (nobody else writes them), so they need not live on the heap.
         tiles_per_program = -(-self.total_tiles // config.num_sms)
-        self.trace_capacity = tiles_per_program * events_per_tile(config.algorithm, heap.world_size) \
+        self.trace_capacity = tiles_per_program * events.events_per_tile(config.algorithm, heap.world_size) \
             if config.trace else 0
-        self.trace = torch.zeros(max(1, config.num_sms * self.trace_capacity * EVENT_WORDS), dtype=torch.int64,
+        self.trace = torch.zeros(max(1, config.num_sms * self.trace_capacity * events.EVENT_WORDS), dtype=torch.int64,
                                  device=heap.device)
         self.trace_counts = torch.zeros(config.num_sms, dtype=torch.int64, device=heap.device)
 
@@ -124,21 +116,10 @@ class FusedGemmAllReduce:
         self.heap.raise_if_expired(self.watchdog)
         self.heap.check_barrier()
 
-    def events(self):
-        """The last launch's events as an int64 array [n, 1 + 8]: the program, then the 8 fields of events.py.
-
-        Returns (events, dropped): ``dropped`` counts events that did not fit (0 unless sizing is wrong).
-        """
+    def events(self, iteration):
+        """The last launch's events as trace rows (``events.COLUMNS``), and how many were dropped (0 unless
+        the trace room was sized wrong)."""
         if not self.trace_capacity:
-            return np.zeros((0, 1 + EVENT_WORDS), np.int64), 0
-        counts = self.trace_counts.cpu().numpy()
-        buf = self.trace.cpu().numpy().reshape(self.config.num_sms, self.trace_capacity, EVENT_WORDS)
-        rows, dropped = [], 0
-        for program, count in enumerate(counts):
-            kept = min(int(count), self.trace_capacity)
-            dropped += int(count) - kept
-            block = np.empty((kept, 1 + EVENT_WORDS), np.int64)
-            block[:, 0] = program
-            block[:, 1:] = buf[program, :kept]
-            rows.append(block)
-        return np.concatenate(rows), dropped
+            return np.zeros((0, len(events.COLUMNS)), np.int64), 0
+        return events.rows(self.trace.cpu().numpy(), self.trace_counts.cpu().tolist(), self.trace_capacity,
+                           self.heap.rank, iteration)

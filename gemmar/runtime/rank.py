@@ -1,8 +1,8 @@
 """What runs inside each engine: one rank's heap, inputs, launches and checks.
 
 The client (``gemmar.Cluster``) calls these functions on every engine at the same time. Each engine keeps
-one :class:`RankContext` for its lifetime. Results travel back as plain dicts; errors that the user must
-see (bad input, a deadlock) travel back as ``{"error": ...}`` so the client can raise the right exception
+one :class:`RankContext` for its lifetime. Results travel back as :class:`RankResult`; errors that the user
+must see (bad input, a deadlock) travel back as :class:`RankFailure`, so the client can raise one exception
 with every rank's view.
 """
 
@@ -14,10 +14,11 @@ import time
 import numpy as np
 import torch
 
-from .config import RunConfig, k_bounds
-from .errors import DeadlockError, UsageError
+from ..config import k_bounds
+from ..errors import DeadlockError, UsageError
 from .heap import create_heap
 from .launch import FusedGemmAllReduce
+from .results import RankFailure, RankResult
 
 _context = None
 
@@ -54,13 +55,6 @@ def describe():
                 heap_bytes=ctx.heap.size)
 
 
-def close_rank():
-    global _context
-    if _context is not None:
-        _context.heap.close()
-        _context = None
-
-
 def seeded_inputs(config, rank, device):
     """This rank's K-slice of the seeded global A (M x K) and B (K x N), and the fp64/fp32 reference C."""
     gen = torch.Generator().manual_seed(config.seed)
@@ -82,7 +76,7 @@ def seeded_inputs(config, rank, device):
 
 
 def tolerance(config):
-    """Allowed max |C - reference|: fp32 accumulation error grows with K; tf32 dots on GPU for fp32 inputs."""
+    """Allowed max |C - reference|: fp32 accumulation error grows with K (fp32 inputs use ieee dots)."""
     return 1e-3 * max(1.0, config.k ** 0.5) + 1e-4 * config.world_size
 
 
@@ -96,23 +90,21 @@ def _publish(data):
 
 
 def _errors_as_results(fn):
-    """Bad input and deadlocks travel back as ``{"error": ...}`` dicts, so the client can raise one error
-    that combines every rank's view (other exceptions are bugs and travel as remote tracebacks)."""
+    """Bad input and deadlocks travel back as RankFailure, so the client can raise one error that combines
+    every rank's view (other exceptions are bugs and travel as remote tracebacks)."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         try:
             return fn(*args, **kwargs)
-        except UsageError as e:
-            return dict(rank=current().rank, error="usage", message=str(e))
-        except DeadlockError as e:
-            return dict(rank=current().rank, error="deadlock", message=str(e), waits=e.waits)
+        except (UsageError, DeadlockError) as e:
+            return RankFailure(current().rank, e)
 
     return wrapper
 
 
 @_errors_as_results
-def run_gemm_all_reduce(config_dict, A=None, B=None, reference=None, mistake="none", return_c=False,
+def run_gemm_all_reduce(config, A=None, B=None, reference=None, mistake="none", return_c=False,
                         validate=True):
     """Run ``iterations`` back-to-back launches on this rank; check C after each one.
 
@@ -120,7 +112,7 @@ def run_gemm_all_reduce(config_dict, A=None, B=None, reference=None, mistake="no
     keeps its own K-slice), so a benchmark ships no data between client and engines.
     """
     ctx = current()
-    config = RunConfig(**config_dict).validate()
+    config = config.validate()
     heap = ctx.heap
     with heap.scope():
         fused = FusedGemmAllReduce(heap, config, mistake)
@@ -146,16 +138,15 @@ def run_gemm_all_reduce(config_dict, A=None, B=None, reference=None, mistake="no
             diff = float((C.to(reference.dtype) - reference).abs().max()) if reference is not None else None
             diffs.append(diff)
             if config.trace:
-                ev, lost = fused.events()
-                events.append(np.concatenate([np.full((len(ev), 1), it, np.int64), ev], axis=1))
+                rows, lost = fused.events(it)
+                events.append(rows)
                 dropped += lost
             _publish(dict(iteration=it + 1, max_abs_diff=diff, seconds=seconds[-1]))
-        out = dict(rank=ctx.rank, max_abs_diff=diffs, seconds=seconds, tolerance=tolerance(config),
-                   t_zero_ns=t_zero, dropped_events=dropped)
-        if config.trace:
-            out["events"] = np.concatenate(events) if events else np.zeros((0, 10), np.int64)
+        out = RankResult(ctx.rank, diffs, seconds, tolerance(config), t_zero, dropped)
+        if events:
+            out.events = np.concatenate(events)
         if return_c:
-            out["C"] = C.detach().to("cpu", copy=True)
+            out.C = C.detach().to("cpu", copy=True)
         return out
 
 
@@ -178,7 +169,7 @@ def _median_ms(fn, reps, trials=5):
 
 
 @_errors_as_results
-def benchmark_rank(config_dicts, reps=20, warmup=5, baseline=True):
+def benchmark_rank(configs, reps=20, warmup=5, baseline=True):
     """GPU timing on this rank, all in one process and run: each fused kernel (``config_dicts`` maps an
     algorithm to its settings; validated before and after timing), then torch.matmul of the same per-rank
     shapes, the NCCL all-reduce of C, and the two in sequence."""
@@ -188,7 +179,7 @@ def benchmark_rank(config_dicts, reps=20, warmup=5, baseline=True):
     heap = ctx.heap
     if heap.device.type != "cuda":
         raise UsageError("timing against cuBLAS + NCCL needs the cuda backend")
-    configs = {alg: RunConfig(**d).validate() for alg, d in config_dicts.items()}
+    configs = {alg: config.validate() for alg, config in configs.items()}
     base = next(iter(configs.values()))
     A, B, reference = seeded_inputs(base, ctx.rank, heap.device)
     out = dict(rank=ctx.rank, fused_ms={}, max_abs_diff={}, tolerance=tolerance(base))

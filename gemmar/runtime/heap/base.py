@@ -1,5 +1,8 @@
 """The symmetric heap: one arena per rank, the same allocations at the same offsets on every rank.
 
+This module holds what every backend shares (allocation, the barrier, the watchdog check); ``cpu.py``,
+``cuda.py`` and ``iris.py`` only make and map the arenas, and ``create_heap`` in ``__init__`` picks one.
+
 Each rank's process sees every rank's arena at some address; ``heap_bases[q]`` is where rank ``q``'s
 arena starts *in this process*. The device API turns an address in our arena into the same offset in a
 peer's arena with those bases. Allocation is a bump pointer that every rank moves the same way (all ranks
@@ -15,58 +18,15 @@ Backends differ only in how arenas are made and mapped:
 """
 
 import contextlib
-import mmap
-import os
-import tempfile
-import time
 
 import torch
 
-from .errors import ClusterError, DeadlockError, UsageError
-from .events import FLAG_NAMES
+from ...errors import ClusterError, DeadlockError, UsageError
+from ...kernels.device import read_watchdog
 
 ALIGN = 256
 HEADER_BYTES = 256         # barrier counter + barrier watchdog at the start of every arena
 DEFAULT_HEAP_BYTES = 256 << 20
-
-
-def shm_dir():
-    """Where cpu arenas live: /dev/shm where it exists (Linux), else the temp folder."""
-    return "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
-
-
-def arena_prefix(cluster_id):
-    return f"gemmar-{cluster_id}-rank"
-
-
-def remove_arenas(cluster_id):
-    """Unlink any arena files of this cluster still on disk (after a rank died before unlinking its own)."""
-    prefix = arena_prefix(cluster_id)
-    removed = []
-    for name in os.listdir(shm_dir()):
-        if name.startswith(prefix):
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(os.path.join(shm_dir(), name))
-                removed.append(name)
-    return removed
-
-
-def deadlock_message(waits):
-    parts = []
-    for w in waits:
-        where = "at the barrier" if w["flag"] == "barrier" else f"on tile {w['tile']}"
-        parts.append(f"rank {w['rank']} (program {w['program']}) waited {where} for flag "
-                     f"{w['flag']}[{w['index']}] >= {w['expected']} but saw {w['seen']}")
-    return "deadlock: " + "; ".join(parts)
-
-
-def read_watchdog(words):
-    """A watchdog record (8 int64s) -> dict, or None when nothing expired."""
-    words = [int(x) for x in words]
-    if words[0] == 0:
-        return None
-    return dict(rank=words[1], tile=words[2], flag=FLAG_NAMES.get(words[3], str(words[3])), index=words[4],
-                expected=words[5], seen=words[6], program=words[7])
 
 
 class SymmetricHeap:
@@ -137,7 +97,7 @@ class SymmetricHeap:
         timing loops) the barrier is only enqueued behind this rank's work: no host synchronisation, no
         return value; call :meth:`check_barrier` once afterwards.
         """
-        from .kernels.barrier import barrier_kernel
+        from ...kernels.barrier import barrier_kernel
 
         if wait:
             self.synchronize()
@@ -157,74 +117,8 @@ class SymmetricHeap:
         report = read_watchdog(watchdog.tolist())
         if report is not None:
             watchdog.zero_()
-            raise DeadlockError(deadlock_message([report]), [report])
+            raise DeadlockError([report])
 
     def close(self):
         self.arena = None
         self.heap_bases = None
-
-
-class CpuHeap(SymmetricHeap):
-    """Arenas in shared-memory files, mapped by every rank's process. Kernels run under the interpreter."""
-
-    backend = "cpu"
-
-    @classmethod
-    def create(cls, rank, world_size, size, cluster_id, timeout_s=60.0):
-        if size < HEADER_BYTES + ALIGN:
-            raise UsageError(f"heap_size={size} is too small: use at least {HEADER_BYTES + ALIGN} bytes")
-        folder, prefix = shm_dir(), arena_prefix(cluster_id)
-        paths = [os.path.join(folder, f"{prefix}{r}") for r in range(world_size)]
-        # Create under a temporary name and rename: a peer never maps a file that is not full size yet.
-        tmp = paths[rank] + ".tmp"
-        fd = os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
-        try:
-            os.ftruncate(fd, size)
-        finally:
-            os.close(fd)
-        os.rename(tmp, paths[rank])
-
-        maps, deadline = [], time.monotonic() + timeout_s
-        for r, path in enumerate(paths):
-            while True:
-                try:
-                    fd = os.open(path, os.O_RDWR)
-                    break
-                except FileNotFoundError:
-                    if time.monotonic() > deadline:
-                        os.unlink(paths[rank])
-                        raise ClusterError(f"rank {rank}: rank {r}'s heap did not appear within {timeout_s:g} s "
-                                           f"({path})") from None
-                    time.sleep(0.01)
-            try:
-                maps.append(mmap.mmap(fd, size))
-            finally:
-                os.close(fd)
-        arenas = [torch.frombuffer(m, dtype=torch.uint8) for m in maps]
-        bases = torch.tensor([a.data_ptr() for a in arenas], dtype=torch.int64)
-        heap = cls(rank, world_size, arenas[rank], bases, torch.device("cpu"), timeout_s)
-        heap._peer_arenas = arenas   # keeps every mapping alive as long as the heap
-        try:
-            heap.barrier()          # every rank has mapped every arena ...
-        finally:
-            os.unlink(paths[rank])  # ... so the name can go; the memory lives while it is mapped
-        return heap
-
-    def close(self):
-        super().close()
-        self._peer_arenas = None  # the mappings close when the last tensor view of them is gone
-
-
-def create_heap(backend, rank, world_size, size, cluster_id, timeout_s=60.0):
-    """The one entry point the rank runtime uses; backends plug in here."""
-    if backend == "cpu":
-        return CpuHeap.create(rank, world_size, size, cluster_id, timeout_s)
-    if backend == "cuda":
-        from .heap_cuda import CudaHeap
-
-        return CudaHeap.create(rank, world_size, size, cluster_id, timeout_s)
-    if backend == "iris":
-        from .heap_iris import IrisHeap
-
-        return IrisHeap.create(rank, world_size, size, cluster_id, timeout_s)
-    raise UsageError(f"backend {backend!r} is not known: use cpu, cuda or iris")

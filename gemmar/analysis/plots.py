@@ -1,0 +1,167 @@
+"""Figures of a Trace: the Gantt chart (lanes, or per-rank aggregates when there are many programs), the
+per-rank summary table under it, and the tile-grid heat maps."""
+
+import numpy as np
+
+from ..errors import UsageError
+
+PHASE_COLORS = {"gemm": "#4C72B0", "wait": "#DD8452", "comm": "#55A868", "reduce": "#8172B3", "store": "#937860"}
+PHASE_LABELS = {"gemm": "GEMM", "wait": "waiting", "comm": "communicating", "reduce": "reducing",
+                "store": "storing C"}
+
+
+def time_unit(span_us):
+    """(divisor, label): µs for GPU-scale spans, ms for the interpreter's seconds-long ones."""
+    return (1.0, "µs") if span_us < 20_000 else (1e3, "ms")
+
+
+def gantt(trace, iteration=-1, max_lanes=48, ranks=None, programs=None, path=None, figsize=None):
+    """Gantt chart: one lane per (rank, program), bars coloured by phase, tile ids where they fit.
+
+    With more lanes than ``max_lanes`` (e.g. 2 ranks x 132 programs) each rank becomes one panel that
+    shows how many programs are in each phase over time; pass ``programs=range(a, b)`` to zoom back
+    to individual lanes. Per-rank summary figures go in the lower panel.
+    """
+    import matplotlib.pyplot as plt
+
+    df = trace.iteration(iteration)
+    if ranks is not None:
+        df = df[df["rank"].isin(list(ranks))]
+    if programs is not None:
+        df = df[df["program"].isin(list(programs))]
+    if df.empty:
+        raise UsageError("no events to draw for this selection of iteration, ranks and programs")
+    lanes = sorted(set(zip(df["rank"], df["program"])))
+    aggregate = len(lanes) > max_lanes
+    n_rows = df["rank"].nunique() if aggregate else len(lanes)
+    height = figsize[1] if figsize else min(14, 1.6 + 0.32 * n_rows + (1.2 * n_rows if aggregate else 0))
+    width = figsize[0] if figsize else 13
+    fig, (ax, ax_sum) = plt.subplots(2, 1, figsize=(width, height + 1.8),
+                                     gridspec_kw=dict(height_ratios=[max(height, 2), 1.6]))
+    scale, unit = time_unit(df["end_us"].max())
+    df = df.assign(start_us=df["start_us"] / scale, end_us=df["end_us"] / scale,
+                   duration_us=df["duration_us"] / scale)
+    span = df["end_us"].max()
+    if aggregate:
+        _draw_aggregate(ax, df, span)
+    else:
+        _draw_lanes(ax, df, lanes, span, width)
+    m = trace.meta
+    it = sorted(trace.events["iteration"].unique())[iteration] if len(trace.events) else 0
+    ax.set_title(f"{m.get('algorithm')} all-reduce, M x N x K = {m.get('m')}x{m.get('n')}x{m.get('k')} "
+                 f"{m.get('datatype')} (K split over the ranks), "
+                 f"blocks {m.get('BLK_M')}x{m.get('BLK_N')}x{m.get('BLK_K')}, {m.get('world_size')} ranks x "
+                 f"{m.get('num_sms')} programs, {m.get('backend')} backend, iteration {it}")
+    ax.set_xlabel(f"time since the iteration started ({unit})")
+    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in PHASE_COLORS.values()]
+    ax.legend(handles, list(PHASE_LABELS.values()), loc="upper right", fontsize=8, ncol=5, framealpha=0.9)
+    _draw_summary(trace, ax_sum, iteration, ranks, scale, unit)
+    fig.tight_layout()
+    if path:
+        fig.savefig(path, dpi=110)
+    return fig
+
+
+def _draw_lanes(ax, df, lanes, span, width_in):
+    row_of = {lane: i for i, lane in enumerate(lanes)}
+    y = df.apply(lambda e: row_of[(e["rank"], e["program"])], axis=1).to_numpy()
+    colors = df["phase"].map(PHASE_COLORS).fillna("#999999").to_numpy()
+    ax.barh(y, df["duration_us"].clip(lower=span * 1e-4), left=df["start_us"], height=0.8, color=colors,
+            edgecolor="none")
+    px_per_us = width_in * 80 / max(span, 1e-9)
+    for (_, e), row in zip(df.iterrows(), y):
+        if e["phase"] == "gemm" and e["duration_us"] * px_per_us > 22:
+            ax.text(e["start_us"] + e["duration_us"] / 2, row, str(e["tile"]), ha="center", va="center",
+                    fontsize=7, color="white")
+    ax.set_yticks(range(len(lanes)))
+    ax.set_yticklabels([f"rank {r} · prog {p}" for r, p in lanes], fontsize=7)
+    ax.set_ylim(len(lanes) - 0.5, -0.5)
+    for i in range(1, len(lanes)):
+        if lanes[i][0] != lanes[i - 1][0]:
+            ax.axhline(i - 0.5, color="black", lw=0.8)
+    ax.set_xlim(0, span * 1.01)
+
+
+def _draw_aggregate(ax, df, span, bins=400):
+    edges = np.linspace(0, span, bins + 1)
+    mids = (edges[:-1] + edges[1:]) / 2
+    ranks = sorted(df["rank"].unique())
+    offset = 0.0
+    yticks, ylabels = [], []
+    for rank in ranks[::-1]:
+        d = df[df["rank"] == rank]
+        n_prog = d["program"].nunique()
+        bottom = np.zeros(bins)
+        for phase, color in PHASE_COLORS.items():
+            p = d[d["phase"] == phase]
+            count = np.zeros(bins)
+            for s, e in zip(p["start_us"], p["end_us"]):
+                count += np.clip(np.minimum(edges[1:], e) - np.maximum(edges[:-1], s), 0, None) / np.diff(edges)
+            ax.fill_between(mids, offset + bottom / n_prog, offset + (bottom + count) / n_prog, color=color,
+                            step="mid", lw=0)
+            bottom += count
+        yticks.append(offset + 0.5)
+        ylabels.append(f"rank {rank}\n({n_prog} programs)")
+        offset += 1.15
+    ax.set_yticks(yticks)
+    ax.set_yticklabels(ylabels, fontsize=8)
+    ax.set_ylabel("share of programs in each phase")
+    ax.set_xlim(0, span)
+
+
+def _draw_summary(trace, ax, iteration, ranks, scale, unit):
+    s = trace.summary(iteration)
+    if ranks is not None:
+        s = s.loc[[r for r in s.index if r in set(ranks)]]
+    ax.axis("off")
+    header = ["rank"] + [f"{name} ({unit})" for name in ("span", "GEMM", "waiting", "comm", "reduce")] + \
+        ["comm hidden under GEMM"]
+    cells = [[str(r)] + [f"{x / scale:.1f}" for x in (v.span_us, v.gemm_us, v.wait_us, v.comm_us, v.reduce_us)]
+             + ["-" if np.isnan(v.hidden_share) else f"{100 * v.hidden_share:.0f} %"] for r, v in s.iterrows()]
+    table = ax.table(cellText=cells, colLabels=header, loc="center", cellLoc="center")
+    table.auto_set_font_size(False)
+    table.set_fontsize(8)
+    table.scale(1, 1.1)
+    ax.set_title("per rank: times summed over programs; hidden = share of the rank's communication wall "
+                 "time during which one of its programs was in a GEMM", fontsize=9)
+
+
+def tile_grid(trace, iteration=-1, path=None):
+    """Heat maps per rank: which program did which tile, and when each tile's result was stored."""
+    import matplotlib.pyplot as plt
+
+    df = trace.iteration(iteration)
+    m = trace.meta
+    tm, tn = trace.tiles
+    ranks = sorted(df["rank"].unique())
+    scale, unit = time_unit(df["end_us"].max())
+    fig, axes = plt.subplots(2, len(ranks), figsize=(3.2 * len(ranks) + 1, 6.2), squeeze=False)
+    for c, rank in enumerate(ranks):
+        d = df[df["rank"] == rank]
+        program = np.full((tm, tn), np.nan)
+        finish = np.full((tm, tn), np.nan)
+        for _, e in d[d["kind"] == "gemm"].iterrows():
+            program[e["pid_m"], e["pid_n"]] = e["program"]
+        done = d[d["kind"] == ("store" if m["algorithm"] == "ring" else "push")]
+        for _, e in done.iterrows():
+            cur = finish[e["pid_m"], e["pid_n"]]
+            finish[e["pid_m"], e["pid_n"]] = e["end_us"] if np.isnan(cur) else max(cur, e["end_us"])
+        im0 = axes[0, c].imshow(program, cmap="tab20", vmin=0, vmax=max(19, m["num_sms"] - 1))
+        axes[0, c].set_title(f"rank {rank}: program per tile", fontsize=9)
+        im1 = axes[1, c].imshow(finish / scale, cmap="viridis")
+        axes[1, c].set_title(f"rank {rank}: tile reduced at ({unit})", fontsize=9)
+        if tm * tn <= 64:
+            for i in range(tm):
+                for j in range(tn):
+                    if not np.isnan(program[i, j]):
+                        axes[0, c].text(j, i, int(program[i, j]), ha="center", va="center", fontsize=7)
+        fig.colorbar(im1, ax=axes[1, c], fraction=0.046)
+        for ax in axes[:, c]:
+            ax.set_xlabel("pid_n")
+            ax.set_ylabel("pid_m")
+    fig.colorbar(im0, ax=axes[0, -1], fraction=0.046, label="program")
+    fig.suptitle(f"{m['algorithm']}: tile schedule (GROUP_SIZE_M={m['gsize_m']}, {m['num_sms']} programs)")
+    fig.tight_layout()
+    if path:
+        fig.savefig(path, dpi=110)
+    return fig

@@ -1,0 +1,224 @@
+"""Host side of the trace: every rank's per-tile events on one time axis, saved, drawn and replayed.
+
+Each kernel records complete events (``events.py``): a kind (gemm, slot_wait, send, signal, recv_wait,
+reduce, store, push), the tile and its (pid_m, pid_n), the ring step, the peer rank, and start and end
+times from ``device.now()``.
+
+**Time alignment.** Before the first launch every rank passes a barrier, and the barrier kernel stamps
+``now()`` as the rank leaves it. On CPU, ``now()`` is the machine's CLOCK_MONOTONIC, one clock for every
+process: all events keep their order across ranks, and time zero is the earliest exit stamp. On GPUs each
+device has its own ``%globaltimer``: all ranks leave the barrier within the time it takes the last
+arrival to become visible, so each rank's events are shifted to start from its *own* exit stamp, which
+puts them on one axis to within that exit skew (about a microsecond over NVLink).
+"""
+
+import gzip
+import json
+import os
+
+import numpy as np
+import pandas as pd
+
+from ..errors import UsageError
+from ..kernels.events import COLUMNS, KINDS, events_per_tile
+from .plots import PHASE_COLORS
+
+FORMAT = "gemmar-trace"
+VERSION = 1
+RAW_COLUMNS = list(COLUMNS)
+
+
+def _interval_union(starts, ends):
+    """Merge intervals; returns sorted disjoint (starts, ends) arrays."""
+    if len(starts) == 0:
+        return np.zeros(0), np.zeros(0)
+    order = np.argsort(starts)
+    s, e = np.asarray(starts, float)[order], np.asarray(ends, float)[order]
+    out_s, out_e = [s[0]], [e[0]]
+    for a, b in zip(s[1:], e[1:]):
+        if a <= out_e[-1]:
+            out_e[-1] = max(out_e[-1], b)
+        else:
+            out_s.append(a)
+            out_e.append(b)
+    return np.array(out_s), np.array(out_e)
+
+
+def _overlap(a, b):
+    """Total length of the intersection of two disjoint-sorted interval sets."""
+    total, i, j = 0.0, 0, 0
+    (a_s, a_e), (b_s, b_e) = a, b
+    while i < len(a_s) and j < len(b_s):
+        lo, hi = max(a_s[i], b_s[j]), min(a_e[i], b_e[j])
+        total += max(0.0, hi - lo)
+        if a_e[i] < b_e[j]:
+            i += 1
+        else:
+            j += 1
+    return total
+
+
+class Trace:
+    """Events of one run from every rank. ``events`` is a DataFrame, one row per event, times in µs."""
+
+    FORMAT = FORMAT
+
+    def __init__(self, raw, meta):
+        raw = np.asarray(raw, dtype=np.int64).reshape(-1, len(RAW_COLUMNS))
+        self.meta = dict(meta)
+        df = pd.DataFrame(raw, columns=RAW_COLUMNS)
+        df["kind"] = df["kind_id"].map(lambda k: KINDS.get(int(k), ("?", "?"))[0])
+        df["phase"] = df["kind_id"].map(lambda k: KINDS.get(int(k), ("?", "?"))[1])
+        df["start_us"] = df["t_start_ns"] / 1e3
+        df["end_us"] = df["t_end_ns"] / 1e3
+        df["duration_us"] = df["end_us"] - df["start_us"]
+        self.raw = raw
+        self.events = df.sort_values(["t_start_ns", "rank", "program"], kind="stable").reset_index(drop=True)
+
+    # -- building, saving, loading --------------------------------------------------------------------
+    @classmethod
+    def from_result(cls, result):
+        cfg = result.config
+        if not cfg.trace:
+            raise UsageError("this run was not traced: run it with trace=True (CLI: -t/--trace_tiles)")
+        shared_clock = result.backend == "cpu"
+        first_exit = min(int(out.t_zero_ns) for out in result.ranks)
+        blocks = []
+        for out in result.ranks:
+            block = np.array(out.events, np.int64).reshape(-1, len(RAW_COLUMNS))
+            block[:, -2:] -= first_exit if shared_clock else int(out.t_zero_ns)
+            blocks.append(block)
+        info = result.info or [{}] * cfg.world_size
+        meta = dict(algorithm=cfg.algorithm, m=cfg.m, n=cfg.n, k=cfg.k, datatype=cfg.datatype,
+                    BLK_M=cfg.BLK_M, BLK_N=cfg.BLK_N, BLK_K=cfg.BLK_K, gsize_m=cfg.gsize_m, num_sms=cfg.num_sms,
+                    world_size=cfg.world_size, iterations=cfg.iterations, backend=result.backend,
+                    mistake=result.mistake, clock="shared" if shared_clock else "per-device, aligned at a barrier",
+                    devices=[i.get("device") for i in info],
+                    torch=info[0].get("torch"), triton=info[0].get("triton"),
+                    dropped_events=[int(out.dropped_events) for out in result.ranks],
+                    seconds=[list(map(float, out.seconds)) for out in result.ranks])
+        if any(meta["dropped_events"]):  # cannot happen unless events_per_tile is wrong; never silently
+            import warnings
+
+            warnings.warn(f"trace is incomplete: events dropped per rank {meta['dropped_events']} "
+                          f"(trace buffer too small)", stacklevel=2)
+        return cls(np.concatenate(blocks) if blocks else np.zeros((0, len(RAW_COLUMNS))), meta)
+
+    def save(self, path):
+        """Write the versioned JSON file (gzip-compressed when ``path`` ends with .gz)."""
+        doc = dict(format=FORMAT, version=VERSION, meta=self.meta, columns=RAW_COLUMNS, events=self.raw.tolist())
+        text = json.dumps(doc, separators=(",", ":"))
+        opener = gzip.open if str(path).endswith(".gz") else open
+        with opener(path, "wt") as f:
+            f.write(text)
+        return path
+
+    @classmethod
+    def load(cls, path):
+        """Read a file written by :meth:`save`. A missing, corrupt or foreign file is a UsageError."""
+        if not os.path.exists(path):
+            raise UsageError(f"trace file {path} does not exist")
+        opener = gzip.open if str(path).endswith(".gz") else open
+        try:
+            with opener(path, "rt") as f:
+                doc = json.load(f)
+        except (OSError, ValueError, EOFError) as e:
+            raise UsageError(f"trace file {path} is not a readable gemmar trace ({type(e).__name__}: "
+                             f"{str(e).splitlines()[0][:120]})") from None
+        if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+            raise UsageError(f"{path} is not a gemmar trace (no \"format\": \"{FORMAT}\" field)")
+        if doc.get("version") != VERSION:
+            raise UsageError(f"trace file {path} has version {doc.get('version')!r}; this gemmar reads version "
+                             f"{VERSION}: re-record it or use the gemmar that wrote it")
+        if doc.get("columns") != RAW_COLUMNS or not isinstance(doc.get("events"), list):
+            raise UsageError(f"trace file {path} is damaged: its columns or events are not the ones version "
+                             f"{VERSION} writes")
+        try:
+            return cls(doc["events"], doc.get("meta", {}))
+        except (ValueError, TypeError) as e:
+            raise UsageError(f"trace file {path} is damaged: {str(e)[:120]}") from None
+
+    def __repr__(self):
+        m = self.meta
+        return (f"Trace({m.get('algorithm')}, {m.get('m')}x{m.get('n')}x{m.get('k')}, "
+                f"{m.get('world_size')} ranks x {m.get('num_sms')} programs, {len(self.events)} events)")
+
+    # -- selections and figures -----------------------------------------------------------------------
+    def iteration(self, iteration=-1):
+        """Events of one iteration (negative counts from the end), times from that iteration's start."""
+        its = sorted(self.events["iteration"].unique())
+        if not its:
+            return self.events.copy()
+        if not -len(its) <= iteration < len(its):
+            raise UsageError(f"iteration={iteration} is out of range: this trace has iterations 0..{len(its) - 1}")
+        df = self.events[self.events["iteration"] == its[iteration]].copy()
+        t0 = df["start_us"].min()
+        df["start_us"] -= t0
+        df["end_us"] -= t0
+        return df
+
+    @property
+    def tiles(self):
+        """(tiles along M, tiles along N) of the run's C."""
+        m = self.meta
+        return -(-m["m"] // m["BLK_M"]), -(-m["n"] // m["BLK_N"])
+
+    def expected_event_count(self):
+        """How many events a complete trace of one iteration has, per rank (from the run's shape)."""
+        tiles_m, tiles_n = self.tiles
+        return tiles_m * tiles_n * events_per_tile(self.meta["algorithm"], self.meta["world_size"])
+
+    def summary(self, iteration=-1):
+        """Per rank: GEMM, waiting, communicating and reducing time (µs summed over programs), the span,
+        and the share of communication time (comm + wait + reduce, merged over programs) hidden under GEMM
+        (some program of the same rank was in a GEMM at that moment)."""
+        df = self.iteration(iteration)
+        rows = []
+        for rank, d in df.groupby("rank"):
+            busy = {p: d.loc[d["phase"] == p, "duration_us"].sum() for p in PHASE_COLORS}
+            gemm = _interval_union(d.loc[d["phase"] == "gemm", "start_us"], d.loc[d["phase"] == "gemm", "end_us"])
+            comm_rows = d["phase"].isin(["comm", "wait", "reduce"])
+            comm = _interval_union(d.loc[comm_rows, "start_us"], d.loc[comm_rows, "end_us"])
+            comm_len = float(np.sum(comm[1] - comm[0]))
+            rows.append(dict(rank=rank, span_us=d["end_us"].max() - d["start_us"].min(), gemm_us=busy["gemm"],
+                             wait_us=busy["wait"], comm_us=busy["comm"], reduce_us=busy["reduce"],
+                             comm_wall_us=comm_len,
+                             hidden_share=_overlap(gemm, comm) / comm_len if comm_len > 0 else float("nan")))
+        return pd.DataFrame(rows).set_index("rank")
+
+    def gantt(self, iteration=-1, max_lanes=48, ranks=None, programs=None, path=None, figsize=None):
+        """Gantt chart: one lane per (rank, program), bars coloured by phase (see ``plots.gantt``)."""
+        from .plots import gantt
+
+        return gantt(self, iteration, max_lanes, ranks, programs, path, figsize)
+
+    def tile_grid(self, iteration=-1, path=None):
+        """Heat maps per rank: which program did which tile, and when each tile was reduced."""
+        from .plots import tile_grid
+
+        return tile_grid(self, iteration, path)
+
+    def to_perfetto(self, path=None):
+        """Chrome/Perfetto trace JSON (see ``perfetto.to_perfetto``); open it at ui.perfetto.dev."""
+        from .perfetto import to_perfetto
+
+        return to_perfetto(self, path)
+
+    # -- step-through replay --------------------------------------------------------------------------
+    def replay_states(self, iteration=-1):
+        """The run as a list of states, one per event boundary in time order (all ranks merged).
+
+        Each state: ``time_us``; ``tiles[rank]``, a (tiles_m x tiles_n) array of 0 not started, 1 in GEMM,
+        2 partial (GEMM done, not yet reduced), 3 reduced; for the ring, ``data_ready[rank][tile]`` and
+        ``slot_free[rank][tile]`` (the flag counters as the events imply them); ``waiting``, one line per
+        program that is waiting at that moment; ``event``, what just happened.
+        """
+        from .replay import build_states
+
+        return build_states(self, iteration)
+
+    def replay(self, iteration=-1):
+        """An ipywidgets player (slider + play button) over :meth:`replay_states`."""
+        from .replay import ReplayWidget
+
+        return ReplayWidget(self, iteration).widget

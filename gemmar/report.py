@@ -1,0 +1,22 @@
+"""What the client prints: the one progress-line format and the benchmark table."""
+
+import sys
+
+
+def log(rank, world_size, message, file=None):
+    """The one progress-line format: ``[gemmar] [r/W] message`` (rank '-' for the client)."""
+    print(f"[gemmar] [{rank}/{world_size}] {message}", file=file or sys.stdout, flush=True)
+
+
+def print_figures(f, configs, W):
+    """The benchmark lines: baseline times, then each fused kernel with its ratios and tile settings."""
+    c = next(iter(configs.values()))
+    log("-", W, f"per-rank {c.m} x {c.n} x {-(-c.k // W)} {c.datatype}: torch.matmul {f['matmul_ms']:.3f} ms | "
+                f"NCCL all_reduce(C) {f['allreduce_ms']:.3f} ms | sequential {f['sequential_ms']:.3f} ms | "
+                f"bound max(mm, ar) {f['bound_ms']:.3f} ms")
+    for alg, c in configs.items():
+        ms = f[f"{alg}_ms"]
+        log("-", W, f"fused {alg:8s} {ms:.3f} ms  fused/sequential {ms / f['sequential_ms']:.3f}  "
+                    f"fused/bound {ms / f['bound_ms']:.3f}  max|C - ref| {f[f'{alg}_max_abs_diff']:.3g}  "
+                    f"({c.BLK_M}x{c.BLK_N}x{c.BLK_K}, {c.num_warps} warps, {c.num_stages} stages, "
+                    f"{c.num_sms} programs)")

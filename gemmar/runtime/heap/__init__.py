@@ -1,0 +1,27 @@
+"""The symmetric heap and its backends; ``create_heap`` is the one entry point the rank runtime uses."""
+
+from ...errors import UsageError
+from .base import ALIGN, DEFAULT_HEAP_BYTES, HEADER_BYTES, SymmetricHeap
+from .cpu import remove_arenas, shm_dir
+
+BACKEND_NAMES = ("cpu", "cuda", "iris")
+
+
+def create_heap(backend, rank, world_size, size, cluster_id, timeout_s=60.0):
+    """The one entry point the rank runtime uses; backends plug in here."""
+    if backend == "cpu":
+        from .cpu import CpuHeap
+
+        return CpuHeap.create(rank, world_size, size, cluster_id, timeout_s)
+    if backend == "cuda":
+        from .cuda import CudaHeap
+
+        return CudaHeap.create(rank, world_size, size, cluster_id, timeout_s)
+    if backend == "iris":
+        from .iris import IrisHeap
+
+        return IrisHeap.create(rank, world_size, size, cluster_id, timeout_s)
+    raise UsageError(f"backend {backend!r} is not known: use cpu, cuda or iris")
+
+
+__all__ = ["ALIGN", "BACKEND_NAMES", "DEFAULT_HEAP_BYTES", "HEADER_BYTES", "SymmetricHeap", "create_heap", "remove_arenas", "shm_dir"]
