@@ -86,7 +86,8 @@ class Cluster(EngineCluster):
         reference = A.double() @ B.double()
         slices = [k_bounds(config.k, self.world_size, r) for r in range(self.world_size)]
         inputs = [(A[:, s:e].contiguous(), B[s:e, :].contiguous()) for s, e in slices]
-        return self._run(config, (inputs, reference), validate, verbose, mistake, True)
+        return self._run(config, (inputs, reference, rank_runtime.input_scale(A, B)), validate, verbose, mistake,
+                         True)
 
     def compare_to_unfused(self, configs, reps=20, warmup=5, baseline=True):
         """GPU only: time each fused kernel and the unfused baseline (cuBLAS matmul, NCCL all-reduce, both in
@@ -99,11 +100,11 @@ class Cluster(EngineCluster):
         shapes = {(c.m, c.n, c.k, c.datatype, c.seed) for c in configs.values()}
         if len(shapes) != 1:
             raise UsageError(f"configs to compare must share one shape, dtype and seed; got {sorted(shapes)}")
-        outs = self.run(rank_runtime.benchmark_rank, configs, reps, warmup, baseline)
+        outs = self.run_ranks(rank_runtime.benchmark_rank, configs, reps, warmup, baseline)
         RankFailure.raise_first(outs)
         figures = {f"{alg}_ms": max(o["fused_ms"][alg] for o in outs) for alg in configs}
         figures.update({f"{alg}_max_abs_diff": max(o["max_abs_diff"][alg] for o in outs) for alg in configs})
-        figures["tolerance"] = outs[0]["tolerance"]
+        figures.update({f"{alg}_tolerance": min(o["tolerance"][alg] for o in outs) for alg in configs})
         if baseline:
             for key in ("matmul_ms", "allreduce_ms", "sequential_ms"):
                 figures[key] = max(o[key] for o in outs)
@@ -120,18 +121,18 @@ class Cluster(EngineCluster):
                 diff = "" if d.get("max_abs_diff") is None else f"  max|C - ref| = {d['max_abs_diff']:.3g}"
                 log(r, W, f"{config.algorithm} iteration {d['iteration']}/{n}  {d['seconds'] * 1e3:.1f} ms{diff}")
 
-        def rank_args(r):
+        def engine_args(e):
             if data is None:
                 return (config,)
-            inputs, reference = data
-            return (config, inputs[r][0], inputs[r][1], reference)
+            inputs, reference, scale = data
+            return (config, [inputs[r] for r in self.engine_ranks[e]], reference, scale)
 
         if verbose:
             log("-", W, f"{config.algorithm}: {config.m} x {config.n} x {config.k} {config.datatype}, blocks "
                         f"{config.BLK_M}x{config.BLK_N}x{config.BLK_K}, {config.num_sms} programs per rank, "
                         f"{n} iteration(s), backend {self.backend}")
-        outs = self.run(rank_runtime.run_gemm_all_reduce, rank_args=rank_args, on_progress=progress,
-                        mistake=mistake, return_c=return_c, validate=validate)
+        outs = self.run_ranks(rank_runtime.run_gemm_all_reduce, engine_args=engine_args, on_progress=progress,
+                              mistake=mistake, return_c=return_c, validate=validate)
         RankFailure.raise_first(outs)
         result = Result(config, self.backend, outs, outs[0].C, self.info, mistake)
         if verbose and validate:

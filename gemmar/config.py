@@ -7,7 +7,7 @@ import torch
 from .errors import UsageError
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
-ALGORITHMS = ("atomics", "ring")
+ALGORITHMS = ("atomics", "ring", "two_shot")
 BACKENDS = ("auto", "cpu", "cuda", "iris")
 
 MAX_DIM = 1 << 20            # a side longer than this is a typo, not a workload
@@ -18,11 +18,16 @@ MIN_BLOCK, MAX_BLOCK = 16, 256   # tl.dot needs 16 on each side; 256 keeps a til
 
 # Per-GPU starting points: (BLK_M, BLK_N, BLK_K, num_warps, num_stages, gsize_m) per algorithm.
 GPU_TUNING = {
-    # Measured on 2 x H200 at 8192 x 8192 x 8192 per rank (BENCHMARKS.md, sweep): the same for both.
-    "hopper": {"atomics": (128, 128, 64, 8, 4, 8), "ring": (128, 128, 64, 8, 4, 8)},
-    "default": {"atomics": (128, 128, 32, 4, 3, 8), "ring": (128, 128, 32, 4, 3, 8)},
+    # atomics, ring: measured on 2 x H200 at 8192 x 8192 x 8192 per rank (BENCHMARKS.md, sweep).
+    # two_shot: the TMA GEMM core's tile measured on 1 x H200 (BENCHMARKS.md, "GEMM core").
+    "hopper": {"atomics": (128, 128, 64, 8, 4, 8), "ring": (128, 128, 64, 8, 4, 8),
+               "two_shot": (128, 256, 64, 8, 3, 8)},
+    "default": {"atomics": (128, 128, 32, 4, 3, 8), "ring": (128, 128, 32, 4, 3, 8),
+                "two_shot": (128, 128, 32, 4, 3, 8)},
 }
-TUNED_KNOBS = ("BLK_M", "BLK_N", "BLK_K", "num_warps", "num_stages", "gsize_m", "num_sms")
+# Communication programs of two_shot on GPUs (the rest of the SMs run the GEMM).
+GPU_COMM_SMS = 16
+TUNED_KNOBS = ("BLK_M", "BLK_N", "BLK_K", "num_warps", "num_stages", "gsize_m", "num_sms", "comm_sms")
 
 
 def tuned_defaults(backend, algorithm, name="", capability=(0, 0), multiprocessors=0):
@@ -33,7 +38,9 @@ def tuned_defaults(backend, algorithm, name="", capability=(0, 0), multiprocesso
         defaults = RunConfig()
         return {knob: getattr(defaults, knob) for knob in TUNED_KNOBS}
     family = "hopper" if tuple(capability) >= (9, 0) else "default"
-    return dict(zip(TUNED_KNOBS, GPU_TUNING[family][algorithm] + (multiprocessors or 108,)))
+    sms = multiprocessors or 108
+    comm = GPU_COMM_SMS if algorithm == "two_shot" else 0
+    return dict(zip(TUNED_KNOBS, GPU_TUNING[family][algorithm] + (sms - comm, comm)))
 
 
 def dtype_name(dtype):
@@ -71,7 +78,8 @@ class RunConfig:
     BLK_N: int = 32
     BLK_K: int = 32
     gsize_m: int = 4
-    num_sms: int = 4            # persistent programs per rank
+    num_sms: int = 4            # persistent GEMM programs per rank
+    comm_sms: int = 1           # two_shot only: communication programs per rank, besides the GEMM's
     world_size: int = 2
     iterations: int = 1
     timeout_s: float = 60.0     # watchdog on every spin-wait
@@ -80,6 +88,13 @@ class RunConfig:
     # Compiled-GPU tuning; ignored by the interpreter.
     num_warps: int = 4
     num_stages: int = 3
+    # The dtype of C, and (two_shot) of the partial tiles that travel between ranks. None: the algorithm's
+    # choice - atomics and ring sum in C itself, which must be fp32; two_shot sends and returns the input dtype.
+    out_dtype: str = None
+    wire_dtype: str = None
+    # A straggler for stress tests: before each launch, rank delay_rank waits a random 0.5..1 x delay_us (seeded).
+    delay_rank: int = -1
+    delay_us: float = 0.0
 
     @classmethod
     def from_settings(cls, settings, **fixed):
@@ -106,6 +121,22 @@ class RunConfig:
         _positive_int("gsize_m", self.gsize_m, MAX_PROGRAMS)
         _positive_int("num_sms", self.num_sms, MAX_PROGRAMS)
         _positive_int("world_size", self.world_size, MAX_WORLD_SIZE)
+        if self.algorithm == "two_shot":
+            _positive_int("comm_sms", self.comm_sms, MAX_PROGRAMS)
+        for name in ("out_dtype", "wire_dtype"):
+            if getattr(self, name) is not None:
+                setattr(self, name, dtype_name(getattr(self, name)))
+        if self.algorithm != "two_shot":
+            if self.out_dtype not in (None, "fp32"):
+                raise UsageError(f"out_dtype={self.out_dtype} is not allowed with {self.algorithm}: it sums in C "
+                                 f"itself, so C is fp32 (two_shot can return {self.out_dtype})")
+            if self.wire_dtype is not None:
+                raise UsageError(f"wire_dtype applies to two_shot only; {self.algorithm} sends fp32 partials")
+        if not (isinstance(self.delay_rank, int) and -1 <= self.delay_rank < self.world_size):
+            raise UsageError(f"delay_rank={self.delay_rank!r} is not allowed: use -1 (none) or a rank from 0 to "
+                             f"{self.world_size - 1}")
+        if not (isinstance(self.delay_us, (int, float)) and 0 <= self.delay_us <= 10_000_000):
+            raise UsageError(f"delay_us={self.delay_us!r} is not allowed: use microseconds from 0 to 1e7")
         _positive_int("iterations", self.iterations, 1_000_000)
         _positive_int("num_warps", self.num_warps, 32)
         if self.num_warps & (self.num_warps - 1):
@@ -118,6 +149,23 @@ class RunConfig:
     @property
     def torch_dtype(self):
         return DTYPES[self.datatype]
+
+    @property
+    def c_dtype(self):
+        """The dtype of the all-reduced C."""
+        if self.out_dtype is not None:
+            return DTYPES[self.out_dtype]
+        return self.torch_dtype if self.algorithm == "two_shot" else torch.float32
+
+    @property
+    def partial_dtype(self):
+        """two_shot: the dtype partial tiles travel in (the input dtype unless wire_dtype says otherwise)."""
+        return DTYPES[self.wire_dtype] if self.wire_dtype is not None else self.torch_dtype
+
+    @property
+    def programs(self):
+        """Programs launched per rank: the GEMM's, and two_shot's communication programs after them."""
+        return self.num_sms + (self.comm_sms if self.algorithm == "two_shot" else 0)
 
     @property
     def tiles(self):

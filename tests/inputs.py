@@ -24,3 +24,17 @@ def wait_until(predicate, timeout_s, poll_s=0.05):
         if value or time.monotonic() > deadline:
             return value
         time.sleep(poll_s)
+
+
+EPSILON = {torch.float16: 2.0 ** -11, torch.bfloat16: 2.0 ** -8, torch.float32: 0.0}
+
+
+def allowed_error(result, A, B):
+    """An independent bound on max |C - A @ B|: fp32 accumulation over K, plus rounding C to its dtype and,
+    for two_shot, each rank's partial to the wire dtype (the input dtype unless the run said otherwise)."""
+    ref = reference(A, B)
+    peak = ref.abs().max().item() if ref.numel() else 0.0
+    rounding = EPSILON[result.C.dtype]
+    if result.config.algorithm == "two_shot":
+        rounding += result.config.world_size * EPSILON[result.config.partial_dtype]
+    return 1e-3 * max(1.0, A.shape[1] ** 0.5) + rounding * peak

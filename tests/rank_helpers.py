@@ -1,12 +1,15 @@
 """Code the tests run on the engines (imported there by module name): a kernel that uses every device-API
 operation across ranks, so the test can check each one's effect on every rank."""
 
+import contextlib
+
 import torch
 import triton
 import triton.language as tl
 
 from gemmar.kernels import device
-from gemmar.runtime.rank import current
+from gemmar.runtime.heap import barrier_all
+from gemmar.runtime.rank import local_ranks
 
 BLOCK = 16
 
@@ -42,21 +45,35 @@ def device_api_kernel(src, stored, put_into, loaded, got, counter, subtracted, m
 
 
 def device_api_roundtrip(sem, valid):
-    ctx = current()
-    heap, rank, W = ctx.heap, ctx.rank, ctx.world_size
-    with heap.scope():
-        src = heap.empty(BLOCK, torch.float32)
-        src.copy_(torch.arange(BLOCK, dtype=torch.float32) + 100 * rank)
-        bufs = dict(stored=heap.zeros(BLOCK, torch.float32), put_into=heap.zeros(BLOCK, torch.float32),
-                    loaded=heap.zeros(BLOCK, torch.float32), got=heap.zeros(BLOCK, torch.float32),
-                    counter=heap.zeros(BLOCK, torch.int32), subtracted=heap.full(BLOCK, 1000, torch.int32),
-                    maxed=heap.full(BLOCK, -1, torch.int32), minned=heap.full(BLOCK, 1000, torch.int32),
-                    swapped=heap.zeros(BLOCK, torch.int32), swapped_old=heap.full(BLOCK, -7, torch.int32),
-                    cas_cell=heap.zeros(1, torch.int32), cas_old=heap.full(1, -7, torch.int32))
-        heap.barrier()
-        device_api_kernel[(1,)](src, *bufs.values(), heap.heap_bases, rank, W, valid, SEM=sem, BLOCK=BLOCK)
-        heap.barrier()
-        out = {name: t.cpu().numpy() for name, t in bufs.items()}
-        out["offsets"] = [heap.offset_of(t) for t in bufs.values()]
-        heap.barrier()
-        return out
+    """Run device_api_kernel on every rank this engine hosts (one, or all when they share a GPU): every
+    rank launches before any is waited for. Returns one dict per hosted rank."""
+    group = local_ranks()
+    heaps = [ctx.heap for ctx in group]
+    W = group[0].world_size
+    with contextlib.ExitStack() as scopes:
+        for heap in heaps:
+            scopes.enter_context(heap.scope())
+        all_bufs = []
+        for heap in heaps:
+            src = heap.empty(BLOCK, torch.float32)
+            src.copy_(torch.arange(BLOCK, dtype=torch.float32) + 100 * heap.rank)
+            all_bufs.append((src, dict(
+                stored=heap.zeros(BLOCK, torch.float32), put_into=heap.zeros(BLOCK, torch.float32),
+                loaded=heap.zeros(BLOCK, torch.float32), got=heap.zeros(BLOCK, torch.float32),
+                counter=heap.zeros(BLOCK, torch.int32), subtracted=heap.full(BLOCK, 1000, torch.int32),
+                maxed=heap.full(BLOCK, -1, torch.int32), minned=heap.full(BLOCK, 1000, torch.int32),
+                swapped=heap.zeros(BLOCK, torch.int32), swapped_old=heap.full(BLOCK, -7, torch.int32),
+                cas_cell=heap.zeros(1, torch.int32), cas_old=heap.full(1, -7, torch.int32))))
+        barrier_all(heaps)
+        for heap, (src, bufs) in zip(heaps, all_bufs):
+            with heap.on_stream():
+                device_api_kernel[(1,)](src, *bufs.values(), heap.heap_bases, heap.rank, W, valid, SEM=sem,
+                                        BLOCK=BLOCK)
+        barrier_all(heaps)
+        outs = []
+        for heap, (src, bufs) in zip(heaps, all_bufs):
+            out = {name: t.cpu().numpy() for name, t in bufs.items()}
+            out["offsets"] = [heap.offset_of(t) for t in bufs.values()]
+            outs.append(out)
+        barrier_all(heaps)
+        return outs

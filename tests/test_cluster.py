@@ -48,7 +48,7 @@ def test_two_clusters_at_once_do_not_interfere():
 def test_run_gathers_results_by_rank(clusters):
     from gemmar.runtime.rank import describe
 
-    info = clusters(3).run(describe)
+    info = clusters(3).run_ranks(describe)
     assert [i["rank"] for i in info] == [0, 1, 2]
     assert all(i["interpreter"] for i in info)
     assert len({i["pid"] for i in info}) == 3
@@ -57,7 +57,7 @@ def test_run_gathers_results_by_rank(clusters):
 @pytest.mark.parametrize("kwargs,needle", [
     (dict(world_size=0), "world_size=0"),
     (dict(world_size=2, backend="tpu"), "tpu"),
-    (dict(world_size=2, backend="cuda"), "GPUs"),
+    (dict(world_size=2, backend="cuda"), "needs an NVIDIA GPU"),
 ])
 def test_bad_cluster_arguments(kwargs, needle):
     with pytest.raises(gemmar.UsageError, match=needle):

@@ -15,7 +15,7 @@ SCRIPT = textwrap.dedent('''
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
-    from gemmar.kernels import atomics, barrier, gemm, ring
+    from gemmar.kernels import atomics, barrier, gemm, ring, two_shot
 
     target = GPUTarget("cuda", 90, 32)
     ints = ["M", "N", "K", "stride_am", "stride_ak", "stride_bk", "stride_bn", "stride_cm", "stride_cn"]
@@ -34,14 +34,23 @@ SCRIPT = textwrap.dedent('''
                   {"A": "*" + dtype, "B": "*" + dtype, "C": "*fp32", "ring_buffer": "*fp32", "data_ready": "*i32",
                    "slot_free": "*i32", "watchdog": "*i64", "heap_bases": "*i64", "rank": "i32", "world_size": "i32",
                    "epoch": "i32", **{k: "i32" for k in ints}, "timeout_ns": "i64", "trace": "*i64",
-                   "trace_counts": "*i64"}, dict(tiles, MISTAKE=0, SLOT_CACHE=".cg"))
+                   "trace_counts": "*i64"}, dict(tiles, MISTAKE=0, SLOT_CACHE=".cg", TMA=False))
             build(atomics.gemm_all_reduce_atomics,
                   {"A": "*" + dtype, "B": "*" + dtype, "C_pair": "*fp32", "heap_bases": "*i64", "rank": "i32",
                    "world_size": "i32", "parity": "i32", **{k: "i32" for k in ints}, "trace": "*i64",
-                   "trace_counts": "*i64"}, tiles)
+                   "trace_counts": "*i64"}, dict(tiles, TMA=False))
             build(gemm.persistent_gemm,
                   {"A": "*" + dtype, "B": "*" + dtype, "C": "*" + dtype, **{k: "i32" for k in ints},
-                   "trace": "*i64", "trace_counts": "*i64"}, tiles)
+                   "trace": "*i64", "trace_counts": "*i64"}, dict(tiles, TMA=False, FLATTEN=True))
+            # two_shot as the launcher runs it on Hopper: A and B as TMA tensor descriptors, flattened loops.
+            descriptors = {"A": f"tensordesc<{dtype}[128, 64]>", "B": f"tensordesc<{dtype}[64, 256]>"}
+            build(two_shot.gemm_all_reduce_two_shot,
+                  {**descriptors, "C": "*" + dtype, "partials": "*" + dtype, "partial_ready": "*i32",
+                   "result_ready": "*i32", "watchdog": "*i64", "heap_bases": "*i64", "rank": "i32",
+                   "world_size": "i32", "epoch": "i32", **{k: "i32" for k in ints}, "timeout_ns": "i64",
+                   "trace": "*i64", "trace_counts": "*i64"},
+                  dict(tiles, BLOCK_N=256, NUM_SMS=116, COMM_SMS=16, MISTAKE=0, PEER_CACHE=".cg", TMA=True,
+                       FLATTEN=True))
     build(barrier.barrier_kernel, {"counter": "*i64", "watchdog": "*i64", "exit_time": "*i64", "heap_bases": "*i64", "rank": "i32",
                                    "target": "i64", "timeout_ns": "i64"}, {})
 ''')
@@ -54,9 +63,9 @@ def test_kernels_compile_for_hopper():
         pytest.skip("this Triton wheel carries no ptxas, so it cannot compile for NVIDIA here")
     assert p.returncode == 0, p.stderr[-3000:]
     lines = [l.split() for l in p.stdout.splitlines()]
-    assert len(lines) == 2 * 2 * 3 + 1   # dtypes x tracing off/on x kernels, and the barrier
+    assert len(lines) == 2 * 2 * 4 + 1   # dtypes x tracing off/on x kernels, and the barrier
     for name, capacity, has_timer, cubin_bytes in lines:
         assert int(cubin_bytes) > 0
         # The GPU timer is in the code exactly when tracing is on (and always in the barrier's watchdog).
-        if name != "barrier_kernel" and name != "gemm_all_reduce_ring":
+        if name not in ("barrier_kernel", "gemm_all_reduce_ring", "gemm_all_reduce_two_shot"):
             assert has_timer == str(capacity == "64")

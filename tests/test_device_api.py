@@ -10,7 +10,7 @@ from rank_helpers import BLOCK, device_api_roundtrip
 @pytest.mark.parametrize("sem", ["relaxed", "acquire", "release", "acq_rel"])
 def test_every_operation_lands_on_the_right_rank(clusters, world_size, sem):
     valid = 11  # a mask that leaves the last 5 of 16 lanes untouched
-    outs = clusters(world_size).run(device_api_roundtrip, sem, valid)
+    outs = clusters(world_size).run_ranks(device_api_roundtrip, sem, valid)
     W = world_size
     lanes = np.arange(BLOCK)
     on = lanes < valid

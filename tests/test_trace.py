@@ -26,7 +26,8 @@ DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "data")
 @pytest.fixture(scope="module")
 def live(clusters):
     cluster = clusters(4)
-    return {alg: cluster.bench(gemmar.RunConfig(algorithm=alg, **SHAPE)).trace for alg in ("ring", "atomics")}
+    return {alg: cluster.bench(gemmar.RunConfig(algorithm=alg, comm_sms=2, **SHAPE)).trace
+            for alg in ("ring", "atomics", "two_shot")}
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +42,7 @@ def test_saved_traces_are_of_the_shape_the_tests_expect(traces):
         assert t.meta["algorithm"] == alg and t.meta["world_size"] == 4
         assert {k: t.meta[k] for k in ("m", "n", "k", "BLK_M", "BLK_N", "num_sms", "gsize_m", "iterations")} == \
             {k: SHAPE[k] for k in ("m", "n", "k", "BLK_M", "BLK_N", "num_sms", "gsize_m", "iterations")}
-        assert len(t.events) == 4 * 2 * t.expected_event_count()
+        assert len(t.events) == 2 * t.expected_event_count()
 
 
 def test_ring_trace_has_every_event_of_every_tile_on_every_rank(live):
@@ -56,7 +57,7 @@ def test_ring_trace_has_every_event_of_every_tile_on_every_rank(live):
         # Program p did exactly the tiles p, p + 3, ...
         for e in d[d["kind"] == "gemm"].itertuples():
             assert e.tile % 3 == e.program
-    assert len(ev) == 4 * 2 * t.expected_event_count()
+    assert len(ev) == 2 * t.expected_event_count()
 
 
 def test_ring_events_are_causal_across_ranks(live):
@@ -90,6 +91,30 @@ def test_atomics_trace_pushes_every_tile_to_every_rank(live):
         for tile, p in pushes.groupby("tile"):
             assert sorted(p["peer"]) == [0, 1, 2, 3]
             assert p["t_start_ns"].min() >= d[(d["kind"] == "gemm") & (d["tile"] == tile)]["t_end_ns"].iloc[0]
+
+
+def test_two_shot_trace_gemm_programs_never_wait_and_owners_wait_for_every_partial(live):
+    t = live["two_shot"]
+    ev = t.events
+    W, gemm_programs = 4, SHAPE["num_sms"]
+    assert t.meta["dropped_events"] == [0] * W
+    assert len(ev) == 2 * t.expected_event_count()
+    for (rank, it), d in ev.groupby(["rank", "iteration"]):
+        gemm_lanes = d[d["program"] < gemm_programs]
+        assert set(gemm_lanes["kind"]) == {"gemm", "publish"}            # GEMM programs never wait
+        assert sorted(gemm_lanes.loc[gemm_lanes["kind"] == "gemm", "tile"]) == list(range(TILES))
+        owned = sorted(d.loc[d["kind"] == "reduce", "tile"])
+        assert owned == [t for t in range(TILES) if t % W == rank]
+        assert sorted(d.loc[d["kind"] == "result_wait", "tile"]) == [t for t in range(TILES) if t % W != rank]
+    publish = ev[ev["kind"] == "publish"].set_index(["rank", "iteration", "tile"])
+    broadcast = ev[ev["kind"] == "broadcast"].set_index(["iteration", "tile"])
+    for e in ev[ev["kind"] == "partial_wait"].itertuples():
+        # The owner's wait ends only after every rank has started publishing its partial of the tile ...
+        for source in range(W):
+            assert e.t_end_ns >= publish.loc[(source, e.iteration, e.tile), "t_start_ns"]
+    for e in ev[ev["kind"] == "result_wait"].itertuples():
+        # ... and a rank's wait for a tile ends only after its owner started writing the sum.
+        assert e.t_end_ns >= broadcast.loc[(e.iteration, e.tile), "t_start_ns"]
 
 
 def test_save_load_roundtrip_and_bad_files(traces, tmp_path):

@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 
 from ..errors import UsageError
-from ..kernels.events import COLUMNS, KINDS, events_per_tile
+from ..kernels.events import COLUMNS, KINDS, events_per_launch
 from .plots import PHASE_COLORS
 
 FORMAT = "gemmar-trace"
@@ -97,7 +97,7 @@ class Trace:
                     torch=info[0].get("torch"), triton=info[0].get("triton"),
                     dropped_events=[int(out.dropped_events) for out in result.ranks],
                     seconds=[list(map(float, out.seconds)) for out in result.ranks])
-        if any(meta["dropped_events"]):  # cannot happen unless events_per_tile is wrong; never silently
+        if any(meta["dropped_events"]):  # cannot happen unless events_per_program is wrong; never silently
             import warnings
 
             warnings.warn(f"trace is incomplete: events dropped per rank {meta['dropped_events']} "
@@ -163,10 +163,12 @@ class Trace:
         m = self.meta
         return -(-m["m"] // m["BLK_M"]), -(-m["n"] // m["BLK_N"])
 
-    def expected_event_count(self):
-        """How many events a complete trace of one iteration has, per rank (from the run's shape)."""
+    def expected_event_count(self, rank=None):
+        """How many events a complete trace of one iteration has: on ``rank``, or on all ranks together."""
         tiles_m, tiles_n = self.tiles
-        return tiles_m * tiles_n * events_per_tile(self.meta["algorithm"], self.meta["world_size"])
+        W = self.meta["world_size"]
+        ranks = range(W) if rank is None else [rank]
+        return sum(events_per_launch(self.meta["algorithm"], W, tiles_m * tiles_n, r) for r in ranks)
 
     def summary(self, iteration=-1):
         """Per rank: GEMM, waiting, communicating and reducing time (µs summed over programs), the span,

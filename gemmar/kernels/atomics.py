@@ -31,7 +31,7 @@ def gemm_all_reduce_atomics(
         trace, trace_counts,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_SIZE_M: tl.constexpr,
         NUM_SMS: tl.constexpr, DOT_PRECISION: tl.constexpr, TRACE_CAPACITY: tl.constexpr,
-        EVEN_K: tl.constexpr):
+        EVEN_K: tl.constexpr, TMA: tl.constexpr):
     pid = tl.program_id(0)
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
@@ -42,7 +42,7 @@ def gemm_all_reduce_atomics(
     for tile_id in range(pid, num_pid_m * num_pid_n, NUM_SMS):
         acc, pid_m, pid_n, n_events = traced_gemm_tile(
             A, B, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, tile_id, num_pid_m, num_pid_n, trace,
-            n_events, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_SIZE_M, DOT_PRECISION, EVEN_K, TRACE_CAPACITY)
+            n_events, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_SIZE_M, DOT_PRECISION, EVEN_K, TMA, TRACE_CAPACITY)
         t1 = stamp(TRACE_CAPACITY)
         offsets, mask = tile_offsets(pid_m, pid_n, M, N, stride_cm, stride_cn, BLOCK_M, BLOCK_N)
 

@@ -21,3 +21,11 @@ def barrier_kernel(counter, watchdog, exit_time, heap_bases, rank, target, timeo
     on_rank0 = device.translate(counter, rank, 0, heap_bases)
     device.wait_at_least(on_rank0, target, timeout_ns, watchdog, rank, -1, BARRIER_FLAG, 0)
     tl.store(exit_time, device.now())
+
+
+@triton.jit
+def spin_kernel(duration_ns):
+    """Keep one program busy for ``duration_ns``: a rank that starts its next launch late (stress tests)."""
+    start = device.now()
+    while device.now() - start < duration_ns:
+        device.pause()

@@ -27,18 +27,48 @@ KINDS = {
     6: ("reduce", "reduce"),
     7: ("store", "store"),
     8: ("push", "comm"),
+    9: ("publish", "store"),         # two_shot: a GEMM program stores its partial and tells the owner
+    10: ("partial_wait", "wait"),    # two_shot: the owner waits for every rank's partial of a tile
+    11: ("broadcast", "comm"),       # two_shot: the owner writes the sum into every rank's C
+    12: ("result_wait", "wait"),     # two_shot: a rank waits for the owner's sum of a tile it does not own
 }
 # The same ids as constexpr globals, the only kind of global a @triton.jit function may read.
-GEMM, SLOT_WAIT, SEND, SIGNAL, RECV_WAIT, REDUCE, STORE, PUSH = (tl.constexpr(i) for i in range(1, 9))
+(GEMM, SLOT_WAIT, SEND, SIGNAL, RECV_WAIT, REDUCE, STORE, PUSH, PUBLISH, PARTIAL_WAIT, BROADCAST,
+ RESULT_WAIT) = (tl.constexpr(i) for i in range(1, 13))
+# The event after which a tile holds the full sum on a rank, per algorithm (replay, tile grid).
+DONE_KINDS = {"ring": ("store",), "atomics": ("push",), "two_shot": ("broadcast", "result_wait")}
 
 
+def owned_tiles(total_tiles, world_size, rank):
+    """two_shot: how many tiles rank owns (tile t belongs to rank t % world_size)."""
+    return max(0, -(-(total_tiles - rank) // world_size))
 
-def events_per_tile(algorithm, world_size):
-    """How many events one tile records on one rank, so that trace room is reserved up front."""
+
+def events_per_program(algorithm, world_size, total_tiles, num_sms, comm_sms=0):
+    """Trace room (events) each program gets, enough for the busiest one, reserved up front."""
+    gemm_tiles = -(-total_tiles // num_sms)
     if algorithm == "ring":
-        return 2 + 5 * (world_size - 1)   # gemm, store, and per step: slot_wait, send, signal, recv_wait, reduce
+        return gemm_tiles * (2 + 5 * (world_size - 1))  # gemm, store, per step: slot_wait, send, signal, recv, reduce
     if algorithm == "atomics":
-        return 2 + world_size             # gemm, zeroing of the next buffer, a push to each rank
+        return gemm_tiles * (2 + world_size)            # gemm, zeroing of the next buffer, a push to each rank
+    if algorithm == "two_shot":
+        # gemm + publish per GEMM tile; partial_wait, reduce, broadcast per owned tile, and the last
+        # communication program also a result_wait per tile owned elsewhere.
+        owned = [owned_tiles(total_tiles, world_size, r) for r in range(world_size)]
+        comm = max(3 * -(-o // comm_sms) + total_tiles - o for o in owned)
+        return max(2 * gemm_tiles, comm)
+    raise ValueError(f"no event layout for algorithm {algorithm!r}")
+
+
+def events_per_launch(algorithm, world_size, total_tiles, rank):
+    """How many events one rank records in one launch when nothing is dropped."""
+    if algorithm == "ring":
+        return total_tiles * (2 + 5 * (world_size - 1))
+    if algorithm == "atomics":
+        return total_tiles * (2 + world_size)
+    if algorithm == "two_shot":
+        owned = owned_tiles(total_tiles, world_size, rank)
+        return 2 * total_tiles + 3 * owned + (total_tiles - owned)
     raise ValueError(f"no event layout for algorithm {algorithm!r}")
 
 

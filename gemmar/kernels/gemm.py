@@ -8,6 +8,11 @@ tile is done exactly once, by program ``tile_id % NUM_SMS``, whatever the tile c
 Tile ids are mapped to (pid_m, pid_n) with a ``GROUP_SIZE_M`` swizzle: consecutive ids walk down a column
 of GROUP_SIZE_M tile-rows before moving right, so programs that run at the same time reuse the same
 columns of B from cache. The last group may be shorter than GROUP_SIZE_M; it is clamped, never skipped.
+
+A and B reach ``gemm_tile`` in one of two forms, chosen once by the launcher (``runtime/launch.py``):
+plain pointers (the interpreter, and any shape a tensor descriptor cannot describe), or, when ``TMA`` is
+set, Hopper tensor descriptors: the tensor-memory accelerator then copies whole tiles into shared memory
+by itself, zero-filling past the edges, which is what lets the compiled GEMM keep up with cuBLAS.
 """
 
 import triton
@@ -31,35 +36,43 @@ def tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_SIZE_M: tl.constexpr):
 @triton.jit
 def gemm_tile(A, B, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, pid_m, pid_n,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-              DOT_PRECISION: tl.constexpr, EVEN_K: tl.constexpr):
+              DOT_PRECISION: tl.constexpr, EVEN_K: tl.constexpr, TMA: tl.constexpr):
     """One output tile of this rank's partial product, accumulated in fp32.
 
-    Rows and columns past M and N read row/column 0 again (the ``% M``): cheaper than masking every
-    load, and those values are never stored. The K edge is masked to zero so it adds nothing; when
-    BLOCK_K divides K (``EVEN_K``) the loads carry no mask at all, which lets the compiler pipeline them.
+    With ``TMA``, A and B are tensor descriptors: each load names the tile's corner and the hardware
+    fetches the block, with zeros past M, N and K. Otherwise they are pointers: rows and columns past M
+    and N read row/column 0 again (the ``% M``): cheaper than masking every load, and those values are
+    never stored. The K edge is masked to zero so it adds nothing; when BLOCK_K divides K (``EVEN_K``)
+    the loads carry no mask at all, which lets the compiler pipeline them.
     """
-    rm = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)) % M
-    rn = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)) % N
-    rk = tl.arange(0, BLOCK_K)
-    a_ptrs = A + rm[:, None] * stride_am + rk[None, :] * stride_ak
-    b_ptrs = B + rk[:, None] * stride_bk + rn[None, :] * stride_bn
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, tl.cdiv(K, BLOCK_K)):
-        if EVEN_K:
-            a = tl.load(a_ptrs)
-            b = tl.load(b_ptrs)
-        else:
-            k_left = K - k0 * BLOCK_K
-            a = tl.load(a_ptrs, mask=rk[None, :] < k_left, other=0.0)
-            b = tl.load(b_ptrs, mask=rk[:, None] < k_left, other=0.0)
-        if INTERPRETER:
-            # The interpreter's tl.dot reads bf16 as raw bits (Triton 3.6-3.9); fp32 is exact for the
-            # product of two fp16/bf16 values, so widening first changes nothing else.
-            a = a.to(tl.float32)
-            b = b.to(tl.float32)
-        acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
-        a_ptrs += BLOCK_K * stride_ak
-        b_ptrs += BLOCK_K * stride_bk
+    if TMA:
+        for k0 in range(0, tl.cdiv(K, BLOCK_K)):
+            a = A.load([pid_m * BLOCK_M, k0 * BLOCK_K])
+            b = B.load([k0 * BLOCK_K, pid_n * BLOCK_N])
+            acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
+    else:
+        rm = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)) % M
+        rn = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)) % N
+        rk = tl.arange(0, BLOCK_K)
+        a_ptrs = A + rm[:, None] * stride_am + rk[None, :] * stride_ak
+        b_ptrs = B + rk[:, None] * stride_bk + rn[None, :] * stride_bn
+        for k0 in range(0, tl.cdiv(K, BLOCK_K)):
+            if EVEN_K:
+                a = tl.load(a_ptrs)
+                b = tl.load(b_ptrs)
+            else:
+                k_left = K - k0 * BLOCK_K
+                a = tl.load(a_ptrs, mask=rk[None, :] < k_left, other=0.0)
+                b = tl.load(b_ptrs, mask=rk[:, None] < k_left, other=0.0)
+            if INTERPRETER:
+                # The interpreter's tl.dot reads bf16 as raw bits (Triton 3.6-3.9); fp32 is exact for the
+                # product of two fp16/bf16 values, so widening first changes nothing else.
+                a = a.to(tl.float32)
+                b = b.to(tl.float32)
+            acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
+            a_ptrs += BLOCK_K * stride_ak
+            b_ptrs += BLOCK_K * stride_bk
     return acc
 
 
@@ -67,13 +80,13 @@ def gemm_tile(A, B, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, pid_m, 
 def traced_gemm_tile(A, B, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, tile_id, num_pid_m, num_pid_n,
                      trace, n_events, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                      GROUP_SIZE_M: tl.constexpr, DOT_PRECISION: tl.constexpr, EVEN_K: tl.constexpr,
-                     TRACE_CAPACITY: tl.constexpr):
+                     TMA: tl.constexpr, TRACE_CAPACITY: tl.constexpr):
     """The step every kernel starts a tile with: where the tile is, its partial product, and a ``gemm``
     trace event. Returns (acc, pid_m, pid_n, n_events)."""
     pid_m, pid_n = tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_SIZE_M)
     t0 = stamp(TRACE_CAPACITY)
     acc = gemm_tile(A, B, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, pid_m, pid_n,
-                    BLOCK_M, BLOCK_N, BLOCK_K, DOT_PRECISION, EVEN_K)
+                    BLOCK_M, BLOCK_N, BLOCK_K, DOT_PRECISION, EVEN_K, TMA)
     n_events = record(trace, n_events, GEMM, tile_id, pid_m, pid_n, 0, -1, t0, stamp(TRACE_CAPACITY),
                       TRACE_CAPACITY)
     return acc, pid_m, pid_n, n_events
@@ -94,16 +107,20 @@ def persistent_gemm(A, B, C, M, N, K, stride_am, stride_ak, stride_bk, stride_bn
                     trace, trace_counts,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                     GROUP_SIZE_M: tl.constexpr, NUM_SMS: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                    TRACE_CAPACITY: tl.constexpr, EVEN_K: tl.constexpr = False):
-    """C = A @ B on one rank, no communication: the plain persistent GEMM, traced like the others."""
+                    TRACE_CAPACITY: tl.constexpr, EVEN_K: tl.constexpr = False, TMA: tl.constexpr = False,
+                    FLATTEN: tl.constexpr = False):
+    """C = A @ B on one rank, no communication: the plain persistent GEMM, traced like the others.
+
+    ``FLATTEN`` lets the compiler merge the tile loop and the K loop into one software pipeline, so the
+    loads of the next tile start while the current one is still being stored (compiled only)."""
     pid = tl.program_id(0)
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
     n_events = tl.zeros((), tl.int32)
-    for tile_id in range(pid, num_pid_m * num_pid_n, NUM_SMS):
+    for tile_id in tl.range(pid, num_pid_m * num_pid_n, NUM_SMS, flatten=FLATTEN):
         acc, pid_m, pid_n, n_events = traced_gemm_tile(
             A, B, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, tile_id, num_pid_m, num_pid_n, trace,
-            n_events, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_SIZE_M, DOT_PRECISION, EVEN_K, TRACE_CAPACITY)
+            n_events, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_SIZE_M, DOT_PRECISION, EVEN_K, TMA, TRACE_CAPACITY)
         t1 = stamp(TRACE_CAPACITY)
         offsets, mask = tile_offsets(pid_m, pid_n, M, N, stride_cm, stride_cn, BLOCK_M, BLOCK_N)
         tl.store(C + offsets, acc.to(C.dtype.element_ty), mask=mask)

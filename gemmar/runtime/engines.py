@@ -32,16 +32,25 @@ def gpu_properties(backend):
     return props.name, (props.major, props.minor), props.multi_processor_count
 
 
+def gpu_count():
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def shares_gpu(backend, world_size):
+    """True when the ranks share GPU 0 (cuda with more ranks than GPUs): one engine then hosts them all."""
+    return backend == "cuda" and world_size > gpu_count()
+
+
 def resolve_backend(backend, world_size):
-    """'auto' -> cuda when enough GPUs are present, else cpu. Checks that the choice can run here."""
+    """'auto' -> cuda on an NVIDIA GPU (ranks share it when there are more ranks than GPUs), else cpu.
+    Checks that the choice can run here."""
     if backend not in BACKENDS:
         raise UsageError(f"backend {backend!r} is not known: use one of {', '.join(BACKENDS)}")
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    gpus = gpu_count()
     if backend == "auto":
-        backend = "cuda" if gpus >= world_size and torch.version.hip is None else "cpu"
-    if backend == "cuda" and world_size > gpus:
-        raise UsageError(f"world_size={world_size} needs {world_size} GPUs; this machine has {gpus}: "
-                         f"use at most {gpus} ranks, or backend='cpu'")
+        backend = "cuda" if gpus >= 1 and torch.version.hip is None else "cpu"
+    if backend == "cuda" and gpus == 0:
+        raise UsageError("backend 'cuda' needs an NVIDIA GPU; this machine has none: use backend='cpu'")
     if backend == "iris":
         try:
             import iris  # noqa: F401
@@ -57,6 +66,9 @@ class EngineCluster:
             raise UsageError(f"world_size={world_size!r} is not allowed: use a whole number from 1 to {MAX_WORLD_SIZE}")
         self.world_size = world_size
         self.backend = resolve_backend(backend, world_size)
+        # Which ranks each engine hosts: one each, or all in one engine when they share a GPU.
+        self.shares_gpu = shares_gpu(self.backend, world_size)
+        self.engine_ranks = [list(range(world_size))] if self.shares_gpu else [[r] for r in range(world_size)]
         self.heap_size = int(heap_size)
         self.start_timeout_s, self.timeout_s = start_timeout_s, timeout_s
         self._ipp = self.client = None
@@ -85,21 +97,21 @@ class EngineCluster:
                                 shutdown_atexit=False)
         atexit.register(_stop_at_exit, weakref.ref(self))
         try:
+            engines = len(self.engine_ranks)
             self._ipp.start_controller_sync()
-            self._ipp.start_engines_sync(self.world_size, environment=env)
+            self._ipp.start_engines_sync(engines, environment=env)
             self.client = self._ipp.connect_client_sync()
             try:
-                self.client.wait_for_engines(self.world_size, timeout=self.start_timeout_s, block=True)
+                self.client.wait_for_engines(engines, timeout=self.start_timeout_s, block=True)
             except TimeoutError:
-                raise ClusterError(f"only {len(self.client.ids)} of {self.world_size} engines came up within "
+                raise ClusterError(f"only {len(self.client.ids)} of {engines} engines came up within "
                                    f"{self.start_timeout_s:g} s (start_timeout_s); see the engine logs in "
                                    f"{self._ipp.profile_dir}") from None
-            self.engine_ids = sorted(self.client.ids)[: self.world_size]
+            self.engine_ids = sorted(self.client.ids)[:engines]
             self.pids = [None] * self.world_size
-            self.info = self.run(rank_runtime.init_rank, rank_args=lambda r: (r, self.world_size, self.backend,
-                                                                              self.heap_size, self.cluster_id,
-                                                                              self.timeout_s),
-                                 timeout=self.start_timeout_s)
+            self.info = self.run_ranks(rank_runtime.init_ranks, engine_args=lambda e: (
+                self.engine_ranks[e], self.world_size, self.backend, self.heap_size, self.cluster_id,
+                self.timeout_s), timeout=self.start_timeout_s)
             self.pids = [i["pid"] for i in self.info]
         except BaseException:
             self.stop()
@@ -115,7 +127,7 @@ class EngineCluster:
                 self.client.close()
             self._ipp.stop_cluster_sync()
         finally:
-            for pid in getattr(self, "pids", []) or []:
+            for pid in set(getattr(self, "pids", []) or []) - {None}:
                 _kill(pid)
             remove_arenas(self.cluster_id)
             self._ipp = self.client = None
@@ -138,71 +150,86 @@ class EngineCluster:
 
     def __repr__(self):
         state = "running" if self.running else "stopped"
-        return f"{type(self).__name__}(world_size={self.world_size}, backend={self.backend!r}, {state})"
+        shared = ", ranks share GPU 0" if self.shares_gpu else ""
+        return f"{type(self).__name__}(world_size={self.world_size}, backend={self.backend!r}{shared}, {state})"
 
     # -- running on all ranks -------------------------------------------------------------------------
-    def run(self, fn, *args, rank_args=None, timeout=None, on_progress=None, **kwargs):
-        """Call ``fn`` on every rank at once; return the results as a list indexed by rank.
+    def run(self, fn, *args, engine_args=None, timeout=None, on_progress=None, **kwargs):
+        """Call ``fn`` on every engine at once; return the results as a list indexed by engine, which is
+        by rank when each engine is one rank (when ranks share a GPU, one engine hosts them all).
 
-        ``rank_args(rank)`` gives per-rank positional arguments (replacing ``args``). ``on_progress(rank,
-        data)`` sees what ranks publish while they run. A rank whose process dies raises RankDiedError.
+        ``engine_args(e)`` gives per-engine positional arguments (replacing ``args``). ``on_progress(rank,
+        data)`` sees what ranks publish while they run (``{rank: data}`` per engine). A rank whose
+        process dies raises RankDiedError.
         """
         if not self.running:
             raise ClusterError("the cluster is not running: call start() (or restart()) first")
         pending = []
-        for r, eid in enumerate(self.engine_ids):
-            call_args = rank_args(r) if rank_args else args
+        for e, eid in enumerate(self.engine_ids):
+            call_args = engine_args(e) if engine_args else args
             pending.append(self.client[eid].apply_async(fn, *call_args, **kwargs))
         deadline = None if timeout is None else time.monotonic() + timeout
-        seen = [None] * self.world_size
+        seen = {}
+
+        def report_progress():
+            for ar in pending:
+                for rank, data in dict(ar.data or {}).items():
+                    if on_progress is not None and isinstance(data, dict) and seen.get(rank) != data:
+                        seen[rank] = dict(data)
+                        on_progress(rank, seen[rank])
+
         while not all(ar.ready() for ar in pending):
-            for r, ar in enumerate(pending):
-                if on_progress is not None and ar.data and ar.data != seen[r]:
-                    seen[r] = dict(ar.data)
-                    on_progress(r, seen[r])
-            dead = [r for r, pid in enumerate(self.pids) if pid is not None and not _alive(pid)]
+            report_progress()
+            dead = sorted({r for r, pid in enumerate(self.pids) if pid is not None and not _alive(pid)})
             if dead:
                 self._raise_rank_died(dead, pending)
             if deadline is not None and time.monotonic() > deadline:
-                late = [r for r, ar in enumerate(pending) if not ar.ready()]
+                late = [r for e, ar in enumerate(pending) if not ar.ready() for r in self.engine_ranks[e]]
                 raise ClusterError(f"ranks {late} did not answer within {timeout:g} s; call restart()")
             time.sleep(0.02)
         results = []
-        for r, ar in enumerate(pending):
+        for e, ar in enumerate(pending):
             try:
                 results.append(ar.get())
-            except Exception as e:  # a bug on the engine: say which rank, keep the remote traceback
+            except Exception as err:  # a bug on the engine: say which rank, keep the remote traceback
                 from ipyparallel.error import EngineError
 
-                if isinstance(e, EngineError):
-                    raise RankDiedError(f"rank {r} died during the run: {e}; call restart()", [r]) from None
+                if isinstance(err, EngineError):
+                    ranks = self.engine_ranks[e]
+                    raise RankDiedError(f"rank {', '.join(map(str, ranks))} died during the run: {err}; "
+                                        f"call restart()", ranks) from None
                 raise
-            if on_progress is not None and ar.data and ar.data != seen[r]:
-                on_progress(r, dict(ar.data))
+        report_progress()
         return results
+
+    def run_ranks(self, fn, *args, **kwargs):
+        """Like :meth:`run` for functions that return one item per hosted rank: the items, by rank."""
+        return [item for items in self.run(fn, *args, **kwargs) for item in items]
 
     def _raise_rank_died(self, dead, pending):
         """A rank's process is gone. The others may be spinning on flags it will never set: their
         watchdogs release them within timeout_s; wait that long (no longer) and report what they saw."""
         deadline = time.monotonic() + self.timeout_s + 15
-        alive = [r for r in range(self.world_size) if r not in dead]
-        while time.monotonic() < deadline and not all(pending[r].ready() for r in alive):
+        alive = [e for e, ranks in enumerate(self.engine_ranks) if not set(ranks) & set(dead)]
+        while time.monotonic() < deadline and not all(pending[e].ready() for e in alive):
             time.sleep(0.05)
         seen = []
-        for r in alive:
-            if not pending[r].ready():
-                seen.append(f"rank {r} still busy")
+        for e in alive:
+            ranks = ", ".join(map(str, self.engine_ranks[e]))
+            if not pending[e].ready():
+                seen.append(f"rank {ranks} still busy")
                 continue
             try:
-                out = pending[r].get()
-            except Exception as e:  # noqa: BLE001 - reported, not raised: the dead rank is the story
-                seen.append(f"rank {r}: {type(e).__name__}")
+                out = pending[e].get()
+            except Exception as err:  # noqa: BLE001 - reported, not raised: the dead rank is the story
+                seen.append(f"rank {ranks}: {type(err).__name__}")
                 continue
-            if isinstance(out, RankFailure):
-                seen.append(str(out.error).replace("deadlock: ", ""))
+            failures = [o for o in (out if isinstance(out, list) else [out]) if isinstance(o, RankFailure)]
+            if failures:
+                seen.extend(str(f.error).replace("deadlock: ", "") for f in failures)
             else:
-                seen.append(f"rank {r} finished")
-        pids = ", ".join(str(self.pids[r]) for r in dead)
+                seen.append(f"rank {ranks} finished")
+        pids = ", ".join(sorted({str(self.pids[r]) for r in dead}))
         released = f"; the others were released: {'; '.join(seen)}" if seen else ""
         raise RankDiedError(f"rank {', '.join(map(str, dead))} died during the run (engine process {pids} "
                             f"exited){released}; call restart() to start fresh ranks", dead)

@@ -11,23 +11,47 @@ import torch
 
 from ..config import RunConfig
 from ..errors import UsageError
-from ..kernels import events
+from ..kernels import events, ring, two_shot
 from ..kernels.atomics import gemm_all_reduce_atomics
 from ..kernels.device import WATCHDOG_WORDS
-from ..kernels.ring import MISTAKES, gemm_all_reduce_ring
 from .heap import ALIGN, HEADER_BYTES
+
+MISTAKES = {"atomics": ("none",), "ring": ring.MISTAKES, "two_shot": two_shot.MISTAKES}
 
 
 def heap_bytes_needed(config):
     """Symmetric heap bytes one rank needs for ``config`` (what FusedGemmAllReduce allocates, aligned)."""
     tiles_m, tiles_n = config.tiles
+    tiles, tile = tiles_m * tiles_n, config.BLK_M * config.BLK_N
     if config.algorithm == "atomics":
         sizes = [2 * config.m * config.n * 4]
+    elif config.algorithm == "ring":
+        sizes = [config.m * config.n * 4, tiles * tile * 4, tiles * 4, tiles * 4]
     else:
-        tiles = tiles_m * tiles_n
-        sizes = [config.m * config.n * 4, tiles * config.BLK_M * config.BLK_N * 4, tiles * 4, tiles * 4]
+        c_bytes, wire_bytes = config.c_dtype.itemsize, config.partial_dtype.itemsize
+        sizes = [config.m * config.n * c_bytes, tiles * tile * wire_bytes, tiles * 4, tiles * 4]
     sizes.append(WATCHDOG_WORDS * 8)
     return HEADER_BYTES + sum(-(-s // ALIGN) * ALIGN + ALIGN for s in sizes)
+
+
+def gemm_operands(A, B, config, device):
+    """(A, B, TMA): what the kernels' gemm_tile reads A and B through - the one place this is chosen.
+
+    On Hopper and newer, when the tensors can be described (16-bit dtype, rows 16-byte aligned, a non-empty
+    K-slice), tensor descriptors that the tensor-memory accelerator loads tiles from; otherwise (the
+    interpreter, older GPUs, fp32, odd strides) the plain pointers.
+    """
+    if device.type != "cuda" or torch.cuda.get_device_capability(device) < (9, 0):
+        return A, B, False
+    k_r, elem = A.shape[1], A.element_size()
+    aligned = all(t.is_contiguous() and t.data_ptr() % 16 == 0 for t in (A, B)) and \
+        (k_r * elem) % 16 == 0 and (config.n * elem) % 16 == 0
+    if elem != 2 or k_r == 0 or not aligned:
+        return A, B, False
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    return (TensorDescriptor.from_tensor(A, [config.BLK_M, config.BLK_K]),
+            TensorDescriptor.from_tensor(B, [config.BLK_K, config.BLK_N]), True)
 
 
 class FusedGemmAllReduce:
@@ -35,30 +59,39 @@ class FusedGemmAllReduce:
         config.validate()
         if config.world_size != heap.world_size:
             raise UsageError(f"world_size={config.world_size} does not match the heap's {heap.world_size} ranks")
-        if mistake not in MISTAKES:
-            raise UsageError(f"mistake {mistake!r} is not known: use one of {', '.join(MISTAKES)}")
-        if mistake != "none" and config.algorithm != "ring":
-            raise UsageError(f"mistake {mistake!r} exists only in the ring kernel, not in {config.algorithm!r}")
-        self.heap, self.config, self.mistake = heap, config, MISTAKES.index(mistake)
+        known = MISTAKES[config.algorithm]
+        if mistake not in known:
+            every = sorted({m for names in MISTAKES.values() for m in names})
+            if mistake in every:
+                raise UsageError(f"mistake {mistake!r} does not exist in {config.algorithm!r}: use one of "
+                                 f"{', '.join(known)}")
+            raise UsageError(f"mistake {mistake!r} is not known: use one of {', '.join(every)}")
+        self.heap, self.config, self.mistake = heap, config, known.index(mistake)
         M, N = config.m, config.n
         tiles_m, tiles_n = config.tiles
         self.total_tiles = tiles_m * tiles_n
         self.launches = 0
+        slot = config.BLK_M * config.BLK_N
         if config.algorithm == "atomics":
             self.c_pair = heap.zeros((2, M, N), torch.float32)
-        else:
+        elif config.algorithm == "ring":
             self.c = heap.zeros((M, N), torch.float32)
-            self.ring_buffer = heap.zeros((self.total_tiles, config.BLK_M * config.BLK_N), torch.float32)
+            self.ring_buffer = heap.zeros((self.total_tiles, slot), torch.float32)
             self.data_ready = heap.zeros(self.total_tiles, torch.int32)
             self.slot_free = heap.zeros(self.total_tiles, torch.int32)
+        else:
+            self.c = heap.zeros((M, N), config.c_dtype)
+            self.partials = heap.zeros((self.total_tiles, slot), config.partial_dtype)
+            self.partial_ready = heap.zeros(self.total_tiles, torch.int32)
+            self.result_ready = heap.zeros(self.total_tiles, torch.int32)
         self.watchdog = heap.zeros(WATCHDOG_WORDS, torch.int64)
         # The trace buffers are local (nobody else writes them), so they need not live on the heap.
-        tiles_per_program = -(-self.total_tiles // config.num_sms)
-        self.trace_capacity = tiles_per_program * events.events_per_tile(config.algorithm, heap.world_size) \
-            if config.trace else 0
-        self.trace = torch.zeros(max(1, config.num_sms * self.trace_capacity * events.EVENT_WORDS), dtype=torch.int64,
-                                 device=heap.device)
-        self.trace_counts = torch.zeros(config.num_sms, dtype=torch.int64, device=heap.device)
+        self.trace_capacity = events.events_per_program(config.algorithm, heap.world_size, self.total_tiles,
+                                                        config.num_sms, config.comm_sms) if config.trace else 0
+        self.trace = torch.zeros(max(1, config.programs * self.trace_capacity * events.EVENT_WORDS),
+                                 dtype=torch.int64, device=heap.device)
+        self.trace_counts = torch.zeros(config.programs, dtype=torch.int64, device=heap.device)
+        self.delays = np.random.default_rng(config.seed + 7919 * heap.rank)  # the straggler's draws
 
     def check_inputs(self, A, B):
         cfg, rank = self.config, self.heap.rank
@@ -74,37 +107,54 @@ class FusedGemmAllReduce:
                              f"need A: {cfg.m} x K_r and B: K_r x {cfg.n}")
 
     def __call__(self, A, B, wait=True):
-        """Launch once; return this rank's C (fp32, M x N). Atomics: valid until the next launch.
+        """Launch once, on this rank's stream; return this rank's C (M x N, ``config.c_dtype``). Atomics:
+        valid until the next launch.
 
-        ``wait=False`` (GPU timing loops) only enqueues the work, with no host synchronisation and no
-        watchdog check: call :meth:`check` after the loop.
+        ``wait=False`` (GPU timing loops, and ranks that share a GPU, which must all launch before any
+        waits) only enqueues the work, with no host synchronisation and no watchdog check: call
+        :meth:`check` afterwards.
         """
         self.check_inputs(A, B)
+        with self.heap.on_stream():
+            return self._launch(A, B, wait)
+
+    def _launch(self, A, B, wait):
         cfg, heap = self.config, self.heap
+        if cfg.delay_rank == heap.rank and cfg.delay_us > 0:
+            heap.delay(self.delays.uniform(0.5, 1.0) * cfg.delay_us * 1e-6)
+        K_r, (A_ptr, B_ptr) = A.shape[1], (A, B)
+        A, B, tma = gemm_operands(A, B, cfg, heap.device)
         common = dict(BLOCK_M=cfg.BLK_M, BLOCK_N=cfg.BLK_N, BLOCK_K=cfg.BLK_K, GROUP_SIZE_M=cfg.gsize_m,
                       NUM_SMS=cfg.num_sms, DOT_PRECISION="ieee" if cfg.datatype == "fp32" else "tf32",
-                      TRACE_CAPACITY=self.trace_capacity, EVEN_K=A.shape[1] % cfg.BLK_K == 0)
+                      TRACE_CAPACITY=self.trace_capacity, EVEN_K=K_r % cfg.BLK_K == 0, TMA=tma)
         if heap.device.type == "cuda":
             common.update(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-        grid = (cfg.num_sms,)
-        if cfg.algorithm == "atomics":
+        strides = (A_ptr.stride(0), A_ptr.stride(1), B_ptr.stride(0), B_ptr.stride(1), cfg.n, 1)
+        peer_cache = ".cg" if heap.device.type == "cuda" else ""  # read what peers wrote from L2, not L1
+        grid = (cfg.programs,)
+        if cfg.algorithm == "two_shot":
+            out = self.c
+            two_shot.gemm_all_reduce_two_shot[grid](
+                A, B, self.c, self.partials, self.partial_ready, self.result_ready, self.watchdog, heap.heap_bases,
+                heap.rank, heap.world_size, self.launches, cfg.m, cfg.n, K_r, *strides, int(cfg.timeout_s * 1e9),
+                self.trace, self.trace_counts, COMM_SMS=cfg.comm_sms, MISTAKE=self.mistake, PEER_CACHE=peer_cache,
+                FLATTEN=heap.device.type == "cuda", **common)
+            self.launches += 1
+        elif cfg.algorithm == "atomics":
             parity = self.launches % 2
             out = self.c_pair[parity]
             gemm_all_reduce_atomics[grid](
                 A, B, self.c_pair, heap.heap_bases, heap.rank, heap.world_size, parity,
-                cfg.m, cfg.n, A.shape[1], A.stride(0), A.stride(1), B.stride(0), B.stride(1), out.stride(0),
-                out.stride(1), self.trace, self.trace_counts, **common)
+                cfg.m, cfg.n, K_r, *strides, self.trace, self.trace_counts, **common)
             self.launches += 1
             # Remote adds into our C may still be in flight from other ranks until all have finished.
             heap.barrier(cfg.timeout_s, wait=wait)
         else:
             out = self.c
-            gemm_all_reduce_ring[grid](
+            ring.gemm_all_reduce_ring[grid](
                 A, B, self.c, self.ring_buffer, self.data_ready, self.slot_free, self.watchdog, heap.heap_bases,
-                heap.rank, heap.world_size, self.launches,
-                cfg.m, cfg.n, A.shape[1], A.stride(0), A.stride(1), B.stride(0), B.stride(1), out.stride(0),
-                out.stride(1), int(cfg.timeout_s * 1e9), self.trace, self.trace_counts,
-                MISTAKE=self.mistake, SLOT_CACHE=".cg" if heap.device.type == "cuda" else "", **common)
+                heap.rank, heap.world_size, self.launches, cfg.m, cfg.n, K_r, *strides, int(cfg.timeout_s * 1e9),
+                self.trace, self.trace_counts, MISTAKE=self.mistake, SLOT_CACHE=peer_cache, **common)
             self.launches += 1
         if wait:
             self.check()

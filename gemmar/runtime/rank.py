@@ -6,6 +6,7 @@ must see (bad input, a deadlock) travel back as :class:`RankFailure`, so the cli
 with every rank's view.
 """
 
+import contextlib
 import functools
 import os
 import platform
@@ -16,11 +17,11 @@ import torch
 
 from ..config import k_bounds
 from ..errors import DeadlockError, UsageError
-from .heap import create_heap
+from .heap import barrier_all, create_heap
 from .launch import FusedGemmAllReduce
 from .results import RankFailure, RankResult
 
-_context = None
+_ranks = []   # the RankContexts this engine hosts: one, or every rank when they share a GPU
 
 
 class RankContext:
@@ -28,38 +29,68 @@ class RankContext:
         self.rank, self.world_size, self.backend, self.heap = rank, world_size, backend, heap
 
 
-def current():
-    if _context is None:
+def local_ranks():
+    """The ranks this engine hosts, in rank order."""
+    if not _ranks:
         raise RuntimeError("this process is not a gemmar rank: start it through gemmar.Cluster")
-    return _context
+    return list(_ranks)
 
 
-def init_rank(rank, world_size, backend, heap_size, cluster_id, timeout_s):
-    """Make this engine rank ``rank``: pin its device, build its heap, meet the other ranks."""
-    global _context
+def current():
+    """This engine's rank, when it hosts exactly one (code that handles several uses local_ranks())."""
+    ranks = local_ranks()
+    if len(ranks) != 1:
+        raise RuntimeError(f"this engine hosts ranks {[c.rank for c in ranks]}: use local_ranks()")
+    return ranks[0]
+
+
+def init_ranks(ranks, world_size, backend, heap_size, cluster_id, timeout_s):
+    """Make this engine host ``ranks``: pin the device, build each rank's heap, meet the other ranks.
+
+    One rank per engine on cpu and on cuda with a GPU per rank; every rank in this engine when several
+    ranks share GPU 0 (each on its own stream, see ``heap/cuda.py``).
+    """
+    global _ranks
     torch.set_num_threads(1)   # ranks share the machine's cores; one thread each is fastest
-    if backend == "cuda":
-        torch.cuda.set_device(rank)
-    heap = create_heap(backend, rank, world_size, heap_size, cluster_id, timeout_s)
-    _context = RankContext(rank, world_size, backend, heap)
+    if backend == "cuda" and len(ranks) > 1:
+        from .heap.cuda import CudaHeap
+
+        heaps = CudaHeap.create_shared(world_size, heap_size, timeout_s)
+        barrier_all(heaps, timeout_s)
+    else:
+        (rank,) = ranks
+        if backend == "cuda":
+            torch.cuda.set_device(rank)
+        heaps = {rank: create_heap(backend, rank, world_size, heap_size, cluster_id, timeout_s)}
+    _ranks = [RankContext(r, world_size, backend, heaps[r]) for r in ranks]
     return describe()
 
 
 def describe():
+    """One dict per hosted rank: pid, device, versions, heap size."""
     import triton
 
-    ctx = current()
-    device = torch.cuda.get_device_name(ctx.rank) if ctx.backend == "cuda" else platform.processor() or "cpu"
-    return dict(rank=ctx.rank, pid=os.getpid(), backend=ctx.backend, device=device, torch=torch.__version__,
-                triton=triton.__version__, interpreter=os.environ.get("TRITON_INTERPRET") == "1",
-                heap_bytes=ctx.heap.size)
+    out = []
+    for ctx in local_ranks():
+        dev = ctx.heap.device
+        device = torch.cuda.get_device_name(dev) if dev.type == "cuda" else platform.processor() or "cpu"
+        out.append(dict(rank=ctx.rank, pid=os.getpid(), backend=ctx.backend, device=device, torch=torch.__version__,
+                        triton=triton.__version__, interpreter=os.environ.get("TRITON_INTERPRET") == "1",
+                        heap_bytes=ctx.heap.size, shares_gpu=len(_ranks) > 1))
+    return out
+
+
+def seeded_globals(config):
+    """The global A (M x K) and B (K x N) that ``config.seed`` stands for (the same on every rank)."""
+    gen = torch.Generator().manual_seed(config.seed)
+    A = torch.randn(config.m, config.k, generator=gen).to(config.torch_dtype)
+    B = torch.randn(config.k, config.n, generator=gen).to(config.torch_dtype)
+    return A, B
 
 
 def seeded_inputs(config, rank, device):
     """This rank's K-slice of the seeded global A (M x K) and B (K x N), and the fp64/fp32 reference C."""
-    gen = torch.Generator().manual_seed(config.seed)
-    A = torch.randn(config.m, config.k, generator=gen).to(config.torch_dtype)
-    B = torch.randn(config.k, config.n, generator=gen).to(config.torch_dtype)
+    A, B = seeded_globals(config)
     start, end = k_bounds(config.k, config.world_size, rank)
     A_r = A[:, start:end].contiguous().to(device)
     B_r = B[start:end, :].contiguous().to(device)
@@ -75,9 +106,30 @@ def seeded_inputs(config, rank, device):
     return A_r, B_r, reference
 
 
-def tolerance(config):
-    """Allowed max |C - reference|: fp32 accumulation error grows with K (fp32 inputs use ieee dots)."""
-    return 1e-3 * max(1.0, config.k ** 0.5) + 1e-4 * config.world_size
+EPSILON = {torch.float16: 2.0 ** -11, torch.bfloat16: 2.0 ** -8, torch.float32: 0.0}
+
+
+def tolerance(config, scale=1.0, peak=None):
+    """Allowed max |C - reference|, for inputs whose products |a| |b| average ``scale`` and a reference
+    whose largest |value| is ``peak``.
+
+    fp32 accumulation error grows with K (fp32 inputs use ieee dots); rounding C to its dtype costs half
+    an ulp of C; rounding each rank's partial to the wire dtype (two_shot) costs that again per rank.
+    Scaling by the inputs' magnitude keeps a correct result with large inputs from being rejected.
+    """
+    base = (1e-3 * max(1.0, config.k ** 0.5) + 1e-4 * config.world_size) * max(scale, 1e-30)
+    rounding = EPSILON[config.c_dtype]
+    if config.algorithm == "two_shot":
+        rounding += config.world_size * EPSILON[config.partial_dtype]
+    return base + rounding * (peak if peak is not None else 0.0)
+
+
+def input_scale(A, B):
+    """The largest mean |a| |b| over K of any element of C: sum_k |a_ik| |b_kj| / K, at most. About 0.64 for
+    unit normals; it grows with the inputs' magnitude, and so does the tolerance."""
+    if A.numel() == 0 or B.numel() == 0:
+        return 1.0
+    return float((A.abs().float() @ B.abs().float()).max()) / A.shape[1]
 
 
 def _publish(data):
@@ -98,65 +150,86 @@ def _errors_as_results(fn):
         try:
             return fn(*args, **kwargs)
         except (UsageError, DeadlockError) as e:
-            return RankFailure(current().rank, e)
+            return [RankFailure(c.rank, e) for c in _ranks]
 
     return wrapper
 
 
 @_errors_as_results
-def run_gemm_all_reduce(config, A=None, B=None, reference=None, mistake="none", return_c=False,
+def run_gemm_all_reduce(config, inputs=None, reference=None, scale=None, mistake="none", return_c=False,
                         validate=True):
-    """Run ``iterations`` back-to-back launches on this rank; check C after each one.
+    """Run ``iterations`` back-to-back launches on this engine's ranks; check C after each one.
 
-    Without A and B, the inputs come from ``config.seed`` (every rank builds the same global matrices and
-    keeps its own K-slice), so a benchmark ships no data between client and engines.
+    ``inputs`` is one (A_r, B_r) per hosted rank, ``scale`` the global inputs' ``input_scale`` (for the
+    tolerance); without inputs they come from ``config.seed``
+    (every rank builds the same global matrices and keeps its own K-slice), so a benchmark ships no data
+    between client and engines. All hosted ranks launch before any of them is waited for.
     """
-    ctx = current()
     config = config.validate()
-    heap = ctx.heap
-    with heap.scope():
-        fused = FusedGemmAllReduce(heap, config, mistake)
-        if A is None:
-            A, B, seeded_reference = seeded_inputs(config, ctx.rank, heap.device)
-            reference = seeded_reference if validate else None
-        else:
-            A, B = A.to(heap.device), B.to(heap.device)
-            fused.check_inputs(A, B)
-            reference = reference.to(heap.device) if (validate and reference is not None) else None
+    group = local_ranks()
+    with contextlib.ExitStack() as scopes:
+        runs = []
+        for i, ctx in enumerate(group):
+            heap = scopes.enter_context(ctx.heap.scope())
+            fused = FusedGemmAllReduce(heap, config, mistake)
+            if inputs is None:
+                A, B, ref = seeded_inputs(config, ctx.rank, heap.device)
+            else:
+                A, B = inputs[i][0].to(heap.device), inputs[i][1].to(heap.device)
+                fused.check_inputs(A, B)
+                ref = reference.to(heap.device) if reference is not None else None
+            runs.append(dict(ctx=ctx, fused=fused, A=A, B=B, reference=ref if validate else None, diffs=[],
+                             events=[], dropped=0))
+        heaps = [ctx.heap for ctx in group]
+        if scale is None:
+            scale = input_scale(*seeded_globals(config))
         # Start together. The device clock as each rank leaves the barrier is its trace's time zero.
-        t_zero = heap.barrier(config.timeout_s)
-        diffs, seconds, events, dropped = [], [], [], 0
+        t_zero = barrier_all(heaps, config.timeout_s)
+        seconds = []
         for it in range(config.iterations):
             if config.trace and it > 0:
                 # Checking C and copying events out takes host time that differs per rank; without
                 # this the next iteration's trace would show a rank waiting for a late peer.
-                heap.barrier(config.timeout_s)
+                barrier_all(heaps, config.timeout_s)
             t0 = time.perf_counter()
-            C = fused(A, B)
-            heap.synchronize()
+            outs = [run["fused"](run["A"], run["B"], wait=False) for run in runs]
+            for run in runs:
+                run["fused"].check()
             seconds.append(time.perf_counter() - t0)
-            diff = float((C.to(reference.dtype) - reference).abs().max()) if reference is not None else None
-            diffs.append(diff)
-            if config.trace:
-                rows, lost = fused.events(it)
-                events.append(rows)
-                dropped += lost
-            _publish(dict(iteration=it + 1, max_abs_diff=diff, seconds=seconds[-1]))
-        out = RankResult(ctx.rank, diffs, seconds, tolerance(config), t_zero, dropped)
-        if events:
-            out.events = np.concatenate(events)
-        if return_c:
-            out.C = C.detach().to("cpu", copy=True)
-        return out
+            for run, C in zip(runs, outs):
+                ref = run["reference"]
+                diff = float((C.to(ref.dtype) - ref).abs().max()) if ref is not None else None
+                run["diffs"].append(diff)
+                run["C"] = C
+                if config.trace:
+                    rows, lost = run["fused"].events(it)
+                    run["events"].append(rows)
+                    run["dropped"] += lost
+            _publish({run["ctx"].rank: dict(iteration=it + 1, max_abs_diff=run["diffs"][-1], seconds=seconds[-1])
+                      for run in runs})
+        results = []
+        for run, t0_ns in zip(runs, t_zero):
+            ref = run["reference"]
+            peak = float(ref.abs().max()) if ref is not None and ref.numel() else 0.0
+            out = RankResult(run["ctx"].rank, run["diffs"], seconds, tolerance(config, scale, peak), t0_ns,
+                             run["dropped"])
+            if run["events"]:
+                out.events = np.concatenate(run["events"])
+            if return_c:
+                out.C = run["C"].detach().to("cpu", copy=True)
+            results.append(out)
+        return results
 
 
-def _median_ms(fn, reps, trials=5):
-    """Median over ``trials`` of the mean time of ``reps`` back-to-back calls, all ranks starting together."""
-    import torch.distributed as dist
-
+def _median_ms(fn, reps, one_process, trials=5):
+    """Median over ``trials`` of the mean time of ``reps`` back-to-back calls, all ranks starting together
+    (ranks in separate processes meet at a torch.distributed barrier first)."""
     times = []
     for _ in range(trials):
-        dist.barrier()
+        if not one_process:
+            import torch.distributed as dist
+
+            dist.barrier()
         torch.cuda.synchronize()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
@@ -170,37 +243,57 @@ def _median_ms(fn, reps, trials=5):
 
 @_errors_as_results
 def benchmark_rank(configs, reps=20, warmup=5, baseline=True):
-    """GPU timing on this rank, all in one process and run: each fused kernel (``config_dicts`` maps an
-    algorithm to its settings; validated before and after timing), then torch.matmul of the same per-rank
-    shapes, the NCCL all-reduce of C, and the two in sequence."""
-    import torch.distributed as dist
-
-    ctx = current()
-    heap = ctx.heap
-    if heap.device.type != "cuda":
+    """GPU timing on this engine's ranks, all in one run: each fused kernel (``configs`` maps an algorithm
+    to its RunConfig; validated before and after timing), then torch.matmul of the same per-rank shapes,
+    the NCCL all-reduce of C, and the two in sequence. One dict per hosted rank."""
+    group = local_ranks()
+    heaps = [ctx.heap for ctx in group]
+    shared = len(group) > 1
+    if heaps[0].device.type != "cuda":
         raise UsageError("timing against cuBLAS + NCCL needs the cuda backend")
+    if baseline and shared:
+        raise UsageError("the cuBLAS + NCCL baseline needs one GPU per rank; these ranks share a GPU "
+                         "(time the fused kernels alone, without --baseline)")
     configs = {alg: config.validate() for alg, config in configs.items()}
     base = next(iter(configs.values()))
-    A, B, reference = seeded_inputs(base, ctx.rank, heap.device)
-    out = dict(rank=ctx.rank, fused_ms={}, max_abs_diff={}, tolerance=tolerance(base))
+    inputs = [seeded_inputs(base, ctx.rank, ctx.heap.device) for ctx in group]
+    scale = input_scale(*seeded_globals(base))
+    outs = [dict(rank=ctx.rank, fused_ms={}, max_abs_diff={}, tolerance={}) for ctx in group]
     for algorithm, config in configs.items():
-        with heap.scope():
-            fused = FusedGemmAllReduce(heap, config)
-            heap.barrier()
-            diffs = [float((fused(A, B).float() - reference).abs().max()) for _ in range(2)]
+        with contextlib.ExitStack() as scopes:
+            fused = [FusedGemmAllReduce(scopes.enter_context(h.scope()), config) for h in heaps]
+
+            def launch_all():
+                return [f(A, B, wait=False) for f, (A, B, _) in zip(fused, inputs)]
+
+            def checked_diffs():
+                Cs = launch_all()
+                for f in fused:
+                    f.check()
+                return [float((C.float() - ref).abs().max()) for C, (_, _, ref) in zip(Cs, inputs)]
+
+            barrier_all(heaps)
+            diffs = [checked_diffs() for _ in range(2)]
             for _ in range(warmup):
-                fused(A, B, wait=False)
-            out["fused_ms"][algorithm] = _median_ms(lambda: fused(A, B, wait=False), reps)
-            fused.check()
-            diffs.append(float((fused(A, B).float() - reference).abs().max()))  # still right after timing
-            out["max_abs_diff"][algorithm] = max(diffs)
-            heap.barrier()
+                launch_all()
+            ms = _median_ms(launch_all, reps, one_process=shared)
+            for f in fused:
+                f.check()
+            diffs.append(checked_diffs())  # still right after timing
+            for i, out in enumerate(outs):
+                out["fused_ms"][algorithm] = ms
+                out["max_abs_diff"][algorithm] = max(d[i] for d in diffs)
+                out["tolerance"][algorithm] = tolerance(config, scale, float(inputs[i][2].abs().max()))
+            barrier_all(heaps)
     if baseline:
+        import torch.distributed as dist
+
+        (A, B, _), out = inputs[0], outs[0]
         C = A @ B
         for _ in range(warmup):
             torch.matmul(A, B, out=C)
             dist.all_reduce(C)
-        out["matmul_ms"] = _median_ms(lambda: torch.matmul(A, B, out=C), reps)
-        out["allreduce_ms"] = _median_ms(lambda: dist.all_reduce(C), reps)
-        out["sequential_ms"] = _median_ms(lambda: (torch.matmul(A, B, out=C), dist.all_reduce(C)), reps)
-    return out
+        out["matmul_ms"] = _median_ms(lambda: torch.matmul(A, B, out=C), reps, False)
+        out["allreduce_ms"] = _median_ms(lambda: dist.all_reduce(C), reps, False)
+        out["sequential_ms"] = _median_ms(lambda: (torch.matmul(A, B, out=C), dist.all_reduce(C)), reps, False)
+    return outs

@@ -1,7 +1,7 @@
 """The symmetric heap and its backends; ``create_heap`` is the one entry point the rank runtime uses."""
 
 from ...errors import UsageError
-from .base import ALIGN, DEFAULT_HEAP_BYTES, HEADER_BYTES, SymmetricHeap
+from .base import ALIGN, DEFAULT_HEAP_BYTES, HEADER_BYTES, SymmetricHeap, barrier_all
 from .cpu import remove_arenas, shm_dir
 
 BACKEND_NAMES = ("cpu", "cuda", "iris")
@@ -24,4 +24,5 @@ def create_heap(backend, rank, world_size, size, cluster_id, timeout_s=60.0):
     raise UsageError(f"backend {backend!r} is not known: use cpu, cuda or iris")
 
 
-__all__ = ["ALIGN", "BACKEND_NAMES", "DEFAULT_HEAP_BYTES", "HEADER_BYTES", "SymmetricHeap", "create_heap", "remove_arenas", "shm_dir"]
+__all__ = ["ALIGN", "BACKEND_NAMES", "DEFAULT_HEAP_BYTES", "HEADER_BYTES", "SymmetricHeap", "barrier_all", "create_heap",
+           "remove_arenas", "shm_dir"]

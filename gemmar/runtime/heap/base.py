@@ -18,6 +18,7 @@ Backends differ only in how arenas are made and mapped:
 """
 
 import contextlib
+import time
 
 import torch
 
@@ -90,6 +91,15 @@ class SymmetricHeap:
     def synchronize(self):
         """Wait for this rank's device work (no-op on cpu)."""
 
+    def on_stream(self):
+        """The context this rank's launches run in. On GPUs each rank has its own stream, so that ranks
+        sharing a GPU run at the same time; on cpu there is nothing to choose."""
+        return contextlib.nullcontext()
+
+    def delay(self, seconds):
+        """Hold this rank back before its next launch (a straggler, for stress tests)."""
+        time.sleep(seconds)
+
     def barrier(self, timeout_s=None, wait=True):
         """All ranks meet here; returns ``now()`` (device clock, ns) as this rank left.
 
@@ -103,12 +113,17 @@ class SymmetricHeap:
             self.synchronize()
         self._barriers += 1
         timeout_ns = int((timeout_s or self.timeout_s) * 1e9)
-        barrier_kernel[(1,)](self._barrier_counter, self._barrier_watchdog, self._barrier_exit, self.heap_bases,
-                             self.rank, self._barriers * self.world_size, timeout_ns)
+        with self.on_stream():
+            barrier_kernel[(1,)](self._barrier_counter, self._barrier_watchdog, self._barrier_exit,
+                                 self.heap_bases, self.rank, self._barriers * self.world_size, timeout_ns)
         if wait:
             self.synchronize()
             self.check_barrier()
-            return int(self._barrier_exit.item())
+            return self.barrier_exit_ns()
+
+    def barrier_exit_ns(self):
+        """``now()`` as this rank last left the barrier (after a synchronize)."""
+        return int(self._barrier_exit.item())
 
     def check_barrier(self):
         self.raise_if_expired(self._barrier_watchdog)
@@ -122,3 +137,17 @@ class SymmetricHeap:
     def close(self):
         self.arena = None
         self.heap_bases = None
+
+
+def barrier_all(heaps, timeout_s=None):
+    """The barrier for every rank this process hosts (one, or several sharing a GPU): enqueue each rank's
+    part first, then wait for all; a rank that waited on its own would hold back the others' launches.
+    Returns each rank's exit time (ns)."""
+    for heap in heaps:
+        heap.synchronize()
+    for heap in heaps:
+        heap.barrier(timeout_s, wait=False)
+    for heap in heaps:
+        heap.synchronize()
+        heap.check_barrier()
+    return [heap.barrier_exit_ns() for heap in heaps]

@@ -1,9 +1,17 @@
-"""The cuda backend of the symmetric heap: torch symmetric memory, one process (engine) per GPU.
+"""The cuda backend of the symmetric heap, in two layouts.
 
+**One GPU per rank** (``CudaHeap.create``): torch symmetric memory, one process (engine) per GPU.
 ``symm_mem.empty`` allocates this rank's arena so that peers can map it; ``rendezvous`` exchanges the
 handles and gives every peer arena's address in this process (``buffer_ptrs``): exactly the heap bases
 the device API needs. torch.distributed (NCCL) is initialised once per engine over a file store, and is
 also what the benchmark's NCCL all-reduce baseline uses.
+
+**Ranks sharing one GPU** (``CudaHeap.create_shared``): one process hosts every rank; each rank's arena
+is a plain allocation on the same GPU, so the heap bases are simply their addresses. Each rank launches
+on its own stream: kernels of different streams run at the same time, which the spin-waits between
+ranks need (kernels of different *processes* on one GPU would take turns, and a waiting rank would hold
+the GPU from the rank it waits for). The bytes between ranks then move through the GPU's own memory,
+not NVLink: correct and concurrent, but no measure of multi-GPU speed.
 """
 
 import os
@@ -51,5 +59,32 @@ class CudaHeap(SymmetricHeap):
         heap.barrier()
         return heap
 
+    @classmethod
+    def create_shared(cls, world_size, size, timeout_s=60.0, device=0):
+        """Every rank's heap on one GPU, in this process: a list indexed by rank."""
+        if not torch.cuda.is_available():
+            raise UsageError("backend cuda needs a GPU; this machine has none")
+        device = torch.device("cuda", device)
+        torch.cuda.set_device(device)
+        arenas = [torch.zeros(size, dtype=torch.uint8, device=device) for _ in range(world_size)]
+        bases = [a.data_ptr() for a in arenas]
+        torch.cuda.synchronize(device)
+        return [cls(r, world_size, arena, torch.tensor(bases, dtype=torch.int64, device=device), device, timeout_s)
+                for r, arena in enumerate(arenas)]
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.stream = torch.cuda.Stream(self.device)
+
+    def on_stream(self):
+        return torch.cuda.stream(self.stream)
+
+    def delay(self, seconds):
+        from ...kernels.barrier import spin_kernel
+
+        with self.on_stream():
+            spin_kernel[(1,)](int(seconds * 1e9))
+
     def synchronize(self):
+        # The whole device: setup work (zeroing buffers) runs on the default stream, launches on ours.
         torch.cuda.synchronize(self.device)
