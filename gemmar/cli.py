@@ -14,7 +14,7 @@ import sys
 from .config import ALGORITHMS, BACKENDS, DTYPES, RunConfig, tuned_defaults
 from .errors import ClusterError, DeadlockError, GemmarError, RankDiedError, UsageError
 from .report import log, print_figures
-from .runtime.engines import gpu_properties, resolve_backend
+from .runtime.engines import gpu_properties, resolve_backend, shares_gpu
 from .runtime.launch import heap_bytes_needed
 
 
@@ -39,17 +39,27 @@ def _bench_parser(sub):
     p.add_argument("--BLK_N", type=int, help=tuned)
     p.add_argument("--BLK_K", type=int, help=tuned)
     p.add_argument("--gsize_m", type=int, help="GROUP_SIZE_M of the tile swizzle; " + tuned)
-    p.add_argument("--num_sms", type=int, help="persistent programs per rank; " + tuned)
+    p.add_argument("--num_sms", type=int, help="persistent GEMM programs per rank; " + tuned)
+    p.add_argument("--comm_sms", type=int, help="two_shot: communication programs per rank, besides the GEMM's; "
+                                                + tuned)
+    p.add_argument("--out_dtype", choices=list(DTYPES), help="dtype of C (default: fp32 for atomics and ring, "
+                                                             "which sum in C; the input dtype for two_shot)")
+    p.add_argument("--wire_dtype", choices=list(DTYPES), help="two_shot: dtype of the partial tiles sent between "
+                                                              "ranks (default: the input dtype)")
     p.add_argument("--num_warps", type=int, help="GPU only; " + tuned)
     p.add_argument("--num_stages", type=int, help="GPU only; " + tuned)
-    p.add_argument("-r", "--num_ranks", type=int, default=2, help="ranks = ipyparallel engines (default 2)")
-    p.add_argument("--backend", choices=BACKENDS, default="auto", help="auto: cuda when GPUs are present, else cpu")
+    p.add_argument("-r", "--num_ranks", type=int, default=2,
+                   help="ranks = ipyparallel engines; with more ranks than GPUs, one engine runs them all on GPU 0, "
+                        "each on its own stream (default 2)")
+    p.add_argument("--backend", choices=BACKENDS, default="auto",
+                   help="auto: cuda when an NVIDIA GPU is present (shared by the ranks if there are fewer GPUs "
+                        "than ranks), else cpu")
     p.add_argument("--iterations", type=int, default=1, help="back-to-back launches, each checked with -v")
     p.add_argument("-v", "--validate", action="store_true", help="check every rank's C after every iteration")
     p.add_argument("-b", "--benchmark", action="store_true", help="print timings")
     p.add_argument("--baseline", action="store_true",
-                   help="with -b on GPUs: time both fused kernels, torch.matmul, the NCCL all-reduce of C and the "
-                        "two in sequence, in one run, and print the ratios")
+                   help="with -b on GPUs, one per rank: time every fused kernel, torch.matmul, the NCCL all-reduce "
+                        "of C and the two in sequence, in one run, and print the ratios")
     p.add_argument("--reps", type=int, default=20, help="timed repetitions per measurement with --baseline")
     p.add_argument("-t", "--trace_tiles", action="store_true", help="record per-tile events on every rank")
     p.add_argument("--output_file", help="write a JSON report (and, with -t, <stem>.trace.json beside it)")
@@ -61,12 +71,19 @@ def _bench_parser(sub):
 
 
 def config_from_args(args, backend, algorithm=None):
-    algorithm = algorithm or args.algorithm
-    defaults = tuned_defaults(backend, algorithm, *gpu_properties(backend))
+    """The run's RunConfig; with ``algorithm`` (the --baseline comparison), the same run for that algorithm,
+    leaving out the dtype flags it does not take."""
+    strict, algorithm = algorithm is None, algorithm or args.algorithm
+    name, capability, sms = gpu_properties(backend)
+    if shares_gpu(backend, args.num_ranks):
+        sms //= args.num_ranks   # the ranks' programs must all be resident on the one GPU at once
+    defaults = tuned_defaults(backend, algorithm, name, capability, sms)
     knobs = {k: getattr(args, k) if getattr(args, k) is not None else v for k, v in defaults.items()}
+    takes_dtypes = strict or algorithm == "two_shot"
     return RunConfig(m=args.m, n=args.n, k=args.k, datatype=args.datatype, algorithm=algorithm,
                      world_size=args.num_ranks, iterations=args.iterations, timeout_s=args.timeout,
-                     trace=args.trace_tiles, seed=args.seed, **knobs).validate()
+                     trace=args.trace_tiles, seed=args.seed, out_dtype=args.out_dtype if takes_dtypes else None,
+                     wire_dtype=args.wire_dtype if takes_dtypes else None, **knobs).validate()
 
 
 def cmd_bench(args):
@@ -80,6 +97,9 @@ def cmd_bench(args):
     config = config_from_args(args, backend)
     if args.baseline and backend != "cuda":
         raise UsageError(f"--baseline needs the cuda backend (NCCL and cuBLAS); this run's backend is {backend}")
+    if args.baseline and shares_gpu(backend, args.num_ranks):
+        raise UsageError(f"--baseline needs one GPU per rank (NCCL between GPUs); {args.num_ranks} ranks share "
+                         f"this machine's GPU: time the fused kernels alone with -b")
     W = config.world_size
     log("-", W, f"starting {W} ipyparallel engine(s) as ranks 0..{W - 1}")
     figures = None
@@ -90,7 +110,7 @@ def cmd_bench(args):
                     f"torch {cluster.info[0]['torch']}, triton {cluster.info[0]['triton']}")
         result = cluster.bench(config, validate=args.validate, verbose=True)
         if args.baseline:
-            log("-", W, f"timing both fused kernels and the unfused baseline ({args.reps} reps, median of 5)")
+            log("-", W, f"timing every fused kernel and the unfused baseline ({args.reps} reps, median of 5)")
             configs = {alg: config_from_args(args, backend, alg) for alg in ALGORITHMS}
             figures = cluster.compare_to_unfused(configs, reps=args.reps)
             print_figures(figures, configs, W)

@@ -54,6 +54,27 @@ def gemm_operands(A, B, config, device):
             TensorDescriptor.from_tensor(B, [config.BLK_K, config.BLK_N]), True)
 
 
+def check_co_resident(compiled, config, heap):
+    """Ranks that share a GPU spin on each other's flags, so all their programs must be on the GPU at once;
+    a grid that cannot be is refused here, before it could hang. Residency per SM is limited by threads,
+    registers and shared memory, read from the compiled kernel."""
+    compiled._init_handles()   # loads the binary, which fills in its register count
+    props = torch.cuda.get_device_properties(heap.device)
+    threads = compiled.metadata.num_warps * 32
+    registers = -(-compiled.n_regs // 8) * 8 * threads
+    shared = compiled.metadata.shared + 1024   # the driver reserves 1 KB of shared memory per program
+    shared_per_sm = getattr(props, "shared_memory_per_multiprocessor", 228 << 10)
+    per_sm = min(props.max_threads_per_multi_processor // threads,
+                 getattr(props, "regs_per_multiprocessor", 65536) // max(registers, 1), shared_per_sm // shared)
+    slots, needed = per_sm * props.multi_processor_count, heap.ranks_on_device * config.programs
+    if needed > slots:
+        raise UsageError(f"{heap.ranks_on_device} ranks x {config.programs} programs = {needed} programs cannot all "
+                         f"be resident on one {props.name} ({props.multi_processor_count} SMs x {per_sm} of these "
+                         f"programs each: {compiled.n_regs} registers x {threads} threads, {compiled.metadata.shared} "
+                         f"B shared memory), and ranks sharing a GPU wait on each other: use at most "
+                         f"{slots // heap.ranks_on_device} programs per rank (num_sms + comm_sms)")
+
+
 class FusedGemmAllReduce:
     def __init__(self, heap, config: RunConfig, mistake="none"):
         config.validate()
@@ -134,28 +155,30 @@ class FusedGemmAllReduce:
         grid = (cfg.programs,)
         if cfg.algorithm == "two_shot":
             out = self.c
-            two_shot.gemm_all_reduce_two_shot[grid](
+            kernel, args, kwargs = two_shot.gemm_all_reduce_two_shot, (
                 A, B, self.c, self.partials, self.partial_ready, self.result_ready, self.watchdog, heap.heap_bases,
                 heap.rank, heap.world_size, self.launches, cfg.m, cfg.n, K_r, *strides, int(cfg.timeout_s * 1e9),
-                self.trace, self.trace_counts, COMM_SMS=cfg.comm_sms, MISTAKE=self.mistake, PEER_CACHE=peer_cache,
-                FLATTEN=heap.device.type == "cuda", **common)
-            self.launches += 1
+                self.trace, self.trace_counts), dict(COMM_SMS=cfg.comm_sms, MISTAKE=self.mistake,
+                                                     PEER_CACHE=peer_cache, FLATTEN=heap.device.type == "cuda")
         elif cfg.algorithm == "atomics":
-            parity = self.launches % 2
-            out = self.c_pair[parity]
-            gemm_all_reduce_atomics[grid](
-                A, B, self.c_pair, heap.heap_bases, heap.rank, heap.world_size, parity,
-                cfg.m, cfg.n, K_r, *strides, self.trace, self.trace_counts, **common)
-            self.launches += 1
-            # Remote adds into our C may still be in flight from other ranks until all have finished.
-            heap.barrier(cfg.timeout_s, wait=wait)
+            out = self.c_pair[self.launches % 2]
+            kernel, args, kwargs = gemm_all_reduce_atomics, (
+                A, B, self.c_pair, heap.heap_bases, heap.rank, heap.world_size, self.launches % 2,
+                cfg.m, cfg.n, K_r, *strides, self.trace, self.trace_counts), {}
         else:
             out = self.c
-            ring.gemm_all_reduce_ring[grid](
+            kernel, args, kwargs = ring.gemm_all_reduce_ring, (
                 A, B, self.c, self.ring_buffer, self.data_ready, self.slot_free, self.watchdog, heap.heap_bases,
                 heap.rank, heap.world_size, self.launches, cfg.m, cfg.n, K_r, *strides, int(cfg.timeout_s * 1e9),
-                self.trace, self.trace_counts, MISTAKE=self.mistake, SLOT_CACHE=peer_cache, **common)
-            self.launches += 1
+                self.trace, self.trace_counts), dict(MISTAKE=self.mistake, SLOT_CACHE=peer_cache)
+        kwargs.update(common)
+        if heap.ranks_on_device > 1 and not self.launches:
+            check_co_resident(kernel.warmup(*args, grid=grid, **kwargs), cfg, heap)
+        kernel[grid](*args, **kwargs)
+        self.launches += 1
+        if cfg.algorithm == "atomics":
+            # Remote adds into our C may still be in flight from other ranks until all have finished.
+            heap.barrier(cfg.timeout_s, wait=wait)
         if wait:
             self.check()
         return out

@@ -41,6 +41,7 @@ class SymmetricHeap:
         self.heap_bases = heap_bases         # int64 tensor on `device`: every arena, as this process sees it
         self.size = arena.numel()
         self.timeout_s = timeout_s
+        self.ranks_on_device = 1             # how many ranks share this rank's GPU (all of them, or just one)
         misaligned = [b for b in heap_bases.tolist() if b % ALIGN]
         if misaligned:  # device.translate relies on heaps starting on ALIGN-byte boundaries
             raise ClusterError(f"rank {rank}: heap bases {misaligned} are not {ALIGN}-byte aligned")

@@ -69,8 +69,11 @@ class CudaHeap(SymmetricHeap):
         arenas = [torch.zeros(size, dtype=torch.uint8, device=device) for _ in range(world_size)]
         bases = [a.data_ptr() for a in arenas]
         torch.cuda.synchronize(device)
-        return [cls(r, world_size, arena, torch.tensor(bases, dtype=torch.int64, device=device), device, timeout_s)
-                for r, arena in enumerate(arenas)]
+        heaps = [cls(r, world_size, arena, torch.tensor(bases, dtype=torch.int64, device=device), device, timeout_s)
+                 for r, arena in enumerate(arenas)]
+        for heap in heaps:
+            heap.ranks_on_device = world_size
+        return heaps
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
