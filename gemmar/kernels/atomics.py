@@ -24,7 +24,7 @@ from .events import PUSH, STORE, finish_trace, record, stamp
 from .gemm import tile_offsets, traced_gemm_tile
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["rank", "parity"])
 def gemm_all_reduce_atomics(
         A, B, C_pair, heap_bases, rank, world_size, parity,
         M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,

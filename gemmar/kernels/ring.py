@@ -42,7 +42,7 @@ MISTAKES = ("none", "forward_accumulator", "skip_slot_free_wait", "wait_for_miss
 NO_MISTAKE, FORWARD_ACCUMULATOR, SKIP_SLOT_FREE_WAIT, WAIT_FOR_MISSING_MESSAGE = (tl.constexpr(i) for i in range(4))
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["rank", "epoch", "timeout_ns"])
 def gemm_all_reduce_ring(
         A, B, C, ring_buffer, data_ready, slot_free, watchdog, heap_bases, rank, world_size, epoch,
         M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn, timeout_ns,

@@ -55,7 +55,7 @@ MISTAKES = ("none", "skip_partial_wait")
 NO_MISTAKE, SKIP_PARTIAL_WAIT = (tl.constexpr(i) for i in range(2))
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["rank", "epoch", "timeout_ns"])
 def gemm_all_reduce_two_shot(
         A, B, C, partials, partial_ready, result_ready, watchdog, heap_bases, rank, world_size, epoch,
         M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn, timeout_ns,

@@ -139,10 +139,40 @@ class FusedGemmAllReduce:
         with self.heap.on_stream():
             return self._launch(A, B, wait)
 
+    def prepare(self, A, B):
+        """GPU: compile and load this launch's kernel before any rank launches. Ranks that share a GPU
+        must never compile or load a kernel while another rank's kernel spins (loading a module can wait
+        for the kernels already running); call this for every rank first. Also refuses a grid whose
+        programs could not all be resident at once."""
+        if self.heap.device.type != "cuda":
+            return
+        self.check_inputs(A, B)
+        with self.heap.on_stream():
+            kernel, grid, args, kwargs, _ = self._kernel_call(A, B)
+            compiled = kernel.warmup(*args, grid=grid, **kwargs)
+            compiled._init_handles()
+            if self.heap.ranks_on_device > 1:
+                check_co_resident(compiled, self.config, self.heap)
+            if self.config.delay_rank == self.heap.rank and self.config.delay_us > 0:
+                self.heap.delay(0)
+
     def _launch(self, A, B, wait):
         cfg, heap = self.config, self.heap
         if cfg.delay_rank == heap.rank and cfg.delay_us > 0:
             heap.delay(self.delays.uniform(0.5, 1.0) * cfg.delay_us * 1e-6)
+        kernel, grid, args, kwargs, out = self._kernel_call(A, B)
+        kernel[grid](*args, **kwargs)
+        self.launches += 1
+        if cfg.algorithm == "atomics":
+            # Remote adds into our C may still be in flight from other ranks until all have finished.
+            heap.barrier(cfg.timeout_s, wait=wait)
+        if wait:
+            self.check()
+        return out
+
+    def _kernel_call(self, A, B):
+        """(kernel, grid, args, kwargs, C) of this rank's next launch."""
+        cfg, heap = self.config, self.heap
         K_r, (A_ptr, B_ptr) = A.shape[1], (A, B)
         A, B, tma = gemm_operands(A, B, cfg, heap.device)
         common = dict(BLOCK_M=cfg.BLK_M, BLOCK_N=cfg.BLK_N, BLOCK_K=cfg.BLK_K, GROUP_SIZE_M=cfg.gsize_m,
@@ -172,16 +202,7 @@ class FusedGemmAllReduce:
                 heap.rank, heap.world_size, self.launches, cfg.m, cfg.n, K_r, *strides, int(cfg.timeout_s * 1e9),
                 self.trace, self.trace_counts), dict(MISTAKE=self.mistake, SLOT_CACHE=peer_cache)
         kwargs.update(common)
-        if heap.ranks_on_device > 1 and not self.launches:
-            check_co_resident(kernel.warmup(*args, grid=grid, **kwargs), cfg, heap)
-        kernel[grid](*args, **kwargs)
-        self.launches += 1
-        if cfg.algorithm == "atomics":
-            # Remote adds into our C may still be in flight from other ranks until all have finished.
-            heap.barrier(cfg.timeout_s, wait=wait)
-        if wait:
-            self.check()
-        return out
+        return kernel, grid, args, kwargs, out
 
     def check(self):
         """Wait for this rank's work; raise DeadlockError if a wait (or the barrier) expired."""
