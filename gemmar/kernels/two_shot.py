@@ -125,7 +125,7 @@ def gemm_all_reduce_two_shot(
         # own reductions. (Under the interpreter every reduction of this rank has then run before any of
         # its waits, which is what keeps the ranks from waiting on each other in a circle there.)
         # The j-th tile not owned by us is tile (j // (W-1)) * W + j % (W-1), stepping over our own.
-        others = world_size - 1
+        others = tl.maximum(world_size - 1, 1)   # with one rank there is nothing to wait for (the loop is empty)
         last = c == COMM_SMS - 1
         for j in range(0, tl.where(last, total_tiles - owned, 0)):
             within = j % others
