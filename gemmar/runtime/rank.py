@@ -223,9 +223,11 @@ def run_gemm_all_reduce(config, inputs=None, reference=None, scale=None, mistake
         return results
 
 
-def _median_ms(fn, reps, one_process, trials=5):
+def _median_ms(fn, reps, streams=(), one_process=False, trials=5):
     """Median over ``trials`` of the mean time of ``reps`` back-to-back calls, all ranks starting together
-    (ranks in separate processes meet at a torch.distributed barrier first)."""
+    (ranks in separate processes meet at a torch.distributed barrier first). The events are on the default
+    stream; ``streams`` (the ranks' own, where their kernels run) start after the first event and must
+    finish before the last."""
     times = []
     for _ in range(trials):
         if not one_process:
@@ -235,8 +237,14 @@ def _median_ms(fn, reps, one_process, trials=5):
         torch.cuda.synchronize()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
+        for stream in streams:
+            stream.wait_event(start)
         for _ in range(reps):
             fn()
+        for stream in streams:
+            done = torch.cuda.Event()
+            done.record(stream)
+            torch.cuda.current_stream().wait_event(done)
         end.record()
         torch.cuda.synchronize()
         times.append(start.elapsed_time(end) / reps)
@@ -280,7 +288,7 @@ def benchmark_rank(configs, reps=20, warmup=5, baseline=True):
             diffs = [checked_diffs() for _ in range(2)]
             for _ in range(warmup):
                 launch_all()
-            ms = _median_ms(launch_all, reps, one_process=shared)
+            ms = _median_ms(launch_all, reps, [h.stream for h in heaps], one_process=shared)
             for f in fused:
                 f.check()
             diffs.append(checked_diffs())  # still right after timing
@@ -297,7 +305,7 @@ def benchmark_rank(configs, reps=20, warmup=5, baseline=True):
         for _ in range(warmup):
             torch.matmul(A, B, out=C)
             dist.all_reduce(C)
-        out["matmul_ms"] = _median_ms(lambda: torch.matmul(A, B, out=C), reps, False)
-        out["allreduce_ms"] = _median_ms(lambda: dist.all_reduce(C), reps, False)
-        out["sequential_ms"] = _median_ms(lambda: (torch.matmul(A, B, out=C), dist.all_reduce(C)), reps, False)
+        out["matmul_ms"] = _median_ms(lambda: torch.matmul(A, B, out=C), reps)
+        out["allreduce_ms"] = _median_ms(lambda: dist.all_reduce(C), reps)
+        out["sequential_ms"] = _median_ms(lambda: (torch.matmul(A, B, out=C), dist.all_reduce(C)), reps)
     return outs
