@@ -44,13 +44,17 @@ SCRIPT = textwrap.dedent('''
                    "trace": "*i64", "trace_counts": "*i64"}, dict(tiles, TMA=False, FLATTEN=True))
             # two_shot as the launcher runs it on Hopper: A and B as TMA tensor descriptors, flattened loops.
             descriptors = {"A": f"tensordesc<{dtype}[128, 64]>", "B": f"tensordesc<{dtype}[64, 256]>"}
-            build(two_shot.gemm_all_reduce_two_shot,
-                  {**descriptors, "C": "*" + dtype, "partials": "*" + dtype, "partial_ready": "*i32",
-                   "result_ready": "*i32", "watchdog": "*i64", "heap_bases": "*i64", "rank": "i32",
-                   "world_size": "i32", "epoch": "i32", **{k: "i32" for k in ints}, "timeout_ns": "i64",
+            build(two_shot.two_shot_gemm,
+                  {**descriptors, "partials": "*" + dtype, "partial_ready": "*i32", "heap_bases": "*i64",
+                   "rank": "i32", "world_size": "i32", **{k: "i32" for k in ints[:7]}, "trace": "*i64",
+                   "trace_counts": "*i64"}, dict(tiles, BLOCK_N=256, NUM_SMS=116, TMA=True, FLATTEN=True))
+            build(two_shot.two_shot_reduce,
+                  {"C": "*" + dtype, "partials": "*" + dtype, "partial_ready": "*i32", "result_ready": "*i32",
+                   "watchdog": "*i64", "heap_bases": "*i64", "rank": "i32", "world_size": "i32", "epoch": "i32",
+                   "M": "i32", "N": "i32", "stride_cm": "i32", "stride_cn": "i32", "timeout_ns": "i64",
                    "trace": "*i64", "trace_counts": "*i64"},
-                  dict(tiles, BLOCK_N=256, NUM_SMS=116, COMM_SMS=16, MISTAKE=0, PEER_CACHE=".cg", TMA=True,
-                       FLATTEN=True))
+                  dict(BLOCK_M=128, BLOCK_N=256, GROUP_SIZE_M=8, COMM_SMS=16, TRACE_CAPACITY=cap, MISTAKE=0,
+                       PEER_CACHE=".cg"))
     build(barrier.barrier_kernel, {"counter": "*i64", "watchdog": "*i64", "exit_time": "*i64", "heap_bases": "*i64", "rank": "i32",
                                    "target": "i64", "timeout_ns": "i64"}, {})
 ''')
@@ -63,9 +67,9 @@ def test_kernels_compile_for_hopper():
         pytest.skip("this Triton wheel carries no ptxas, so it cannot compile for NVIDIA here")
     assert p.returncode == 0, p.stderr[-3000:]
     lines = [l.split() for l in p.stdout.splitlines()]
-    assert len(lines) == 2 * 2 * 4 + 1   # dtypes x tracing off/on x kernels, and the barrier
+    assert len(lines) == 2 * 2 * 5 + 1   # dtypes x tracing off/on x kernels, and the barrier
     for name, capacity, has_timer, cubin_bytes in lines:
         assert int(cubin_bytes) > 0
         # The GPU timer is in the code exactly when tracing is on (and always in the barrier's watchdog).
-        if name not in ("barrier_kernel", "gemm_all_reduce_ring", "gemm_all_reduce_two_shot"):
+        if name not in ("barrier_kernel", "gemm_all_reduce_ring", "two_shot_reduce"):   # these wait: watchdog clock
             assert has_timer == str(capacity == "64")

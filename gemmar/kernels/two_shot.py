@@ -5,9 +5,13 @@ Every rank computes a partial of every output tile (its K-slice). Tile ``t`` is 
 That is a reduce-scatter followed by an all-gather, one tile at a time, which moves each element over the
 links ``2 (W - 1) / W`` times in the wire dtype, as NCCL's ring all-reduce does.
 
-The launch has two kinds of programs:
+A launch is two kernels, which run at the same time on two streams of the rank (one after the other under
+the interpreter, the GEMM first). Two kernels rather than one with two kinds of programs, because the
+compiler gives every program of a kernel the registers of its hungriest path, and a GEMM program that
+shares a kernel with the reduction measured three times slower on an H200.
 
-- **GEMM programs** (``pid < NUM_SMS``), the persistent GEMM: for each tile ``pid, pid + NUM_SMS, ...``
+- **GEMM programs** (``two_shot_gemm``, ``NUM_SMS`` of them), the persistent GEMM: for each tile
+  ``pid, pid + NUM_SMS, ...``
 
   1. compute the partial tile (fp32 accumulator);
   2. store it into ``partials[tile]`` on this rank's *own* heap, in the wire dtype (the input dtype by
@@ -15,7 +19,7 @@ The launch has two kinds of programs:
   3. release-add 1 to ``partial_ready[tile]`` in the owner's heap, after a block-wide barrier so the
      count can never be seen before the data. Then go straight on to the next tile: nothing to wait for.
 
-- **communication programs** (``NUM_SMS <= pid < NUM_SMS + COMM_SMS``), for the tiles this rank owns:
+- **communication programs** (``two_shot_reduce``, ``COMM_SMS`` of them), for the tiles this rank owns:
 
   4. acquire-wait until ``partial_ready[tile] >= W * (epoch + 1)``: every rank has published launch
      ``epoch``'s partial (the counter only grows, by W per launch, so no host reset is ever needed);
@@ -29,15 +33,15 @@ The launch has two kinds of programs:
   7. acquire-wait until ``result_ready[tile] >= epoch + 1``, so that the launch ends only when this
      rank's C is complete.
 
-Why back-to-back launches are safe without a barrier: a rank starts launch ``e + 1`` only after its launch
-``e`` has ended, i.e. after every owner has written every tile into its C (step 7), which every owner does
-only after reading all of launch ``e``'s partials (step 5). So when a rank overwrites ``partials`` in
-launch ``e + 1``, nobody still needs launch ``e``'s.
+Why back-to-back launches are safe without a barrier: a rank's GEMM of launch ``e + 1`` starts only after
+its reduction of launch ``e`` has ended (the launcher orders the two streams so), i.e. after every owner
+has written every tile into its C (step 7), which every owner does only after reading all of launch
+``e``'s partials (step 5). So when a rank overwrites ``partials`` in launch ``e + 1``, nobody still needs
+launch ``e``'s.
 
 Why it cannot deadlock on a GPU: GEMM programs wait for nothing, so they always finish; communication
 programs only wait for GEMM programs (of any rank) and for owners' communication programs. Under the
-Triton interpreter, which runs the programs of a launch one after another, the communication programs are
-the last program ids, so each rank's GEMM programs have all run before its first wait.
+Triton interpreter each rank's GEMM kernel has run to the end before its reduction starts.
 
 ``MISTAKE`` turns on a teaching bug: 1 reads the partials without waiting for ``partial_ready``, so a
 late rank's partial is read before it is written.
@@ -55,85 +59,95 @@ MISTAKES = ("none", "skip_partial_wait")
 NO_MISTAKE, SKIP_PARTIAL_WAIT = (tl.constexpr(i) for i in range(2))
 
 
-@triton.jit(do_not_specialize=["rank", "epoch", "timeout_ns"])
-def gemm_all_reduce_two_shot(
-        A, B, C, partials, partial_ready, result_ready, watchdog, heap_bases, rank, world_size, epoch,
-        M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn, timeout_ns,
-        trace, trace_counts,
+@triton.jit
+def two_shot_gemm(
+        A, B, partials, partial_ready, heap_bases, rank, world_size, M, N, K, stride_am, stride_ak, stride_bk,
+        stride_bn, trace, trace_counts,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_SIZE_M: tl.constexpr,
-        NUM_SMS: tl.constexpr, COMM_SMS: tl.constexpr, DOT_PRECISION: tl.constexpr,
-        TRACE_CAPACITY: tl.constexpr, MISTAKE: tl.constexpr, PEER_CACHE: tl.constexpr, EVEN_K: tl.constexpr,
+        NUM_SMS: tl.constexpr, DOT_PRECISION: tl.constexpr, TRACE_CAPACITY: tl.constexpr, EVEN_K: tl.constexpr,
         TMA: tl.constexpr, FLATTEN: tl.constexpr):
+    """The GEMM programs: compute each tile, publish it, move on (steps 1-3)."""
     pid = tl.program_id(0)
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
-    total_tiles = num_pid_m * num_pid_n
     # A partial slot is a dense BLOCK_M x BLOCK_N tile; edge tiles carry padding that is never stored in C.
     slot_offsets = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
     n_events = tl.zeros((), tl.int32)
-    if pid < NUM_SMS:
-        # ---- GEMM program: compute, publish, move on. ----
-        for tile_id in tl.range(pid, total_tiles, NUM_SMS, flatten=FLATTEN):
-            acc, pid_m, pid_n, n_events = traced_gemm_tile(
-                A, B, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, tile_id, num_pid_m, num_pid_n, trace,
-                n_events, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_SIZE_M, DOT_PRECISION, EVEN_K, TMA, TRACE_CAPACITY)
-            t_publish = stamp(TRACE_CAPACITY)
-            owner = tile_id % world_size
-            # 2. Our partial of this tile, into our own heap.
-            tl.store(partials + tl.cast(tile_id, tl.int64) * (BLOCK_M * BLOCK_N) + slot_offsets,
-                     acc.to(partials.dtype.element_ty))
-            # 3. Count it in at the owner: release, after every thread's store.
-            tl.debug_barrier()
-            device.atomic_add(partial_ready + tile_id, 1, rank, owner, heap_bases, sem="release", scope="sys")
-            n_events = record(trace, n_events, PUBLISH, tile_id, pid_m, pid_n, 0, owner, t_publish,
-                              stamp(TRACE_CAPACITY), TRACE_CAPACITY)
-    else:
-        # ---- Communication program c: reduce the tiles we own, then wait for the ones we don't. ----
-        c = pid - NUM_SMS
-        owned = tl.maximum(total_tiles - rank + world_size - 1, 0) // world_size
-        for j in range(c, owned, COMM_SMS):
-            tile_id = rank + j * world_size
-            pid_m, pid_n = tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_SIZE_M)
-            # 4. Every rank's partial of launch `epoch` is in.
-            t_wait = stamp(TRACE_CAPACITY)
-            if MISTAKE != SKIP_PARTIAL_WAIT:
-                device.wait_at_least(partial_ready + tile_id, world_size * (epoch + 1), timeout_ns, watchdog,
-                                     rank, tile_id, PARTIAL_READY_FLAG, tile_id)
-            tl.debug_barrier()  # every thread reads the partials only after the acquire above
-            t_reduce = stamp(TRACE_CAPACITY)
-            n_events = record(trace, n_events, PARTIAL_WAIT, tile_id, pid_m, pid_n, 0, -1, t_wait, t_reduce,
-                              TRACE_CAPACITY)
-            # 5. Sum the partials in rank order, in fp32.
-            slot = partials + tl.cast(tile_id, tl.int64) * (BLOCK_M * BLOCK_N) + slot_offsets
-            total = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
-            for source in range(world_size):
-                total += tl.load(device.translate(slot, rank, source, heap_bases),
-                                 cache_modifier=PEER_CACHE).to(tl.float32)
-            t_send = stamp(TRACE_CAPACITY)
-            n_events = record(trace, n_events, REDUCE, tile_id, pid_m, pid_n, 0, -1, t_reduce, t_send,
-                              TRACE_CAPACITY)
-            # 6. The sum, in C's dtype, into every rank's C (ours first); then tell each peer.
-            offsets, mask = tile_offsets(pid_m, pid_n, M, N, stride_cm, stride_cn, BLOCK_M, BLOCK_N)
-            result = total.to(C.dtype.element_ty)
-            for step in range(world_size):
-                device.store(C + offsets, result, rank, (rank + step) % world_size, heap_bases, mask=mask)
-            for step in range(1, world_size):
-                device.signal(result_ready + tile_id, epoch + 1, rank, (rank + step) % world_size, heap_bases)
-            n_events = record(trace, n_events, BROADCAST, tile_id, pid_m, pid_n, 0, -1, t_send,
-                              stamp(TRACE_CAPACITY), TRACE_CAPACITY)
-        # 7. The tiles other ranks own: the last communication program waits for all of them, after its
-        # own reductions. (Under the interpreter every reduction of this rank has then run before any of
-        # its waits, which is what keeps the ranks from waiting on each other in a circle there.)
-        # The j-th tile not owned by us is tile (j // (W-1)) * W + j % (W-1), stepping over our own.
-        others = tl.maximum(world_size - 1, 1)   # with one rank there is nothing to wait for (the loop is empty)
-        last = c == COMM_SMS - 1
-        for j in range(0, tl.where(last, total_tiles - owned, 0)):
-            within = j % others
-            tile_id = (j // others) * world_size + within + (within >= rank).to(tl.int32)
-            pid_m, pid_n = tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_SIZE_M)
-            t_wait = stamp(TRACE_CAPACITY)
-            device.wait_at_least(result_ready + tile_id, epoch + 1, timeout_ns, watchdog, rank, tile_id,
-                                 RESULT_READY_FLAG, tile_id)
-            n_events = record(trace, n_events, RESULT_WAIT, tile_id, pid_m, pid_n, 0, tile_id % world_size,
-                              t_wait, stamp(TRACE_CAPACITY), TRACE_CAPACITY)
+    for tile_id in tl.range(pid, num_pid_m * num_pid_n, NUM_SMS, flatten=FLATTEN):
+        acc, pid_m, pid_n, n_events = traced_gemm_tile(
+            A, B, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, tile_id, num_pid_m, num_pid_n, trace,
+            n_events, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_SIZE_M, DOT_PRECISION, EVEN_K, TMA, TRACE_CAPACITY)
+        t_publish = stamp(TRACE_CAPACITY)
+        owner = tile_id % world_size
+        # 2. Our partial of this tile, into our own heap.
+        tl.store(partials + tl.cast(tile_id, tl.int64) * (BLOCK_M * BLOCK_N) + slot_offsets,
+                 acc.to(partials.dtype.element_ty))
+        # 3. Count it in at the owner: release, after every thread's store.
+        tl.debug_barrier()
+        device.atomic_add(partial_ready + tile_id, 1, rank, owner, heap_bases, sem="release", scope="sys")
+        n_events = record(trace, n_events, PUBLISH, tile_id, pid_m, pid_n, 0, owner, t_publish,
+                          stamp(TRACE_CAPACITY), TRACE_CAPACITY)
+    finish_trace(trace_counts, n_events, TRACE_CAPACITY)
+
+
+@triton.jit(do_not_specialize=["rank", "epoch", "timeout_ns"])
+def two_shot_reduce(
+        C, partials, partial_ready, result_ready, watchdog, heap_bases, rank, world_size, epoch, M, N,
+        stride_cm, stride_cn, timeout_ns, trace, trace_counts,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_SIZE_M: tl.constexpr, COMM_SMS: tl.constexpr,
+        TRACE_CAPACITY: tl.constexpr, MISTAKE: tl.constexpr, PEER_CACHE: tl.constexpr):
+    """The communication programs: reduce the tiles this rank owns, then wait for the others (steps 4-7).
+    ``trace`` and ``trace_counts`` start at this kernel's own region of the rank's trace buffer."""
+    c = tl.program_id(0)
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    total_tiles = num_pid_m * num_pid_n
+    slot_offsets = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+    n_events = tl.zeros((), tl.int32)
+    owned = tl.maximum(total_tiles - rank + world_size - 1, 0) // world_size
+    for j in range(c, owned, COMM_SMS):
+        tile_id = rank + j * world_size
+        pid_m, pid_n = tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_SIZE_M)
+        # 4. Every rank's partial of launch `epoch` is in.
+        t_wait = stamp(TRACE_CAPACITY)
+        if MISTAKE != SKIP_PARTIAL_WAIT:
+            device.wait_at_least(partial_ready + tile_id, world_size * (epoch + 1), timeout_ns, watchdog,
+                                 rank, tile_id, PARTIAL_READY_FLAG, tile_id)
+        tl.debug_barrier()  # every thread reads the partials only after the acquire above
+        t_reduce = stamp(TRACE_CAPACITY)
+        n_events = record(trace, n_events, PARTIAL_WAIT, tile_id, pid_m, pid_n, 0, -1, t_wait, t_reduce,
+                          TRACE_CAPACITY)
+        # 5. Sum the partials in rank order, in fp32.
+        slot = partials + tl.cast(tile_id, tl.int64) * (BLOCK_M * BLOCK_N) + slot_offsets
+        total = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+        for source in range(world_size):
+            total += tl.load(device.translate(slot, rank, source, heap_bases),
+                             cache_modifier=PEER_CACHE).to(tl.float32)
+        t_send = stamp(TRACE_CAPACITY)
+        n_events = record(trace, n_events, REDUCE, tile_id, pid_m, pid_n, 0, -1, t_reduce, t_send,
+                          TRACE_CAPACITY)
+        # 6. The sum, in C's dtype, into every rank's C (ours first); then tell each peer.
+        offsets, mask = tile_offsets(pid_m, pid_n, M, N, stride_cm, stride_cn, BLOCK_M, BLOCK_N)
+        result = total.to(C.dtype.element_ty)
+        for step in range(world_size):
+            device.store(C + offsets, result, rank, (rank + step) % world_size, heap_bases, mask=mask)
+        for step in range(1, world_size):
+            device.signal(result_ready + tile_id, epoch + 1, rank, (rank + step) % world_size, heap_bases)
+        n_events = record(trace, n_events, BROADCAST, tile_id, pid_m, pid_n, 0, -1, t_send,
+                          stamp(TRACE_CAPACITY), TRACE_CAPACITY)
+    # 7. The tiles other ranks own: the last communication program waits for all of them, after its
+    # own reductions. (Under the interpreter every reduction of this rank has then run before any of
+    # its waits, which is what keeps the ranks from waiting on each other in a circle there.)
+    # The j-th tile not owned by us is tile (j // (W-1)) * W + j % (W-1), stepping over our own.
+    others = tl.maximum(world_size - 1, 1)   # with one rank there is nothing to wait for (the loop is empty)
+    last = c == COMM_SMS - 1
+    for j in range(0, tl.where(last, total_tiles - owned, 0)):
+        within = j % others
+        tile_id = (j // others) * world_size + within + (within >= rank).to(tl.int32)
+        pid_m, pid_n = tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_SIZE_M)
+        t_wait = stamp(TRACE_CAPACITY)
+        device.wait_at_least(result_ready + tile_id, epoch + 1, timeout_ns, watchdog, rank, tile_id,
+                             RESULT_READY_FLAG, tile_id)
+        n_events = record(trace, n_events, RESULT_WAIT, tile_id, pid_m, pid_n, 0, tile_id % world_size,
+                          t_wait, stamp(TRACE_CAPACITY), TRACE_CAPACITY)
     finish_trace(trace_counts, n_events, TRACE_CAPACITY)

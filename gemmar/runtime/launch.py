@@ -136,32 +136,38 @@ class FusedGemmAllReduce:
         :meth:`check` afterwards.
         """
         self.check_inputs(A, B)
-        with self.heap.on_stream():
-            return self._launch(A, B, wait)
+        return self._launch(A, B, wait)
 
     def prepare(self, A, B):
-        """GPU: compile and load this launch's kernel before any rank launches. Ranks that share a GPU
+        """GPU: compile and load this launch's kernels before any rank launches. Ranks that share a GPU
         must never compile or load a kernel while another rank's kernel spins (loading a module can wait
         for the kernels already running); call this for every rank first. Also refuses a grid whose
         programs could not all be resident at once."""
         if self.heap.device.type != "cuda":
             return
         self.check_inputs(A, B)
-        with self.heap.on_stream():
-            kernel, grid, args, kwargs, _ = self._kernel_call(A, B)
-            compiled = kernel.warmup(*args, grid=grid, **kwargs)
-            compiled._init_handles()
-            if self.heap.ranks_on_device > 1:
-                check_co_resident(compiled, self.config, self.heap)
-            if self.config.delay_rank == self.heap.rank and self.config.delay_us > 0:
-                self.heap.delay(0)
+        launches, _ = self._kernel_calls(A, B)
+        for kernel, grid, args, kwargs, on_stream in launches:
+            with on_stream():
+                compiled = kernel.warmup(*args, grid=grid, **kwargs)
+                compiled._init_handles()
+                if self.heap.ranks_on_device > 1 and kernel is launches[0][0]:
+                    check_co_resident(compiled, self.config, self.heap)
+        if self.config.delay_rank == self.heap.rank and self.config.delay_us > 0:
+            self.heap.delay(0)
 
     def _launch(self, A, B, wait):
         cfg, heap = self.config, self.heap
         if cfg.delay_rank == heap.rank and cfg.delay_us > 0:
             heap.delay(self.delays.uniform(0.5, 1.0) * cfg.delay_us * 1e-6)
-        kernel, grid, args, kwargs, out = self._kernel_call(A, B)
-        kernel[grid](*args, **kwargs)
+        launches, out = self._kernel_calls(A, B)
+        for kernel, grid, args, kwargs, on_stream in launches:
+            with on_stream():
+                kernel[grid](*args, **kwargs)
+        if len(launches) > 1:
+            # two_shot: whatever this rank runs next (its next GEMM overwrites the partials) waits for
+            # this launch's reduction, which ends only when every owner has read them.
+            heap.join_side_stream()
         self.launches += 1
         if cfg.algorithm == "atomics":
             # Remote adds into our C may still be in flight from other ranks until all have finished.
@@ -170,39 +176,48 @@ class FusedGemmAllReduce:
             self.check()
         return out
 
-    def _kernel_call(self, A, B):
-        """(kernel, grid, args, kwargs, C) of this rank's next launch."""
+    def _kernel_calls(self, A, B):
+        """([(kernel, grid, args, kwargs, stream context)], C) of this rank's next launch."""
         cfg, heap = self.config, self.heap
         K_r, (A_ptr, B_ptr) = A.shape[1], (A, B)
         A, B, tma = gemm_operands(A, B, cfg, heap.device)
-        common = dict(BLOCK_M=cfg.BLK_M, BLOCK_N=cfg.BLK_N, BLOCK_K=cfg.BLK_K, GROUP_SIZE_M=cfg.gsize_m,
-                      NUM_SMS=cfg.num_sms, DOT_PRECISION="ieee" if cfg.datatype == "fp32" else "tf32",
-                      TRACE_CAPACITY=self.trace_capacity, EVEN_K=K_r % cfg.BLK_K == 0, TMA=tma)
-        if heap.device.type == "cuda":
-            common.update(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-        strides = (A_ptr.stride(0), A_ptr.stride(1), B_ptr.stride(0), B_ptr.stride(1), cfg.n, 1)
-        peer_cache = ".cg" if heap.device.type == "cuda" else ""  # read what peers wrote from L2, not L1
-        grid = (cfg.programs,)
+        gemm_kw = dict(BLOCK_M=cfg.BLK_M, BLOCK_N=cfg.BLK_N, BLOCK_K=cfg.BLK_K, GROUP_SIZE_M=cfg.gsize_m,
+                       NUM_SMS=cfg.num_sms, DOT_PRECISION="ieee" if cfg.datatype == "fp32" else "tf32",
+                       TRACE_CAPACITY=self.trace_capacity, EVEN_K=K_r % cfg.BLK_K == 0, TMA=tma)
+        gpu = heap.device.type == "cuda"
+        if gpu:
+            gemm_kw.update(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        a_b_strides = (A_ptr.stride(0), A_ptr.stride(1), B_ptr.stride(0), B_ptr.stride(1))
+        strides = a_b_strides + (cfg.n, 1)
+        peer_cache = ".cg" if gpu else ""  # read what peers wrote from L2, not L1
+        timeout_ns = int(cfg.timeout_s * 1e9)
+        grid = (cfg.num_sms,)
         if cfg.algorithm == "two_shot":
-            out = self.c
-            kernel, args, kwargs = two_shot.gemm_all_reduce_two_shot, (
-                A, B, self.c, self.partials, self.partial_ready, self.result_ready, self.watchdog, heap.heap_bases,
-                heap.rank, heap.world_size, self.launches, cfg.m, cfg.n, K_r, *strides, int(cfg.timeout_s * 1e9),
-                self.trace, self.trace_counts), dict(COMM_SMS=cfg.comm_sms, MISTAKE=self.mistake,
-                                                     PEER_CACHE=peer_cache, FLATTEN=heap.device.type == "cuda")
-        elif cfg.algorithm == "atomics":
-            out = self.c_pair[self.launches % 2]
-            kernel, args, kwargs = gemm_all_reduce_atomics, (
+            split = cfg.num_sms * self.trace_capacity * events.EVENT_WORDS   # the reduce kernel's trace region
+            gemm = (two_shot.two_shot_gemm, grid, (
+                A, B, self.partials, self.partial_ready, heap.heap_bases, heap.rank, heap.world_size, cfg.m, cfg.n,
+                K_r, *a_b_strides, self.trace, self.trace_counts),
+                dict(gemm_kw, FLATTEN=gpu), heap.on_stream)
+            reduce_kw = dict(BLOCK_M=cfg.BLK_M, BLOCK_N=cfg.BLK_N, GROUP_SIZE_M=cfg.gsize_m, COMM_SMS=cfg.comm_sms,
+                             TRACE_CAPACITY=self.trace_capacity, MISTAKE=self.mistake, PEER_CACHE=peer_cache)
+            if gpu:
+                reduce_kw.update(num_warps=cfg.num_warps, num_stages=1)
+            reduce = (two_shot.two_shot_reduce, (cfg.comm_sms,), (
+                self.c, self.partials, self.partial_ready, self.result_ready, self.watchdog, heap.heap_bases,
+                heap.rank, heap.world_size, self.launches, cfg.m, cfg.n, cfg.n, 1, timeout_ns,
+                self.trace[split:] if self.trace_capacity else self.trace, self.trace_counts[cfg.num_sms:]),
+                reduce_kw, heap.on_side_stream)
+            return [gemm, reduce], self.c
+        if cfg.algorithm == "atomics":
+            return [(gemm_all_reduce_atomics, grid, (
                 A, B, self.c_pair, heap.heap_bases, heap.rank, heap.world_size, self.launches % 2,
-                cfg.m, cfg.n, K_r, *strides, self.trace, self.trace_counts), {}
-        else:
-            out = self.c
-            kernel, args, kwargs = ring.gemm_all_reduce_ring, (
-                A, B, self.c, self.ring_buffer, self.data_ready, self.slot_free, self.watchdog, heap.heap_bases,
-                heap.rank, heap.world_size, self.launches, cfg.m, cfg.n, K_r, *strides, int(cfg.timeout_s * 1e9),
-                self.trace, self.trace_counts), dict(MISTAKE=self.mistake, SLOT_CACHE=peer_cache)
-        kwargs.update(common)
-        return kernel, grid, args, kwargs, out
+                cfg.m, cfg.n, K_r, *strides, self.trace, self.trace_counts), gemm_kw, heap.on_stream)], \
+                self.c_pair[self.launches % 2]
+        return [(ring.gemm_all_reduce_ring, grid, (
+            A, B, self.c, self.ring_buffer, self.data_ready, self.slot_free, self.watchdog, heap.heap_bases,
+            heap.rank, heap.world_size, self.launches, cfg.m, cfg.n, K_r, *strides, timeout_ns,
+            self.trace, self.trace_counts), dict(gemm_kw, MISTAKE=self.mistake, SLOT_CACHE=peer_cache),
+            heap.on_stream)], self.c
 
     def check(self):
         """Wait for this rank's work; raise DeadlockError if a wait (or the barrier) expired."""

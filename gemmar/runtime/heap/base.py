@@ -97,6 +97,13 @@ class SymmetricHeap:
         sharing a GPU run at the same time; on cpu there is nothing to choose."""
         return contextlib.nullcontext()
 
+    def on_side_stream(self):
+        """A second stream of this rank, for a kernel that runs beside the main one (two_shot's reduction)."""
+        return contextlib.nullcontext()
+
+    def join_side_stream(self):
+        """Make what this rank runs next on its main stream wait for the side stream's work so far."""
+
     def delay(self, seconds):
         """Hold this rank back before its next launch (a straggler, for stress tests)."""
         time.sleep(seconds)

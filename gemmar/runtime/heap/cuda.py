@@ -78,9 +78,18 @@ class CudaHeap(SymmetricHeap):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.stream = torch.cuda.Stream(self.device)
+        self.side_stream = torch.cuda.Stream(self.device)
 
     def on_stream(self):
         return torch.cuda.stream(self.stream)
+
+    def on_side_stream(self):
+        return torch.cuda.stream(self.side_stream)
+
+    def join_side_stream(self):
+        done = torch.cuda.Event()
+        done.record(self.side_stream)
+        self.stream.wait_event(done)
 
     def delay(self, seconds):
         from ...kernels.barrier import spin_kernel
