@@ -82,9 +82,14 @@ def now():
 
 @triton.jit
 def pause():
-    """Called once per poll of a spin-wait: under the interpreter, give the core to the other ranks."""
+    """Called once per poll of a spin-wait. Under the interpreter: give the core to the other ranks. On an
+    NVIDIA GPU: sleep a quarter of a microsecond, so that waiting programs do not flood the memory system
+    that the programs they wait for are using."""
     if INTERPRETER:
         _host_pause()
+    elif not AMD_TIMER:
+        tl.inline_asm_elementwise("nanosleep.u32 256;\nmov.u32 $0, 0;", "=r", [], dtype=tl.int32, is_pure=False,
+                                  pack=1)
 
 
 @triton.jit
@@ -193,7 +198,10 @@ def read_watchdog(words):
 def wait_at_least(flag, target, timeout_ns, watchdog, rank, tile_id, flag_kind, flag_index):
     """Spin until ``*flag >= target`` (acquire, system scope); give up after ``timeout_ns``.
 
-    ``flag`` must be in the caller's own heap: peers signal into it, the caller polls it locally.
+    ``flag`` must be in the caller's own heap: peers signal into it, the caller polls it locally. The
+    polls are plain volatile loads with a pause between them; only the read that ends the wait is an
+    acquire. (Polling with acquire atomics made a GEMM running beside 16 waiting programs three times
+    slower on an H200: every one of them orders memory system-wide.)
     Returns the value last seen. When the wait expires, the first expiry of this launch is written to
     ``watchdog`` (rank, tile, flag kind and index, target, seen) and the host raises DeadlockError.
     The watchdog must be zero before the launch (the launcher clears it only after reporting an expiry).
@@ -206,8 +214,10 @@ def wait_at_least(flag, target, timeout_ns, watchdog, rank, tile_id, flag_kind, 
         expired = tl.load(watchdog, volatile=True) != 0
         while (seen < target) & (expired == 0):
             pause()
-            seen = tl.atomic_add(flag, 0, sem="acquire", scope="sys")
+            seen = tl.load(flag, volatile=True)
             expired = ((now() - start) > timeout_ns) | (tl.load(watchdog, volatile=True) != 0)
+        # The acquire that orders every later read of this program after the signaller's writes.
+        seen = tl.atomic_add(flag, 0, sem="acquire", scope="sys")
         if seen < target:
             # Only the first expired wait of a launch is reported; the rest follow from it.
             if tl.atomic_cas(watchdog, tl.cast(0, tl.int64), tl.cast(1, tl.int64), sem="relaxed", scope="gpu") == 0:
