@@ -23,7 +23,7 @@ class Result:
     config: RunConfig
     backend: str
     ranks: list                      # per rank: a RankResult (max_abs_diff, seconds per iteration, ...)
-    C: torch.Tensor = None           # rank 0's all-reduced C (fp32), when asked for
+    C: torch.Tensor = None           # rank 0's all-reduced C (dtype: config.c_dtype), when asked for
     info: list = field(default_factory=list)  # per rank: device, versions, pid
     mistake: str = "none"
 
@@ -128,9 +128,12 @@ class Cluster(EngineCluster):
             return (config, [inputs[r] for r in self.engine_ranks[e]], reference, scale)
 
         if verbose:
+            programs = f"{config.num_sms} programs per rank" if config.algorithm != "two_shot" else \
+                f"{config.num_sms} GEMM + {config.comm_sms} communication programs per rank"
+            shared = f", {W} ranks sharing GPU 0" if self.shares_gpu else ""
             log("-", W, f"{config.algorithm}: {config.m} x {config.n} x {config.k} {config.datatype}, blocks "
-                        f"{config.BLK_M}x{config.BLK_N}x{config.BLK_K}, {config.num_sms} programs per rank, "
-                        f"{n} iteration(s), backend {self.backend}")
+                        f"{config.BLK_M}x{config.BLK_N}x{config.BLK_K}, {programs}, {n} iteration(s), "
+                        f"backend {self.backend}{shared}")
         outs = self.run_ranks(rank_runtime.run_gemm_all_reduce, engine_args=engine_args, on_progress=progress,
                               mistake=mistake, return_c=return_c, validate=validate)
         RankFailure.raise_first(outs)

@@ -4,6 +4,7 @@ per-rank summary table under it, and the tile-grid heat maps."""
 import numpy as np
 
 from ..errors import UsageError
+from ..kernels.events import DONE_KINDS
 
 PHASE_COLORS = {"gemm": "#4C72B0", "wait": "#DD8452", "comm": "#55A868", "reduce": "#8172B3", "store": "#937860"}
 PHASE_LABELS = {"gemm": "GEMM", "wait": "waiting", "comm": "communicating", "reduce": "reducing",
@@ -142,7 +143,7 @@ def tile_grid(trace, iteration=-1, path=None):
         finish = np.full((tm, tn), np.nan)
         for _, e in d[d["kind"] == "gemm"].iterrows():
             program[e["pid_m"], e["pid_n"]] = e["program"]
-        done = d[d["kind"] == ("store" if m["algorithm"] == "ring" else "push")]
+        done = d[d["kind"].isin(DONE_KINDS.get(m["algorithm"], ()))]
         for _, e in done.iterrows():
             cur = finish[e["pid_m"], e["pid_n"]]
             finish[e["pid_m"], e["pid_n"]] = e["end_us"] if np.isnan(cur) else max(cur, e["end_us"])

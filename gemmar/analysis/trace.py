@@ -91,6 +91,7 @@ class Trace:
         info = result.info or [{}] * cfg.world_size
         meta = dict(algorithm=cfg.algorithm, m=cfg.m, n=cfg.n, k=cfg.k, datatype=cfg.datatype,
                     BLK_M=cfg.BLK_M, BLK_N=cfg.BLK_N, BLK_K=cfg.BLK_K, gsize_m=cfg.gsize_m, num_sms=cfg.num_sms,
+                    comm_sms=cfg.comm_sms if cfg.algorithm == "two_shot" else 0,
                     world_size=cfg.world_size, iterations=cfg.iterations, backend=result.backend,
                     mistake=result.mistake, clock="shared" if shared_clock else "per-device, aligned at a barrier",
                     devices=[i.get("device") for i in info],
@@ -140,8 +141,9 @@ class Trace:
 
     def __repr__(self):
         m = self.meta
+        comm = f" + {m['comm_sms']} communication" if m.get("comm_sms") else ""
         return (f"Trace({m.get('algorithm')}, {m.get('m')}x{m.get('n')}x{m.get('k')}, "
-                f"{m.get('world_size')} ranks x {m.get('num_sms')} programs, {len(self.events)} events)")
+                f"{m.get('world_size')} ranks x {m.get('num_sms')}{comm} programs, {len(self.events)} events)")
 
     # -- selections and figures -----------------------------------------------------------------------
     def iteration(self, iteration=-1):

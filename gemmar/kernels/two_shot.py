@@ -75,13 +75,18 @@ def two_shot_gemm(
         stride_bn, trace, trace_counts,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_SIZE_M: tl.constexpr,
         NUM_SMS: tl.constexpr, DOT_PRECISION: tl.constexpr, TRACE_CAPACITY: tl.constexpr, EVEN_K: tl.constexpr,
-        TMA: tl.constexpr, FLATTEN: tl.constexpr):
-    """The GEMM programs: compute each tile, publish it, move on (steps 1-3)."""
+        TMA: tl.constexpr):
+    """The GEMM programs: compute each tile, publish it, move on (steps 1-3).
+
+    The tile loop is a plain loop, not ``tl.range(..., flatten=True)``: with the publishing epilogue (a
+    block barrier and an atomic) inside a flattened loop, Triton 3.6-3.9 gives up software-pipelining the
+    K loop altogether (one shared-memory stage instead of three; ``tests/test_compile.py`` checks), and the
+    GEMM ran three times slower on an H200."""
     pid = tl.program_id(0)
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
     n_events = tl.zeros((), tl.int32)
-    for tile_id in tl.range(pid, num_pid_m * num_pid_n, NUM_SMS, flatten=FLATTEN):
+    for tile_id in range(pid, num_pid_m * num_pid_n, NUM_SMS):
         acc, pid_m, pid_n, n_events = traced_gemm_tile(
             A, B, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, tile_id, num_pid_m, num_pid_n, trace,
             n_events, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_SIZE_M, DOT_PRECISION, EVEN_K, TMA, TRACE_CAPACITY)

@@ -197,7 +197,7 @@ class FusedGemmAllReduce:
             gemm = (two_shot.two_shot_gemm, grid, (
                 A, B, self.partials, self.partial_ready, heap.heap_bases, heap.rank, heap.world_size, cfg.m, cfg.n,
                 K_r, *a_b_strides, self.trace, self.trace_counts),
-                dict(gemm_kw, FLATTEN=gpu), heap.on_stream)
+                gemm_kw, heap.on_stream)
             reduce_kw = dict(BLOCK_M=cfg.BLK_M, BLOCK_N=cfg.BLK_N, GROUP_SIZE_M=cfg.gsize_m, COMM_SMS=cfg.comm_sms,
                              TRACE_CAPACITY=self.trace_capacity, MISTAKE=self.mistake, PEER_CACHE=peer_cache)
             if gpu:
