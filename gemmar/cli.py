@@ -18,6 +18,10 @@ from .runtime.engines import gpu_properties, resolve_backend, shares_gpu
 from .runtime.launch import heap_bytes_needed
 
 
+# Iris's benchmark flags that set AMD compiler knobs: accepted so that an Iris command line runs unchanged.
+IRIS_AMD_ONLY = ("two_tiles", "waves_per_eu", "mfmaInstrSize", "kpack")
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message):
         # One line naming the problem, exit code 2 (argparse would print the whole usage first).
@@ -27,44 +31,62 @@ class _Parser(argparse.ArgumentParser):
 def _bench_parser(sub):
     p = sub.add_parser("bench", help="run the fused GEMM + all-reduce on ipyparallel ranks, check and time it",
                        description="Run the fused GEMM + all-reduce with K split over ranks. Every rank "
-                                   "builds the same seeded A (M x K) and B (K x N) and keeps its K-slice.")
+                                   "builds the same seeded A (M x K) and B (K x N) and keeps its K-slice.",
+                       epilog="(Iris): a flag of Iris's GEMM + all-reduce benchmark.py, taken with Iris's meaning. "
+                              "(Iris, AMD) : accepted so that Iris command lines run, and said to mean nothing "
+                              "here. Differences: no int8; --output_file is off unless given (Iris: log.json); "
+                              "the report holds Iris's keys and gemmar's.")
     d = RunConfig()
     tuned = "default: tuned for the device (cpu: 32/32/32, 4 programs; GPU: see config.GPU_TUNING)"
-    p.add_argument("-m", type=int, default=d.m, help="rows of A and C (default %(default)s)")
-    p.add_argument("-n", type=int, default=d.n, help="columns of B and C (default %(default)s)")
-    p.add_argument("-k", type=int, default=d.k, help="the reduced dimension, split over ranks (default %(default)s)")
-    p.add_argument("--datatype", choices=list(DTYPES), default=d.datatype, help="input dtype; accumulation is fp32")
+    p.add_argument("-m", type=int, default=d.m, help="(Iris) rows of A and C (default %(default)s)")
+    p.add_argument("-n", type=int, default=d.n, help="(Iris) columns of B and C (default %(default)s)")
+    p.add_argument("-k", type=int, default=d.k,
+                   help="(Iris) the reduced dimension, split over ranks (default %(default)s)")
+    p.add_argument("--datatype", choices=list(DTYPES), default=d.datatype,
+                   help="(Iris) input dtype; accumulation is fp32")
     p.add_argument("--algorithm", choices=ALGORITHMS, default=d.algorithm, help="how partial tiles are reduced")
-    p.add_argument("--BLK_M", type=int, help=tuned)
-    p.add_argument("--BLK_N", type=int, help=tuned)
-    p.add_argument("--BLK_K", type=int, help=tuned)
-    p.add_argument("--gsize_m", type=int, help="GROUP_SIZE_M of the tile swizzle; " + tuned)
-    p.add_argument("--num_sms", type=int, help="persistent GEMM programs per rank; " + tuned)
-    p.add_argument("--comm_sms", type=int, help="two_shot: communication programs per rank, besides the GEMM's; "
-                                                + tuned)
+    p.add_argument("--BLK_M", type=int, help="(Iris) " + tuned)
+    p.add_argument("--BLK_N", type=int, help="(Iris) " + tuned)
+    p.add_argument("--BLK_K", type=int, help="(Iris) " + tuned)
+    p.add_argument("--gsize_m", type=int, help="(Iris) GROUP_SIZE_M of the tile swizzle; " + tuned)
+    p.add_argument("--num_sms", "--gemm_sms", dest="num_sms", type=int,
+                   help="(Iris: --gemm_sms) persistent GEMM programs per rank; " + tuned)
+    p.add_argument("--comm_sms", type=int, help="(Iris) two_shot: communication programs per rank, besides the "
+                                                "GEMM's; " + tuned)
+    p.add_argument("--total_sms", type=int, help="(Iris) GEMM + communication programs per rank: two_shot takes "
+                                                 "comm_sms = total_sms - gemm_sms; atomics and ring have no "
+                                                 "communication programs")
+    p.add_argument("-d", "--debug", action="store_true",
+                   help="(Iris) print the compiled kernels' register and spill counts (GPU; the interpreter "
+                        "compiles nothing)")
+    for name in IRIS_AMD_ONLY:
+        p.add_argument(f"--{name}", help="(Iris, AMD) an AMD compiler setting of Iris's benchmark; means "
+                                         "nothing here")
     p.add_argument("--out_dtype", choices=list(DTYPES), help="dtype of C (default: fp32 for atomics and ring, "
                                                              "which sum in C; the input dtype for two_shot)")
     p.add_argument("--wire_dtype", choices=list(DTYPES), help="two_shot: dtype of the partial tiles sent between "
                                                               "ranks (default: the input dtype)")
-    p.add_argument("--num_warps", type=int, help="GPU only; " + tuned)
-    p.add_argument("--num_stages", type=int, help="GPU only; " + tuned)
+    p.add_argument("--num_warps", type=int, help="(Iris) GPU only; " + tuned)
+    p.add_argument("--num_stages", type=int, help="(Iris) GPU only; " + tuned)
     p.add_argument("-r", "--num_ranks", type=int, default=2,
-                   help="ranks = ipyparallel engines; with more ranks than GPUs, one engine runs them all on GPU 0, "
+                   help="(Iris) ranks = ipyparallel engines; with more ranks than GPUs, one engine runs them all on GPU 0, "
                         "each on its own stream (default 2)")
     p.add_argument("--backend", choices=BACKENDS, default="auto",
                    help="auto: cuda when an NVIDIA GPU is present (shared by the ranks if there are fewer GPUs "
                         "than ranks), else cpu")
     p.add_argument("--iterations", type=int, default=1, help="back-to-back launches, each checked with -v")
-    p.add_argument("-v", "--validate", action="store_true", help="check every rank's C after every iteration")
-    p.add_argument("-b", "--benchmark", action="store_true", help="print timings")
+    p.add_argument("-v", "--validate", action="store_true",
+                   help="(Iris) check every rank's C after every iteration")
+    p.add_argument("-b", "--benchmark", action="store_true", help="(Iris) print timings")
     p.add_argument("--baseline", action="store_true",
                    help="with -b on GPUs, one per rank: time every fused kernel, torch.matmul, the NCCL all-reduce "
                         "of C and the two in sequence, in one run, and print the ratios")
     p.add_argument("--reps", type=int, default=20, help="timed repetitions per measurement with --baseline")
-    p.add_argument("-t", "--trace_tiles", action="store_true", help="record per-tile events on every rank")
-    p.add_argument("--output_file", help="write a JSON report (and, with -t, <stem>.trace.json beside it)")
+    p.add_argument("-t", "--trace_tiles", action="store_true", help="(Iris) record per-tile events on every rank")
+    p.add_argument("--output_file", help="(Iris) write a JSON report with Iris's keys and gemmar's (and, with -t, "
+                                         "<stem>.trace.json beside it)")
     p.add_argument("--timeout", type=float, default=60.0, help="watchdog on every spin-wait, seconds")
-    p.add_argument("--heap_size", type=int, help="symmetric heap bytes per rank (default: what the run needs, "
+    p.add_argument("--heap_size", type=int, help="(Iris) symmetric heap bytes per rank (default: what the run needs, "
                                                  "at least 256 MiB)")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=cmd_bench)
@@ -79,6 +101,15 @@ def config_from_args(args, backend, algorithm=None):
         sms //= args.num_ranks   # the ranks' programs must all be resident on the one GPU at once
     defaults = tuned_defaults(backend, algorithm, name, capability, sms)
     knobs = {k: getattr(args, k) if getattr(args, k) is not None else v for k, v in defaults.items()}
+    if args.total_sms is not None and algorithm == "two_shot":
+        comm = args.total_sms - knobs["num_sms"]
+        if args.comm_sms is not None and args.comm_sms != comm:
+            raise UsageError(f"--total_sms {args.total_sms} is not --gemm_sms {knobs['num_sms']} + --comm_sms "
+                             f"{args.comm_sms}: give two of the three")
+        if comm < 1:
+            raise UsageError(f"--total_sms {args.total_sms} leaves no communication program beside "
+                             f"{knobs['num_sms']} GEMM programs: use more than --gemm_sms")
+        knobs["comm_sms"] = comm
     takes_dtypes = strict or algorithm == "two_shot"
     return RunConfig(m=args.m, n=args.n, k=args.k, datatype=args.datatype, algorithm=algorithm,
                      world_size=args.num_ranks, iterations=args.iterations, timeout_s=args.timeout,
@@ -101,6 +132,12 @@ def cmd_bench(args):
         raise UsageError(f"--baseline needs one GPU per rank (NCCL between GPUs); {args.num_ranks} ranks share "
                          f"this machine's GPU: time the fused kernels alone with -b")
     W = config.world_size
+    for name in IRIS_AMD_ONLY:
+        if getattr(args, name) is not None:
+            log("-", W, f"--{name} is an AMD compiler setting of Iris's benchmark: it means nothing here, ignored")
+    if args.total_sms is not None and config.algorithm != "two_shot":
+        log("-", W, f"--total_sms means nothing for {config.algorithm}, which has no communication programs: "
+                    f"ignored")
     log("-", W, f"starting {W} ipyparallel engine(s) as ranks 0..{W - 1}")
     figures = None
     heap_size = args.heap_size or max(256 << 20, max(heap_bytes_needed(config_from_args(args, backend, alg))
@@ -123,12 +160,20 @@ def cmd_bench(args):
     if args.validate:
         log("-", W, f"{'PASSED' if success else 'FAILED'}: max|C - ref| = {result.max_abs_diff:.3g} on all "
                     f"{W} ranks over {config.iterations} iteration(s)")
+    kernels = result.ranks[0].kernels
+    if args.debug:
+        if not kernels:
+            log("-", W, f"-d: nothing compiled on the {result.backend} backend (the Triton interpreter runs the "
+                        f"kernels as Python), so there are no register or spill counts")
+        for k in kernels:
+            log("-", W, f"-d: {k['kernel']}: {k['registers']} registers per thread, {k['spills']} spilled")
     if args.output_file:
         report = dict(args={k: v for k, v in vars(args).items() if k != "func"}, success=success,
                       validated=args.validate, max_abs_diff=result.max_abs_diff if args.validate else None,
                       seconds_per_iteration=seconds, backend=result.backend, ranks=result.info,
                       config=config.to_dict(), timings_ms=figures,
                       date=datetime.datetime.now().isoformat(timespec="seconds"), host=platform.node())
+        report = {**iris_report(args, config, seconds, success, kernels), **report}
         with open(args.output_file, "w") as f:
             json.dump(report, f, indent=2)
         log("-", W, f"wrote {args.output_file}")
@@ -140,6 +185,27 @@ def cmd_bench(args):
         result.trace.save("gemmar.trace.json")
         log("-", W, "wrote gemmar.trace.json")
     return 0 if success else 1
+
+
+def iris_report(args, config, seconds, success, kernels):
+    """The keys of Iris's benchmark report, with Iris's meaning: every argument flat (``k`` per rank, ``K``
+    global, as Iris rewrites them), ``world_size``, ``gemm_sms``, ``success``, and with -b ``tflops`` /
+    ``total_ms`` (Iris's ring benchmark), ``triton_tflops`` / ``triton_ms`` (its atomics benchmark) and
+    ``gemm_ms`` / ``gemm_experiments``; on GPUs ``gemm_registers`` / ``gemm_spills``."""
+    W = config.world_size
+    flat = {k: v for k, v in vars(args).items() if k != "func"}
+    out = dict(flat, world_size=W, M=config.m, N=config.n, K=config.k, k=-(-config.k // W),
+               gemm_sms=config.num_sms)
+    if args.validate:
+        out["success"] = success
+    if args.benchmark and seconds:
+        ms = sorted(seconds)[len(seconds) // 2] * 1e3
+        tflops = 2 * config.m * config.n * config.k * 1e-12 / (ms * 1e-3)
+        out.update(tflops=tflops, total_ms=ms, triton_tflops=tflops, triton_ms=ms, gemm_ms=ms,
+                   gemm_experiments=len(seconds))
+    if kernels:
+        out.update(gemm_registers=kernels[0]["registers"], gemm_spills=kernels[0]["spills"])
+    return out
 
 
 def _gantt_parser(sub):

@@ -62,3 +62,40 @@ def test_bad_arguments_exit_2_with_one_line(args, needle):
 def test_no_command_exits_2():
     p = run(timeout=60)
     assert p.returncode == 2 and "command" in p.stderr
+
+
+IRIS_FLAGS = ["-m", "64", "-n", "48", "-k", "64", "-d", "-v", "-t", "-b", "--datatype", "fp16", "--BLK_M", "32",
+              "--BLK_N", "16", "--BLK_K", "16", "--gsize_m", "6", "--two_tiles", "True", "--num_stages", "1",
+              "--num_warps", "8", "--waves_per_eu", "0", "--mfmaInstrSize", "16", "--kpack", "2",
+              "--heap_size", str(1 << 28), "--gemm_sms", "3", "--total_sms", "5", "-r", "2"]
+
+
+@pytest.mark.parametrize("algorithm", ["two_shot", "atomics"])
+def test_iris_command_lines_run_and_their_report_reads_with_iris_keys(tmp_path, algorithm):
+    # Every flag of Iris's GEMM + all-reduce benchmark.py scripts (atomics and ring) at least once.
+    out = tmp_path / "log.json"
+    p = run("bench", *IRIS_FLAGS, "--algorithm", algorithm, "--output_file", str(out))
+    assert p.returncode == 0, p.stderr
+    for name in ("two_tiles", "waves_per_eu", "mfmaInstrSize", "kpack"):
+        assert f"--{name} is an AMD compiler setting of Iris's benchmark: it means nothing here" in p.stdout
+    assert "-d: nothing compiled on the cpu backend" in p.stdout
+    assert ("--total_sms means nothing for atomics" in p.stdout) == (algorithm == "atomics")
+    report = json.loads(out.read_text())
+    # Iris's keys, with Iris's meaning: k is the per-rank K, K the global one.
+    assert report["world_size"] == 2 and report["gemm_sms"] == 3 and report["success"] is True
+    assert (report["m"], report["n"], report["k"], report["M"], report["N"], report["K"]) == (64, 48, 32, 64, 48, 64)
+    assert report["total_ms"] > 0 and report["tflops"] > 0 and report["gemm_ms"] == report["total_ms"]
+    assert report["triton_ms"] == report["total_ms"] and report["gemm_experiments"] == 1
+    assert report["BLK_M"] == 32 and report["gsize_m"] == 6 and report["kpack"] == "2"
+    assert "gemm_registers" not in report           # nothing compiled under the interpreter
+    # gemmar's own keys stay; --total_sms made two_shot's communication programs.
+    assert report["config"]["num_sms"] == 3 and report["max_abs_diff"] is not None
+    if algorithm == "two_shot":
+        assert report["config"]["comm_sms"] == 2
+
+
+def test_inconsistent_iris_program_counts_are_one_line_errors():
+    p = run("bench", "--algorithm", "two_shot", "--gemm_sms", "4", "--total_sms", "4")
+    assert p.returncode == 2 and "leaves no communication program" in p.stderr
+    p = run("bench", "--algorithm", "two_shot", "--gemm_sms", "4", "--total_sms", "8", "--comm_sms", "3")
+    assert p.returncode == 2 and "give two of the three" in p.stderr and len(p.stderr.strip().splitlines()) == 1

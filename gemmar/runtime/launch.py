@@ -113,6 +113,7 @@ class FusedGemmAllReduce:
                                  dtype=torch.int64, device=heap.device)
         self.trace_counts = torch.zeros(config.programs, dtype=torch.int64, device=heap.device)
         self.delays = np.random.default_rng(config.seed + 7919 * heap.rank)  # the straggler's draws
+        self.kernel_resources = []   # GPU, after prepare(): each kernel's registers and spills
 
     def check_inputs(self, A, B):
         cfg, rank = self.config, self.heap.rank
@@ -147,10 +148,13 @@ class FusedGemmAllReduce:
             return
         self.check_inputs(A, B)
         launches, _ = self._kernel_calls(A, B)
+        self.kernel_resources = []
         for kernel, grid, args, kwargs, on_stream in launches:
             with on_stream():
                 compiled = kernel.warmup(*args, grid=grid, **kwargs)
                 compiled._init_handles()
+                self.kernel_resources.append(dict(kernel=kernel.__name__, registers=int(compiled.n_regs),
+                                                  spills=int(compiled.n_spills)))
                 if self.heap.ranks_on_device > 1 and kernel is launches[0][0]:
                     check_co_resident(compiled, self.config, self.heap)
         if self.config.delay_rank == self.heap.rank and self.config.delay_us > 0:

@@ -214,7 +214,7 @@ def run_gemm_all_reduce(config, inputs=None, reference=None, scale=None, mistake
             ref = run["reference"]
             peak = float(ref.abs().max()) if ref is not None and ref.numel() else 0.0
             out = RankResult(run["ctx"].rank, run["diffs"], seconds, tolerance(config, scale, peak), t0_ns,
-                             run["dropped"])
+                             run["dropped"], kernels=run["fused"].kernel_resources)
             if run["events"]:
                 out.events = np.concatenate(run["events"])
             if return_c:

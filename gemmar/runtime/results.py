@@ -24,6 +24,7 @@ class RankResult:
     dropped_events: int = 0       # trace events that did not fit (0 unless the trace room was sized wrong)
     events: np.ndarray = field(default_factory=lambda: np.zeros((0, len(COLUMNS)), np.int64))  # trace rows
     C: torch.Tensor = None        # this rank's C after the last launch, when asked for
+    kernels: list = field(default_factory=list)  # GPU: per compiled kernel, its registers and spills
 
     @property
     def ok(self):
