@@ -48,8 +48,8 @@ def test_world_sizes_and_dtypes(clusters, world_size, algorithm, dtype):
 def test_odd_shapes_on_four_ranks(clusters, algorithm, shape, block, num_sms):
     m, n, k = shape
     A, B = random_inputs(m, n, k, torch.float16, seed=k)
-    result = clusters(4).gemm_all_reduce(A, B, algorithm=algorithm, block=block, iterations=2, num_sms=num_sms,
-                                         gsize_m=3)
+    result = clusters(4).gemm_all_reduce(A, B, algorithm=algorithm, BLK_M=block[0], BLK_N=block[1], BLK_K=block[2],
+                                         iterations=2, num_sms=num_sms, gsize_m=3)
     check(result, A, B, 4)
 
 
