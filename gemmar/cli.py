@@ -8,6 +8,7 @@ Exit codes: 0 success, 1 a check failed (C differs from the reference), 2 bad ar
 import argparse
 import datetime
 import json
+import os
 import platform
 import sys
 
@@ -124,6 +125,13 @@ def cmd_bench(args):
         raise UsageError("--baseline times against cuBLAS + NCCL: use it together with -b/--benchmark")
     if not 1 <= args.reps <= 100_000:
         raise UsageError(f"--reps {args.reps} is out of range: use 1 to 100000")
+    if args.heap_size is not None and args.heap_size <= 0:
+        raise UsageError(f"--heap_size {args.heap_size} is not allowed: give bytes per rank, or leave it out for "
+                         f"what the run needs")
+    if args.output_file:
+        check_output_path("--output_file", args.output_file)
+        if args.trace_tiles:
+            check_output_path("--output_file", trace_path_for(args.output_file))
     backend = resolve_backend(args.backend, args.num_ranks) if 1 <= args.num_ranks <= 64 else "cpu"
     config = config_from_args(args, backend)
     if args.baseline and backend != "cuda":
@@ -208,6 +216,17 @@ def iris_report(args, config, seconds, success, kernels):
     return out
 
 
+def check_output_path(flag, path):
+    """Refuse, before any work, a file the run could not write at the end (one line, exit 2)."""
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        raise UsageError(f"{flag} {path} is a folder: give a file name")
+    if not os.path.isdir(folder):
+        raise UsageError(f"{flag} {path}: the folder {folder} does not exist")
+    if not os.access(folder, os.W_OK):
+        raise UsageError(f"{flag} {path}: the folder {folder} is not writable")
+
+
 def _gantt_parser(sub):
     p = sub.add_parser("gantt", help="draw a saved trace: Gantt chart, tile grid, Perfetto JSON",
                        description="Draw a trace written by gemmar bench -t (or Trace.save).")
@@ -228,6 +247,9 @@ def cmd_gantt(args):
 
     if not args.output.lower().endswith((".png", ".svg")):
         raise UsageError(f"--output {args.output} must end in .png or .svg")
+    for flag, path in (("--output", args.output), ("--perfetto", args.perfetto), ("--tile_grid", args.tile_grid)):
+        if path:
+            check_output_path(flag, path)
     trace = Trace.load(args.trace)
     trace.gantt(iteration=args.iteration, max_lanes=args.max_lanes, path=args.output)
     print(f"[gemmar] wrote {args.output}: {trace}")

@@ -1,6 +1,7 @@
 """The CLI as a user runs it: real processes, real engines, exit codes and the JSON report."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -50,6 +51,9 @@ def test_bench_validates_and_writes_json(tmp_path, algorithm):
     (["--backend", "cuda", "-r", "2"], "needs an NVIDIA GPU"),
     (["--num_sms", "0"], "num_sms=0"),
     (["--timeout", "-1"], "timeout_s=-1"),
+    (["--heap_size", "0"], "--heap_size 0"),
+    (["--output_file", "/nonexistent/out.json"], "the folder /nonexistent does not exist"),
+    (["--output_file", "/tmp"], "is a folder"),
 ])
 def test_bad_arguments_exit_2_with_one_line(args, needle):
     p = run("bench", *args, timeout=60)
@@ -57,6 +61,17 @@ def test_bad_arguments_exit_2_with_one_line(args, needle):
     assert len(p.stderr.strip().splitlines()) == 1, p.stderr
     assert needle in p.stderr
     assert "Traceback" not in p.stderr
+
+
+@pytest.mark.parametrize("flag", ["-o", "--perfetto", "--tile_grid"])
+def test_gantt_output_paths_are_checked_before_drawing(tmp_path, flag):
+    trace = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "data",
+                         "cpu-ring-4ranks-48x40x40.trace.json.gz")
+    target = "/nonexistent/x.png" if flag != "--perfetto" else "/nonexistent/p.json"
+    p = run("gantt", trace, *(["-o", str(tmp_path / "g.png")] if flag != "-o" else []), flag, target, timeout=120)
+    assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1, p.stderr
+    assert "/nonexistent does not exist" in p.stderr and "Traceback" not in p.stderr
+    assert not (tmp_path / "g.png").exists()      # refused before anything was drawn
 
 
 def test_no_command_exits_2():

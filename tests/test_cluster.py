@@ -58,6 +58,8 @@ def test_run_gathers_results_by_rank(clusters):
     (dict(world_size=0), "world_size=0"),
     (dict(world_size=2, backend="tpu"), "tpu"),
     (dict(world_size=2, backend="cuda"), "needs an NVIDIA GPU"),
+    (dict(world_size=2, timeout_s=0), "timeout_s=0"),
+    (dict(world_size=2, start_timeout_s=-1), "start_timeout_s=-1"),
 ])
 def test_bad_cluster_arguments(kwargs, needle):
     with pytest.raises(gemmar.UsageError, match=needle):

@@ -64,6 +64,9 @@ class EngineCluster:
                  timeout_s=60.0, start=True):
         if isinstance(world_size, bool) or not isinstance(world_size, int) or not 1 <= world_size <= MAX_WORLD_SIZE:
             raise UsageError(f"world_size={world_size!r} is not allowed: use a whole number from 1 to {MAX_WORLD_SIZE}")
+        for name, value in (("timeout_s", timeout_s), ("start_timeout_s", start_timeout_s)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 86400:
+                raise UsageError(f"{name}={value!r} is not allowed: use seconds between 0 and 86400")
         self.world_size = world_size
         self.backend = resolve_backend(backend, world_size)
         # Which ranks each engine hosts: one each, or all in one engine when they share a GPU.
