@@ -1,0 +1,68 @@
+"""The package's layers, from its own imports: no module imports from a layer above it, and no cycle.
+
+client (cluster, cli, explorer, report, __init__) -> runtime, analysis -> kernels -> config, errors
+"""
+
+import ast
+import collections
+import os
+
+import pytest
+
+PACKAGE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "gemmar")
+LAYER = {"__init__": 4, "cluster": 3, "cli": 3, "explorer": 3, "report": 3, "runtime": 2, "analysis": 2,
+         "kernels": 1, "config": 0, "errors": 0}
+
+
+def module_imports():
+    """(importing module, imported module) for every import of a gemmar module inside gemmar."""
+    edges = set()
+    for folder, _, files in os.walk(PACKAGE):
+        for name in files:
+            if not name.endswith(".py"):
+                continue
+            path = os.path.join(folder, name)
+            parts = ["gemmar"] + os.path.relpath(path, PACKAGE)[:-3].split(os.sep)
+            module = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+            package = module.split(".") if name == "__init__.py" else module.split(".")[:-1]
+            for node in ast.walk(ast.parse(open(path).read())):
+                if isinstance(node, ast.ImportFrom) and node.level:
+                    base = package[:len(package) - node.level + 1]
+                    target = ".".join(base + ([node.module] if node.module else []))
+                    edges.update((module, target if node.module else f"{target}.{a.name}") for a in node.names)
+                elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("gemmar"):
+                    edges.add((module, node.module))
+    return edges
+
+
+def layer(module):
+    parts = module.split(".")
+    return LAYER[parts[1] if len(parts) > 1 else "__init__"]
+
+
+def test_no_module_imports_from_a_layer_above_it():
+    edges = module_imports()
+    assert len(edges) > 40   # the walk found the package's imports
+    upward = sorted((a, b) for a, b in edges if layer(b) > layer(a) and a.split(".")[:2] != b.split(".")[:2])
+    assert not upward, upward
+
+
+def test_no_import_cycle():
+    graph = collections.defaultdict(set)
+    for a, b in module_imports():
+        if a != b:
+            graph[a].add(b)
+    state = {}
+
+    def visit(node, path):
+        state[node] = "open"
+        for nxt in graph[node]:
+            if state.get(nxt) == "open":
+                pytest.fail(f"import cycle: {' -> '.join(path + [node, nxt])}")
+            if nxt not in state:
+                visit(nxt, path + [node])
+        state[node] = "done"
+
+    for node in list(graph):
+        if node not in state:
+            visit(node, [])
