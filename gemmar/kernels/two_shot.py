@@ -6,9 +6,9 @@ That is a reduce-scatter followed by an all-gather, one tile at a time, which mo
 links ``2 (W - 1) / W`` times in the wire dtype, as NCCL's ring all-reduce does.
 
 A launch is two kernels, which run at the same time on two streams of the rank (one after the other under
-the interpreter, the GEMM first). Two kernels rather than one with two kinds of programs, because the
-compiler gives every program of a kernel the registers of its hungriest path, and a GEMM program that
-shares a kernel with the reduction measured three times slower on an H200.
+the interpreter, the GEMM first). Two kernels rather than one with two kinds of programs, so that each is
+compiled for its own job: the GEMM with its software pipeline and the tile's warps and stages, the
+reduction without either.
 
 - **GEMM programs** (``two_shot_gemm``, ``NUM_SMS`` of them), the persistent GEMM: for each tile
   ``pid, pid + NUM_SMS, ...``
