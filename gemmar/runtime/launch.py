@@ -57,8 +57,7 @@ def gemm_operands(A, B, config, device):
 def check_co_resident(compiled, config, heap):
     """Ranks that share a GPU spin on each other's flags, so all their programs must be on the GPU at once;
     a grid that cannot be is refused here, before it could hang. Residency per SM is limited by threads,
-    registers and shared memory, read from the compiled kernel."""
-    compiled._init_handles()   # loads the binary, which fills in its register count
+    registers and shared memory, read from the loaded kernel (``prepare`` has filled in its register count)."""
     props = torch.cuda.get_device_properties(heap.device)
     threads = compiled.metadata.num_warps * 32
     registers = -(-compiled.n_regs // 8) * 8 * threads

@@ -80,30 +80,31 @@ def describe():
     return out
 
 
-def seeded_globals(config):
-    """The global A (M x K) and B (K x N) that ``config.seed`` stands for (the same on every rank)."""
+def seeded_problem(config, device):
+    """The global A (M x K) and B (K x N) that ``config.seed`` stands for (the same on every rank), the
+    reference C and the inputs' ``input_scale``: built once per engine, however many ranks it hosts.
+
+    On a GPU the reference and the scale are fp32 products there (tf32 off): fast, and far more precise than
+    the tolerance; on cpu the reference is fp64."""
     gen = torch.Generator().manual_seed(config.seed)
     A = torch.randn(config.m, config.k, generator=gen).to(config.torch_dtype)
     B = torch.randn(config.k, config.n, generator=gen).to(config.torch_dtype)
-    return A, B
-
-
-def seeded_inputs(config, rank, device):
-    """This rank's K-slice of the seeded global A (M x K) and B (K x N), and the fp64/fp32 reference C."""
-    A, B = seeded_globals(config)
-    start, end = k_bounds(config.k, config.world_size, rank)
-    A_r = A[:, start:end].contiguous().to(device)
-    B_r = B[start:end, :].contiguous().to(device)
-    if device.type == "cuda":  # fp32 on the GPU (tf32 off): fast, and far more precise than the tolerance
+    if device.type == "cuda":
         A_full, B_full = A.to(device, torch.float32), B.to(device, torch.float32)
         allow_tf32 = torch.backends.cuda.matmul.allow_tf32
         torch.backends.cuda.matmul.allow_tf32 = False
-        reference = A_full @ B_full
+        reference, scale = A_full @ B_full, input_scale(A_full, B_full)
         torch.backends.cuda.matmul.allow_tf32 = allow_tf32
         del A_full, B_full
     else:
-        reference = A.double() @ B.double()
-    return A_r, B_r, reference
+        reference, scale = A.double() @ B.double(), input_scale(A, B)
+    return A, B, reference, scale
+
+
+def rank_slice(A, B, config, rank, device):
+    """Rank ``rank``'s K-slice of the global A and B, on ``device``."""
+    start, end = k_bounds(config.k, config.world_size, rank)
+    return A[:, start:end].contiguous().to(device), B[start:end, :].contiguous().to(device)
 
 
 EPSILON = {torch.float16: 2.0 ** -11, torch.bfloat16: 2.0 ** -8, torch.float32: 0.0}
@@ -167,22 +168,24 @@ def run_gemm_all_reduce(config, inputs=None, reference=None, scale=None, mistake
     """
     config = config.validate()
     group = local_ranks()
+    device = group[0].heap.device   # the hosted ranks share it
+    if inputs is None:
+        A_all, B_all, reference, scale = seeded_problem(config, device)
+    elif reference is not None:
+        reference = reference.to(device)
     with contextlib.ExitStack() as scopes:
         runs = []
         for i, ctx in enumerate(group):
             heap = scopes.enter_context(ctx.heap.scope())
             fused = FusedGemmAllReduce(heap, config, mistake)
             if inputs is None:
-                A, B, ref = seeded_inputs(config, ctx.rank, heap.device)
+                A, B = rank_slice(A_all, B_all, config, ctx.rank, device)
             else:
-                A, B = inputs[i][0].to(heap.device), inputs[i][1].to(heap.device)
+                A, B = inputs[i][0].to(device), inputs[i][1].to(device)
                 fused.check_inputs(A, B)
-                ref = reference.to(heap.device) if reference is not None else None
-            runs.append(dict(ctx=ctx, fused=fused, A=A, B=B, reference=ref if validate else None, diffs=[],
+            runs.append(dict(ctx=ctx, fused=fused, A=A, B=B, reference=reference if validate else None, diffs=[],
                              events=[], dropped=0))
         heaps = [ctx.heap for ctx in group]
-        if scale is None:
-            scale = input_scale(*seeded_globals(config))
         for run in runs:   # compile and load everything before any rank's kernel can spin
             run["fused"].prepare(run["A"], run["B"])
         # Start together. The device clock as each rank leaves the barrier is its trace's time zero.
@@ -209,12 +212,12 @@ def run_gemm_all_reduce(config, inputs=None, reference=None, scale=None, mistake
                     run["dropped"] += lost
             _publish({run["ctx"].rank: dict(iteration=it + 1, max_abs_diff=run["diffs"][-1], seconds=seconds[-1])
                       for run in runs})
+        checked = validate and reference is not None and reference.numel()
+        allowed = tolerance(config, scale, float(reference.abs().max()) if checked else 0.0)
         results = []
         for run, t0_ns in zip(runs, t_zero):
-            ref = run["reference"]
-            peak = float(ref.abs().max()) if ref is not None and ref.numel() else 0.0
-            out = RankResult(run["ctx"].rank, run["diffs"], seconds, tolerance(config, scale, peak), t0_ns,
-                             run["dropped"], kernels=run["fused"].kernel_resources)
+            out = RankResult(run["ctx"].rank, run["diffs"], seconds, allowed, t0_ns, run["dropped"],
+                             kernels=run["fused"].kernel_resources)
             if run["events"]:
                 out.events = np.concatenate(run["events"])
             if return_c:
@@ -266,8 +269,10 @@ def benchmark_rank(configs, reps=20, warmup=5, baseline=True):
                          "(time the fused kernels alone, without --baseline)")
     configs = {alg: config.validate() for alg, config in configs.items()}
     base = next(iter(configs.values()))
-    inputs = [seeded_inputs(base, ctx.rank, ctx.heap.device) for ctx in group]
-    scale = input_scale(*seeded_globals(base))
+    A_all, B_all, reference, scale = seeded_problem(base, heaps[0].device)
+    inputs = [(*rank_slice(A_all, B_all, base, ctx.rank, ctx.heap.device), reference) for ctx in group]
+    del A_all, B_all
+    peak = float(reference.abs().max())
     outs = [dict(rank=ctx.rank, fused_ms={}, max_abs_diff={}, tolerance={}) for ctx in group]
     for algorithm, config in configs.items():
         with contextlib.ExitStack() as scopes:
@@ -295,7 +300,7 @@ def benchmark_rank(configs, reps=20, warmup=5, baseline=True):
             for i, out in enumerate(outs):
                 out["fused_ms"][algorithm] = ms
                 out["max_abs_diff"][algorithm] = max(d[i] for d in diffs)
-                out["tolerance"][algorithm] = tolerance(config, scale, float(inputs[i][2].abs().max()))
+                out["tolerance"][algorithm] = tolerance(config, scale, peak)
             barrier_all(heaps)
     if baseline:
         import torch.distributed as dist
