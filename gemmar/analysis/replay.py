@@ -37,13 +37,13 @@ class _Timeline:
                 self.gemm_start[e.rank, e.tile], self.gemm_end[e.rank, e.tile] = e.start_us, e.end_us
             elif e.kind == "store" and m["algorithm"] == "ring":
                 self.done[e.rank, e.tile] = e.end_us
-        if m["algorithm"] == "two_shot":   # reduced on a rank once the owner's sum is in its C
-            for e in df[df["kind"].isin(("broadcast", "result_wait"))].itertuples():
+        if m["algorithm"] == "two_shot":
+            # Reduced on a rank once the owner's broadcast has written every rank's C, or, if the rank's
+            # wait for it ended first (clocks of different GPUs), once that wait ended.
+            for e in df[df["kind"] == "result_wait"].itertuples():
                 self.done[e.rank, e.tile] = e.end_us
-            if "broadcast" in set(df["kind"]):   # the owner wrote every rank's C at its broadcast
-                for e in df[df["kind"] == "broadcast"].itertuples():
-                    for r in range(self.W):
-                        self.done[r, e.tile] = min(self.done[r, e.tile], e.end_us)
+            for e in df[df["kind"] == "broadcast"].itertuples():
+                self.done[:, e.tile] = np.minimum(self.done[:, e.tile], e.end_us)
         if m["algorithm"] == "atomics":
             pushes = df[df["kind"] == "push"]
             for (peer, tile), p in pushes.groupby(["peer", "tile"]):
