@@ -44,32 +44,38 @@ def owned_tiles(total_tiles, world_size, rank):
     return max(0, -(-(total_tiles - rank) // world_size))
 
 
+def events_per_gemm_tile(algorithm, world_size):
+    """Events a GEMM program records per tile it computes."""
+    if algorithm == "ring":
+        return 2 + 5 * (world_size - 1)   # gemm, store, per step: slot_wait, send, signal, recv_wait, reduce
+    if algorithm == "atomics":
+        return 2 + world_size             # gemm, zeroing of the next buffer, a push to each rank
+    if algorithm == "two_shot":
+        return 2                          # gemm, publish
+    raise ValueError(f"no event layout for algorithm {algorithm!r}")
+
+
+def two_shot_reduce_events(total_tiles, owned, programs):
+    """Events two_shot's communication programs record: partial_wait, reduce and broadcast per owned tile
+    (shared out over ``programs`` of them), and a result_wait per tile owned elsewhere (by the last one)."""
+    return 3 * -(-owned // programs) + total_tiles - owned
+
+
 def events_per_program(algorithm, world_size, total_tiles, num_sms, comm_sms=0):
     """Trace room (events) each program gets, enough for the busiest one, reserved up front."""
-    gemm_tiles = -(-total_tiles // num_sms)
-    if algorithm == "ring":
-        return gemm_tiles * (2 + 5 * (world_size - 1))  # gemm, store, per step: slot_wait, send, signal, recv, reduce
-    if algorithm == "atomics":
-        return gemm_tiles * (2 + world_size)            # gemm, zeroing of the next buffer, a push to each rank
+    room = -(-total_tiles // num_sms) * events_per_gemm_tile(algorithm, world_size)
     if algorithm == "two_shot":
-        # gemm + publish per GEMM tile; partial_wait, reduce, broadcast per owned tile, and the last
-        # communication program also a result_wait per tile owned elsewhere.
-        owned = [owned_tiles(total_tiles, world_size, r) for r in range(world_size)]
-        comm = max(3 * -(-o // comm_sms) + total_tiles - o for o in owned)
-        return max(2 * gemm_tiles, comm)
-    raise ValueError(f"no event layout for algorithm {algorithm!r}")
+        room = max([room] + [two_shot_reduce_events(total_tiles, owned_tiles(total_tiles, world_size, r), comm_sms)
+                             for r in range(world_size)])
+    return room
 
 
 def events_per_launch(algorithm, world_size, total_tiles, rank):
     """How many events one rank records in one launch when nothing is dropped."""
-    if algorithm == "ring":
-        return total_tiles * (2 + 5 * (world_size - 1))
-    if algorithm == "atomics":
-        return total_tiles * (2 + world_size)
+    count = total_tiles * events_per_gemm_tile(algorithm, world_size)
     if algorithm == "two_shot":
-        owned = owned_tiles(total_tiles, world_size, rank)
-        return 2 * total_tiles + 3 * owned + (total_tiles - owned)
-    raise ValueError(f"no event layout for algorithm {algorithm!r}")
+        count += two_shot_reduce_events(total_tiles, owned_tiles(total_tiles, world_size, rank), programs=1)
+    return count
 
 
 def rows(buffer, counts, capacity, rank, iteration):
