@@ -1,16 +1,18 @@
-"""Fused GEMM + all-reduce against cuBLAS + NCCL on 2 GPUs, in one run; writes JSON figures and traces.
+"""Fused GEMM + all-reduce against cuBLAS + NCCL (sequential, and overlapped in row blocks), one GPU per
+rank, in one run; writes JSON figures and traces.
 
-    python3 benchmarks/h200_bench.py OUTDIR [--sweep]
+    python3 benchmarks/h200_bench.py OUTDIR [--world_size W] [--sweep]
 
-Per-rank shapes M x N x K_r (the global K is K_r * world size), bf16, both algorithms, median of 5 trials
+Per-rank shapes M x N x K_r (the global K is K_r * world size), bf16, every algorithm, median of 5 trials
 of 20 back-to-back launches each, every kernel validated against an fp32 torch reference before and after
-timing. ``--sweep`` first times a few tile configurations per algorithm on the first shape.
+timing. W defaults to 2; W = 1 on one GPU times the GEMM side of each kernel (NCCL then has nobody to talk
+to). ``--sweep`` first times a few tile configurations per algorithm on the first shape.
 """
 
+import argparse
 import datetime
 import json
 import os
-import sys
 
 import torch
 import triton
@@ -21,6 +23,7 @@ from gemmar.runtime.engines import gpu_properties
 from gemmar.config import tuned_defaults
 
 SHAPES = [(8192, 8192, 8192), (4096, 8192, 14336), (8192, 8192, 2048)]
+ALGORITHMS = ("atomics", "ring", "two_shot")
 SWEEP = {"atomics": [(128, 256, 64, 8, 3), (128, 128, 64, 8, 4), (128, 128, 64, 8, 3), (256, 128, 64, 8, 3)],
          "ring": [(128, 128, 64, 8, 4), (128, 128, 64, 8, 3), (128, 256, 64, 8, 3), (256, 128, 64, 8, 3)]}
 TRACED = [(8192, 8192, 8192), (8192, 8192, 2048)]
@@ -32,9 +35,8 @@ def config_for(m, n, k_rank, algorithm, W, **over):
     return gemmar.RunConfig(m=m, n=n, k=k_rank * W, datatype="bf16", algorithm=algorithm, world_size=W, **knobs)
 
 
-def main(out_dir, sweep):
+def main(out_dir, W, sweep):
     os.makedirs(out_dir, exist_ok=True)
-    W = 2
     report = dict(date=datetime.datetime.now().isoformat(timespec="seconds"), torch=torch.__version__,
                   triton=triton.__version__, gpu=torch.cuda.get_device_name(0), results=[], sweep=[])
     with gemmar.Cluster(world_size=W, backend="cuda", heap_size=3 << 30) as cluster:
@@ -50,23 +52,31 @@ def main(out_dir, sweep):
                     report["sweep"].append(dict(algorithm=alg, block=(bm, bn, bk), num_warps=warps,
                                                 num_stages=stages, ms=f[alg + "_ms"]))
         for m, n, k in SHAPES:
-            configs = {alg: config_for(m, n, k, alg, W) for alg in ("atomics", "ring")}
+            configs = {alg: config_for(m, n, k, alg, W) for alg in ALGORITHMS}
             figures = cluster.compare_to_unfused(configs)
             print_figures(figures, configs, W)
             report["results"].append(dict(shape=(m, n, k), configs={a: c.to_dict() for a, c in configs.items()},
                                           **figures))
         for m, n, k in TRACED:
-            for alg in ("atomics", "ring"):
+            for alg in ALGORITHMS:
                 cfg = config_for(m, n, k, alg, W, trace=True, iterations=3)
                 result = cluster.bench(cfg)
-                path = os.path.join(out_dir, f"h200-{alg}-{m}x{n}x{k}.trace.json.gz")
+                path = os.path.join(out_dir, f"h200x{W}-{alg}-{m}x{n}x{k}.trace.json.gz")
                 result.trace.save(path)
                 s = result.trace.summary()
                 print(f"[trace] {path}: ok={result.ok} span {s['span_us'].max():.0f} us, comm hidden "
                       f"{100 * s['hidden_share'].mean():.0f} %", flush=True)
-    with open(os.path.join(out_dir, "h200-bench.json"), "w") as f:
+    with open(os.path.join(out_dir, f"h200x{W}-bench.json"), "w") as f:
         json.dump(report, f, indent=1)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], "--sweep" in sys.argv)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out_dir")
+    parser.add_argument("--world_size", type=int, default=2, help="ranks, one GPU each (default 2)")
+    parser.add_argument("--sweep", action="store_true", help="first time a few tile configurations")
+    args = parser.parse_args()
+    if not 1 <= args.world_size <= torch.cuda.device_count():
+        parser.error(f"--world_size {args.world_size}: this machine has {torch.cuda.device_count()} GPU(s); "
+                     "give 1 to that many")
+    main(args.out_dir, args.world_size, args.sweep)

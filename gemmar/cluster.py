@@ -106,8 +106,10 @@ class Cluster(EngineCluster):
         figures.update({f"{alg}_max_abs_diff": max(o["max_abs_diff"][alg] for o in outs) for alg in configs})
         figures.update({f"{alg}_tolerance": min(o["tolerance"][alg] for o in outs) for alg in configs})
         if baseline:
-            for key in ("matmul_ms", "allreduce_ms", "sequential_ms"):
+            for key in ("matmul_ms", "allreduce_ms", "sequential_ms", "overlap_ms", "overlap_max_abs_diff"):
                 figures[key] = max(o[key] for o in outs)
+            figures["overlap_chunks"] = outs[0]["overlap_chunks"]
+            figures["unfused_ms"] = min(figures["sequential_ms"], figures["overlap_ms"])
             figures["bound_ms"] = max(figures["matmul_ms"], figures["allreduce_ms"])
         return figures
 
