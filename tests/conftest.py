@@ -24,9 +24,8 @@ class Clusters:
     def __call__(self, world_size):
         cluster = self.by_size.get(world_size)
         if cluster is None or not cluster.running:
-            for other in self.by_size.values():  # on GPUs one cluster at a time: one NCCL group per engine
-                if BACKEND == "cuda":
-                    other.stop()
+            # Clusters of different sizes live side by side (each its own engines, store and NCCL group):
+            # a compiled cluster takes many seconds to start, and the tests alternate between sizes.
             cluster = gemmar.Cluster(world_size=world_size, backend=BACKEND, timeout_s=60)
             # Engines import test helpers (tests/rank_helpers.py) by module name.
             cluster.client[cluster.engine_ids].execute(f"import sys; sys.path.insert(0, {TESTS_DIR!r})", block=True)
@@ -36,6 +35,20 @@ class Clusters:
     def close(self):
         for cluster in self.by_size.values():
             cluster.stop()
+
+
+def pytest_collection_modifyitems(items):
+    """Tests without a world_size parameter first, then by world size: fewer clusters alive at a time."""
+    items.sort(key=lambda item: item.callspec.params.get("world_size", 0) if hasattr(item, "callspec") else 0)
+
+
+if BACKEND == "cuda":
+    # A compiled example costs seconds (and a cluster start when the world size changes): report the
+    # failing example as found, without hypothesis' shrinking runs.
+    from hypothesis import Phase, settings
+
+    settings.register_profile("compiled", phases=[Phase.explicit, Phase.reuse, Phase.generate])
+    settings.load_profile("compiled")
 
 
 @pytest.fixture(scope="session")

@@ -20,43 +20,55 @@ SCRIPT = textwrap.dedent('''
     target = GPUTarget("cuda", 90, 32)
     ints = ["M", "N", "K", "stride_am", "stride_ak", "stride_bk", "stride_bn", "stride_cm", "stride_cn"]
 
-    def build(fn, signature, constexprs):
-        signature = dict(signature, **{k: "constexpr" for k in constexprs})
+    def build(fn, signature, constexprs, ones=()):
+        # ``ones``: int arguments given as 1, which Triton turns into constants (a 1 x 1 x 1 problem, one rank).
+        ones = {k: 1 for k in ones if k in signature}
+        signature = dict(signature, **{k: "constexpr" for k in list(constexprs) + list(ones)})
+        constexprs = dict(constexprs, **ones)
         compiled = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs), target=target)
         ptx = compiled.asm["ptx"]
         # A software-pipelined K loop keeps one wgmma group in flight while the next tiles load.
         pipelined = "wgmma.wait_group.sync.aligned 1" in ptx
-        print(fn.__name__, constexprs.get("TRACE_CAPACITY"), "globaltimer" in ptx, len(compiled.asm["cubin"]), pipelined)
+        print(fn.__name__, constexprs.get("TRACE_CAPACITY"), "globaltimer" in ptx, len(compiled.asm["cubin"]), pipelined,
+              len(ones))
+
+    def kernels(dtype, cap):
+        tiles = dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_SIZE_M=8, NUM_SMS=132, DOT_PRECISION="tf32",
+                     TRACE_CAPACITY=cap, EVEN_K=cap == 0)
+        yield (ring.gemm_all_reduce_ring,
+               {"A": "*" + dtype, "B": "*" + dtype, "C": "*fp32", "ring_buffer": "*fp32", "data_ready": "*i32",
+                "slot_free": "*i32", "watchdog": "*i64", "heap_bases": "*i64", "rank": "i32", "world_size": "i32",
+                "epoch": "i32", **{k: "i32" for k in ints}, "timeout_ns": "i64", "trace": "*i64",
+                "trace_counts": "*i64"}, dict(tiles, MISTAKE=0, SLOT_CACHE=".cg", TMA=False))
+        yield (atomics.gemm_all_reduce_atomics,
+               {"A": "*" + dtype, "B": "*" + dtype, "C_pair": "*fp32", "heap_bases": "*i64", "rank": "i32",
+                "world_size": "i32", "parity": "i32", **{k: "i32" for k in ints}, "trace": "*i64",
+                "trace_counts": "*i64"}, dict(tiles, TMA=False))
+        yield (gemm.persistent_gemm,
+               {"A": "*" + dtype, "B": "*" + dtype, "C": "*" + dtype, **{k: "i32" for k in ints},
+                "trace": "*i64", "trace_counts": "*i64"}, dict(tiles, TMA=False, FLATTEN=True))
+        # two_shot as the launcher runs it on Hopper: A and B as TMA tensor descriptors, flattened loops.
+        descriptors = {"A": f"tensordesc<{dtype}[128, 64]>", "B": f"tensordesc<{dtype}[64, 256]>"}
+        yield (two_shot.two_shot_gemm,
+               {**descriptors, "partials": "*" + dtype, "partial_ready": "*i32", "heap_bases": "*i64",
+                "rank": "i32", "world_size": "i32", **{k: "i32" for k in ints[:7]}, "trace": "*i64",
+                "trace_counts": "*i64"}, dict(tiles, BLOCK_N=256, NUM_SMS=116, TMA=True))
+        yield (two_shot.two_shot_reduce,
+               {"C": "*" + dtype, "partials": "*" + dtype, "partial_ready": "*i32", "result_ready": "*i32",
+                "watchdog": "*i64", "heap_bases": "*i64", "rank": "i32", "world_size": "i32", "epoch": "i32",
+                "M": "i32", "N": "i32", "stride_cm": "i32", "stride_cn": "i32", "timeout_ns": "i64",
+                "trace": "*i64", "trace_counts": "*i64"},
+               dict(BLOCK_M=128, BLOCK_N=256, GROUP_SIZE_M=8, COMM_SMS=16, TRACE_CAPACITY=cap, MISTAKE=0,
+                    PEER_CACHE=".cg"))
 
     for dtype in ("bf16", "fp16"):
         for cap in (0, 64):
-            tiles = dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_SIZE_M=8, NUM_SMS=132, DOT_PRECISION="tf32",
-                         TRACE_CAPACITY=cap, EVEN_K=cap == 0)
-            build(ring.gemm_all_reduce_ring,
-                  {"A": "*" + dtype, "B": "*" + dtype, "C": "*fp32", "ring_buffer": "*fp32", "data_ready": "*i32",
-                   "slot_free": "*i32", "watchdog": "*i64", "heap_bases": "*i64", "rank": "i32", "world_size": "i32",
-                   "epoch": "i32", **{k: "i32" for k in ints}, "timeout_ns": "i64", "trace": "*i64",
-                   "trace_counts": "*i64"}, dict(tiles, MISTAKE=0, SLOT_CACHE=".cg", TMA=False))
-            build(atomics.gemm_all_reduce_atomics,
-                  {"A": "*" + dtype, "B": "*" + dtype, "C_pair": "*fp32", "heap_bases": "*i64", "rank": "i32",
-                   "world_size": "i32", "parity": "i32", **{k: "i32" for k in ints}, "trace": "*i64",
-                   "trace_counts": "*i64"}, dict(tiles, TMA=False))
-            build(gemm.persistent_gemm,
-                  {"A": "*" + dtype, "B": "*" + dtype, "C": "*" + dtype, **{k: "i32" for k in ints},
-                   "trace": "*i64", "trace_counts": "*i64"}, dict(tiles, TMA=False, FLATTEN=True))
-            # two_shot as the launcher runs it on Hopper: A and B as TMA tensor descriptors, flattened loops.
-            descriptors = {"A": f"tensordesc<{dtype}[128, 64]>", "B": f"tensordesc<{dtype}[64, 256]>"}
-            build(two_shot.two_shot_gemm,
-                  {**descriptors, "partials": "*" + dtype, "partial_ready": "*i32", "heap_bases": "*i64",
-                   "rank": "i32", "world_size": "i32", **{k: "i32" for k in ints[:7]}, "trace": "*i64",
-                   "trace_counts": "*i64"}, dict(tiles, BLOCK_N=256, NUM_SMS=116, TMA=True))
-            build(two_shot.two_shot_reduce,
-                  {"C": "*" + dtype, "partials": "*" + dtype, "partial_ready": "*i32", "result_ready": "*i32",
-                   "watchdog": "*i64", "heap_bases": "*i64", "rank": "i32", "world_size": "i32", "epoch": "i32",
-                   "M": "i32", "N": "i32", "stride_cm": "i32", "stride_cn": "i32", "timeout_ns": "i64",
-                   "trace": "*i64", "trace_counts": "*i64"},
-                  dict(BLOCK_M=128, BLOCK_N=256, GROUP_SIZE_M=8, COMM_SMS=16, TRACE_CAPACITY=cap, MISTAKE=0,
-                       PEER_CACHE=".cg"))
+            for kernel in kernels(dtype, cap):
+                build(*kernel)
+    # Triton compiles an int argument that is 1 as a constant: the kernels must not call tensor methods on
+    # one (M.to(...) broke the atomics kernel at M = 1, on a GPU only).
+    for kernel in kernels("bf16", 0):
+        build(*kernel, ones=("M", "N", "K", "rank", "world_size", "epoch", "parity"))
     build(barrier.barrier_kernel, {"counter": "*i64", "watchdog": "*i64", "exit_time": "*i64", "heap_bases": "*i64", "rank": "i32",
                                    "target": "i64", "timeout_ns": "i64"}, {})
 ''')
@@ -69,10 +81,11 @@ def test_kernels_compile_for_hopper():
         pytest.skip("this Triton wheel carries no ptxas, so it cannot compile for NVIDIA here")
     assert p.returncode == 0, p.stderr[-3000:]
     lines = [l.split() for l in p.stdout.splitlines()]
-    assert len(lines) == 2 * 2 * 5 + 1   # dtypes x tracing off/on x kernels, and the barrier
-    for name, capacity, has_timer, cubin_bytes, pipelined in lines:
+    assert len(lines) == 2 * 2 * 5 + 5 + 1   # dtypes x tracing off/on x kernels, the 1 x 1 x 1 builds, the barrier
+    assert sum(int(line[-1]) > 0 for line in lines) == 5   # the kernels given arguments of 1 really had some
+    for name, capacity, has_timer, cubin_bytes, pipelined, ones in lines:
         assert int(cubin_bytes) > 0
-        if name == "two_shot_gemm":   # a flattened tile loop once cost it its pipelining: 3x slower on an H200
+        if name == "two_shot_gemm" and ones == "0":   # (with K = 1 there is no loop to pipeline)   # a flattened tile loop once cost it its pipelining: 3x slower on an H200
             assert pipelined == "True", f"two_shot_gemm (trace capacity {capacity}) is not software-pipelined"
         # The GPU timer is in the code exactly when tracing is on (and always in the barrier's watchdog).
         if name not in ("barrier_kernel", "gemm_all_reduce_ring", "two_shot_reduce"):   # these wait: watchdog clock

@@ -35,7 +35,8 @@ def gemm_all_reduce_atomics(
     pid = tl.program_id(0)
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
-    plane = M.to(tl.int64) * N  # C_pair is [2, M, N]
+    # C_pair is [2, M, N]. tl.cast, not M.to(): Triton compiles M == 1 as a constant, a Python int.
+    plane = tl.cast(M, tl.int64) * N
     C = C_pair + parity * plane
     C_next = C_pair + (1 - parity) * plane
     n_events = tl.zeros((), tl.int32)

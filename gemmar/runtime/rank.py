@@ -142,6 +142,19 @@ def _publish(data):
         pass
 
 
+def check_all(fused):
+    """``check()`` every hosted rank's launch; their expired waits together in one DeadlockError (the first
+    rank's alone would hide the others')."""
+    waits = []
+    for f in fused:
+        try:
+            f.check()
+        except DeadlockError as e:
+            waits += e.waits
+    if waits:
+        raise DeadlockError(waits)
+
+
 def _errors_as_results(fn):
     """Bad input and deadlocks travel back as RankFailure, so the client can raise one error that combines
     every rank's view (other exceptions are bugs and travel as remote tracebacks)."""
@@ -198,8 +211,7 @@ def run_gemm_all_reduce(config, inputs=None, reference=None, scale=None, mistake
                 barrier_all(heaps, config.timeout_s)
             t0 = time.perf_counter()
             outs = [run["fused"](run["A"], run["B"], wait=False) for run in runs]
-            for run in runs:
-                run["fused"].check()
+            check_all([run["fused"] for run in runs])
             seconds.append(time.perf_counter() - t0)
             for run, C in zip(runs, outs):
                 ref = run["reference"]
@@ -283,8 +295,7 @@ def benchmark_rank(configs, reps=20, warmup=5, baseline=True):
 
             def checked_diffs():
                 Cs = launch_all()
-                for f in fused:
-                    f.check()
+                check_all(fused)
                 return [float((C.float() - ref).abs().max()) for C, (_, _, ref) in zip(Cs, inputs)]
 
             for f, (A, B, _) in zip(fused, inputs):
@@ -294,8 +305,7 @@ def benchmark_rank(configs, reps=20, warmup=5, baseline=True):
             for _ in range(warmup):
                 launch_all()
             ms = _median_ms(launch_all, reps, [h.stream for h in heaps], one_process=shared)
-            for f in fused:
-                f.check()
+            check_all(fused)
             diffs.append(checked_diffs())  # still right after timing
             for i, out in enumerate(outs):
                 out["fused_ms"][algorithm] = ms

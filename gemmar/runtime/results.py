@@ -45,7 +45,10 @@ class RankFailure:
         usage = [f.error for f in failures if isinstance(f.error, UsageError)]
         if usage:
             raise usage[0]
-        waits = [w for f in failures if isinstance(f.error, DeadlockError) for w in f.error.waits]
+        waits = []
+        for f in failures:   # ranks hosted by one engine share one error: each wait once
+            if isinstance(f.error, DeadlockError):
+                waits += [w for w in f.error.waits if w not in waits]
         if waits:
             raise DeadlockError(waits)
         if failures:
