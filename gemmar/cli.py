@@ -119,7 +119,7 @@ def config_from_args(args, backend, algorithm=None):
 
 
 def cmd_bench(args):
-    from .cluster import Cluster
+    from .cluster import Cluster, check_memory
 
     if args.baseline and not args.benchmark:
         raise UsageError("--baseline times against cuBLAS + NCCL: use it together with -b/--benchmark")
@@ -146,6 +146,7 @@ def cmd_bench(args):
     if args.total_sms is not None and config.algorithm != "two_shot":
         log("-", W, f"--total_sms means nothing for {config.algorithm}, which has no communication programs: "
                     f"ignored")
+    check_memory(config, W, backend)   # before the engines start, and in words about the problem's size
     log("-", W, f"starting {W} ipyparallel engine(s) as ranks 0..{W - 1}")
     figures = None
     heap_size = args.heap_size or max(256 << 20, max(heap_bytes_needed(config_from_args(args, backend, alg))

@@ -6,14 +6,33 @@ engine in ``runtime/rank.py``.
 import functools
 from dataclasses import dataclass, field
 
+import psutil
 import torch
 
 from .config import RunConfig, k_bounds
 from .errors import UsageError
 from .report import log
 from .runtime import rank as rank_runtime
-from .runtime.engines import EngineCluster
+from .runtime.engines import EngineCluster, size_text
+from .runtime.launch import heap_bytes_needed
 from .runtime.results import RankFailure
+
+
+def check_memory(config, engines, backend, client_copy=False):
+    """Refuse a run the machine's memory cannot hold, before anything is allocated. On cpu every engine
+    builds the global inputs (fp32, then their dtype) and a float64 reference, and holds C and the part of
+    its heap the run uses; ``client_copy``: the client holds the inputs and a reference too. (On GPUs the
+    heap is checked against GPU memory as it is made.)"""
+    if backend != "cpu":
+        return
+    m, n, k = config.m, config.n, config.k
+    per_engine = 12 * m * n + 8 * (m * k + k * n) + heap_bytes_needed(config)
+    need = engines * per_engine + (8 * m * n + 8 * (m * k + k * n) if client_copy else 0)
+    available = psutil.virtual_memory().available
+    if need > available:
+        raise UsageError(f"m x n x k = {m} x {n} x {k} needs about {size_text(need)} of memory ({engines} ranks, "
+                         f"each with the inputs, a float64 reference and C); this machine has "
+                         f"{size_text(available)} available: use a smaller problem")
 
 
 @dataclass
@@ -61,6 +80,7 @@ class Cluster(EngineCluster):
         """
         base = (config or RunConfig()).to_dict()
         config = RunConfig.from_settings({**base, **settings}, world_size=self.world_size)
+        check_memory(config, len(self.engine_ranks), self.backend)
         return self._run(config, None, validate, verbose, mistake, return_c, on_progress)
 
     def gemm_all_reduce(self, A, B, algorithm="ring", validate=True, mistake="none", verbose=False, **settings):
@@ -75,6 +95,13 @@ class Cluster(EngineCluster):
         for name, t in (("A", A), ("B", B)):
             if not isinstance(t, torch.Tensor) or t.dim() != 2:
                 raise UsageError(f"{name} must be a 2-D torch tensor, got {type(t).__name__}")
+            if t.device.type not in ("cpu", "cuda"):
+                raise UsageError(f"{name} is on device {t.device.type!r}, which holds no values: give a cpu or "
+                                 f"cuda tensor")
+            if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+                bad = int((~torch.isfinite(t)).sum())
+                raise UsageError(f"{name} holds {bad} NaN or infinite value(s): C could not be checked against "
+                                 f"the reference; give finite inputs")
         if A.shape[1] != B.shape[0]:
             raise UsageError(f"A is {tuple(A.shape)} and B is {tuple(B.shape)}: A's columns must equal B's rows")
         if A.dtype != B.dtype:
@@ -82,6 +109,7 @@ class Cluster(EngineCluster):
         fixed = dict(m=A.shape[0], n=B.shape[1], k=A.shape[1], datatype=A.dtype, algorithm=algorithm,
                      world_size=self.world_size)
         config = RunConfig.from_settings({"timeout_s": self.timeout_s, **settings}, **fixed)
+        check_memory(config, self.world_size, self.backend, client_copy=True)
         A, B = A.detach().cpu(), B.detach().cpu()
         reference = A.double() @ B.double()
         slices = [k_bounds(config.k, self.world_size, r) for r in range(self.world_size)]

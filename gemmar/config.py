@@ -144,6 +144,8 @@ class RunConfig:
         _positive_int("num_stages", self.num_stages, 8)
         if not (isinstance(self.timeout_s, (int, float)) and 0 < self.timeout_s <= 86400):
             raise UsageError(f"timeout_s={self.timeout_s!r} is not allowed: use seconds between 0 and 86400")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2 ** 63:
+            raise UsageError(f"seed={self.seed!r} is not allowed: use a whole number from 0 to 2**63 - 1")
         return self
 
     @property

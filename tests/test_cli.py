@@ -8,6 +8,7 @@ import sys
 import pytest
 
 import gemmar
+from gemmar.runtime.heap import shm_dir
 
 GEMMAR = [sys.executable, "-m", "gemmar.cli"]
 
@@ -54,9 +55,16 @@ def test_bench_validates_and_writes_json(tmp_path, algorithm):
     (["--heap_size", "0"], "--heap_size 0"),
     (["--output_file", "/nonexistent/out.json"], "the folder /nonexistent does not exist"),
     (["--output_file", "/tmp"], "is a folder"),
+    (["--heap_size", "10"], "heap_size=10 is not allowed"),
+    (["--heap_size", str(10 ** 14)], "of shared memory"),            # before any arena file is made
+    (["-m", "100000", "-n", "100000"], "needs about"),               # before the engines start
+    (["--seed", str(10 ** 24)], "seed=" + str(10 ** 24)),
+    (["--seed", "-1"], "seed=-1"),
 ])
 def test_bad_arguments_exit_2_with_one_line(args, needle):
+    before = set(os.listdir(shm_dir()))
     p = run("bench", *args, timeout=60)
+    assert set(os.listdir(shm_dir())) <= before
     assert p.returncode == 2, (p.returncode, p.stdout, p.stderr)
     assert len(p.stderr.strip().splitlines()) == 1, p.stderr
     assert needle in p.stderr

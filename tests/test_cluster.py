@@ -60,6 +60,9 @@ def test_run_gathers_results_by_rank(clusters):
     (dict(world_size=2, backend="cuda"), "needs an NVIDIA GPU"),
     (dict(world_size=2, timeout_s=0), "timeout_s=0"),
     (dict(world_size=2, start_timeout_s=-1), "start_timeout_s=-1"),
+    (dict(world_size=2, heap_size=10), "heap_size=10 is not allowed"),       # the caller lives on
+    (dict(world_size=2, heap_size=0), "heap_size=0 is not allowed"),
+    (dict(world_size=2, heap_size=10 ** 14), r"needs 182 TiB of shared memory"),
 ])
 def test_bad_cluster_arguments(kwargs, needle):
     with pytest.raises(gemmar.UsageError, match=needle):
@@ -81,6 +84,17 @@ def test_bad_inputs_through_the_python_api(clusters):
         cluster.gemm_all_reduce(A, B, algorithm="tree")
     with pytest.raises(gemmar.UsageError, match="mistake 'typo'"):
         cluster.gemm_all_reduce(A, B, mistake="typo")
+    with pytest.raises(gemmar.UsageError, match="A holds 2 NaN or infinite"):
+        bad = A.clone()
+        bad[0, 0], bad[3, 1] = float("nan"), float("inf")
+        cluster.gemm_all_reduce(bad, B)
+    with pytest.raises(gemmar.UsageError, match="device 'meta'"):
+        cluster.gemm_all_reduce(A, B.to("meta"))
+    with pytest.raises(gemmar.UsageError, match="setting 'block' is not known"):
+        cluster.gemm_all_reduce(A, B, block=None)
+    # Large inputs give large rounding errors; the tolerance scales with |a| |b|, so a right C passes.
+    big_A, big_B = (A.float() * 100).half(), (B.float() * 100).half()
+    assert cluster.gemm_all_reduce(big_A, big_B, BLK_M=16, BLK_N=16, BLK_K=16).ok
     # The cluster is still usable after each refusal.
     assert cluster.gemm_all_reduce(A, B, BLK_M=16, BLK_N=16, BLK_K=16).ok
 

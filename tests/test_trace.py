@@ -144,6 +144,26 @@ def test_save_load_roundtrip_and_bad_files(traces, tmp_path):
         Trace.load(tmp_path / "missing.json")
 
 
+@pytest.mark.parametrize("damage,needle", [
+    (lambda d: d["meta"].update(m="48"), "m='48' is not an integer"),
+    (lambda d: d.update(meta=[]), "its meta is list"),
+    (lambda d: d["meta"].update(BLK_M=0), "BLK_M=0"),
+    (lambda d: d["meta"].update(n=1e30), "n=1e+30"),
+    (lambda d: d["meta"].pop("world_size"), "its meta lacks world_size"),
+    (lambda d: d["events"][3].__setitem__(0, 9), "event 3 has a rank outside the world size"),
+    (lambda d: d["events"][5].__setitem__(2, 99), "event 5 has a program outside the launch"),
+    (lambda d: d["events"][0].__setitem__(3, 77), "event 0 has an unknown event kind"),
+])
+def test_a_damaged_trace_is_refused_whole_on_load(traces, tmp_path, damage, needle):
+    # Checked on load, not when a figure meets the bad value half-way through drawing it.
+    traces["ring"].save(tmp_path / "run.trace.json")
+    doc = json.loads((tmp_path / "run.trace.json").read_text())
+    damage(doc)
+    (tmp_path / "bad.json").write_text(json.dumps(doc))
+    with pytest.raises(gemmar.UsageError, match="is damaged: " + needle.replace("+", r"\+")):
+        Trace.load(tmp_path / "bad.json")
+
+
 def test_perfetto_structure(traces, tmp_path):
     t = traces["atomics"]
     doc = t.to_perfetto(tmp_path / "p.json")

@@ -58,6 +58,41 @@ def _overlap(a, b):
     return total
 
 
+def _checked_meta(meta):
+    """The run description a trace file carries, checked as the run's own settings were (a bad one would
+    crash a figure later, after the PNG was half written)."""
+    from ..config import RunConfig
+
+    if not isinstance(meta, dict):
+        raise UsageError(f"its meta is {type(meta).__name__}, not a dict of run settings")
+    names = ("algorithm", "m", "n", "k", "datatype", "BLK_M", "BLK_N", "BLK_K", "gsize_m", "num_sms", "world_size",
+             "iterations")
+    names += ("comm_sms",) if meta.get("algorithm") == "two_shot" else ()
+    missing = [name for name in names if name not in meta]
+    if missing:
+        raise UsageError(f"its meta lacks {', '.join(missing)}")
+    settings = {name: meta[name] for name in names}
+    RunConfig(**settings).validate()
+    return meta
+
+
+def _check_events(trace):
+    """Every event names a rank, program and kind the run had, and ends no earlier than it starts."""
+    m, ev = trace.meta, trace.raw
+    if not len(ev):
+        return
+    programs = m["num_sms"] + (m.get("comm_sms") or 0)
+    columns = {name: ev[:, i] for i, name in enumerate(RAW_COLUMNS)}
+    problems = [(columns["rank"] < 0) | (columns["rank"] >= m["world_size"]), "a rank outside the world size",
+                (columns["program"] < 0) | (columns["program"] >= programs), "a program outside the launch",
+                ~np.isin(columns["kind_id"], list(KINDS)), "an unknown event kind",
+                columns["t_end_ns"] < columns["t_start_ns"], "an end before its start"]
+    for bad, what in zip(problems[::2], problems[1::2]):
+        if bad.any():
+            row = int(np.flatnonzero(bad)[0])
+            raise UsageError(f"event {row} has {what} ({dict(zip(RAW_COLUMNS, ev[row].tolist()))})")
+
+
 class Trace:
     """Events of one run from every rank. ``events`` is a DataFrame, one row per event, times in µs."""
 
@@ -135,9 +170,11 @@ class Trace:
             raise UsageError(f"trace file {path} is damaged: its columns or events are not the ones version "
                              f"{VERSION} writes")
         try:
-            return cls(doc["events"], doc.get("meta", {}))
-        except (ValueError, TypeError) as e:
-            raise UsageError(f"trace file {path} is damaged: {str(e)[:120]}") from None
+            trace = cls(doc["events"], _checked_meta(doc.get("meta")))
+            _check_events(trace)
+        except (ValueError, TypeError, OverflowError, UsageError) as e:
+            raise UsageError(f"trace file {path} is damaged: {str(e)[:200]}") from None
+        return trace
 
     def __repr__(self):
         m = self.meta

@@ -10,6 +10,7 @@ again. The GEMM API on top of this is ``gemmar.Cluster``.
 import atexit
 import logging
 import os
+import shutil
 import time
 import uuid
 import weakref
@@ -20,7 +21,7 @@ import torch
 from ..config import BACKENDS, MAX_WORLD_SIZE
 from ..errors import ClusterError, RankDiedError, UsageError
 from . import rank as rank_runtime
-from .heap import DEFAULT_HEAP_BYTES, remove_arenas
+from .heap import ALIGN, DEFAULT_HEAP_BYTES, HEADER_BYTES, remove_arenas, shm_dir
 from .results import RankFailure
 
 
@@ -59,6 +60,28 @@ def resolve_backend(backend, world_size):
     return backend
 
 
+def size_text(nbytes):
+    """Bytes for people: 1.5 GiB, 200 MiB, 512 B."""
+    for unit, shift in (("TiB", 40), ("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if nbytes >= 1 << shift:
+            return f"{nbytes / (1 << shift):.3g} {unit}"
+    return f"{nbytes} B"
+
+
+def check_heap_fits(backend, world_size, heap_size):
+    """Before anything is allocated: a heap too small to hold anything, or (cpu) arenas that /dev/shm could
+    not hold all at once (they are sparse files: a write past the free space kills the rank with SIGBUS)."""
+    smallest = HEADER_BYTES + ALIGN
+    if isinstance(heap_size, bool) or not isinstance(heap_size, int) or heap_size < smallest:
+        raise UsageError(f"heap_size={heap_size!r} is not allowed: use whole bytes per rank, at least {smallest}")
+    if backend == "cpu":
+        free = shutil.disk_usage(shm_dir()).free
+        if heap_size * world_size > free:
+            raise UsageError(f"heap_size={heap_size} ({size_text(heap_size)}) x {world_size} ranks needs "
+                             f"{size_text(heap_size * world_size)} of shared memory; {shm_dir()} has "
+                             f"{size_text(free)} free: use a smaller heap_size")
+
+
 class EngineCluster:
     def __init__(self, world_size=2, backend="auto", heap_size=DEFAULT_HEAP_BYTES, start_timeout_s=120.0,
                  timeout_s=60.0, start=True):
@@ -72,7 +95,8 @@ class EngineCluster:
         # Which ranks each engine hosts: one each, or all in one engine when they share a GPU.
         self.shares_gpu = shares_gpu(self.backend, world_size)
         self.engine_ranks = [list(range(world_size))] if self.shares_gpu else [[r] for r in range(world_size)]
-        self.heap_size = int(heap_size)
+        check_heap_fits(self.backend, world_size, heap_size)
+        self.heap_size = heap_size
         self.start_timeout_s, self.timeout_s = start_timeout_s, timeout_s
         self._ipp = self.client = None
         self.info = []
@@ -114,7 +138,8 @@ class EngineCluster:
             self.pids = [None] * self.world_size
             self.info = self.run_ranks(rank_runtime.init_ranks, engine_args=lambda e: (
                 self.engine_ranks[e], self.world_size, self.backend, self.heap_size, self.cluster_id,
-                self.timeout_s), timeout=self.start_timeout_s)
+                self.timeout_s, self.start_timeout_s), timeout=self.start_timeout_s)
+            RankFailure.raise_first(self.info)   # a rank that could not build its heap, in one line
             self.pids = [i["pid"] for i in self.info]
         except BaseException:
             self.stop()

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from ..config import k_bounds
-from ..errors import DeadlockError, UsageError
+from ..errors import DeadlockError, GemmarError, UsageError
 from .heap import barrier_all, create_heap
 from .launch import FusedGemmAllReduce
 from .results import RankFailure, RankResult
@@ -44,24 +44,35 @@ def current():
     return ranks[0]
 
 
-def init_ranks(ranks, world_size, backend, heap_size, cluster_id, timeout_s):
+def init_ranks(ranks, world_size, backend, heap_size, cluster_id, timeout_s, start_timeout_s=None):
     """Make this engine host ``ranks``: pin the device, build each rank's heap, meet the other ranks.
 
     One rank per engine on cpu and on cuda with a GPU per rank; every rank in this engine when several
     ranks share GPU 0 (each on its own stream, see ``heap/cuda.py``).
     """
+    try:
+        # Meeting the other ranks may take as long as starting them; the waits of runs get timeout_s.
+        return _init_ranks(ranks, world_size, backend, heap_size, cluster_id, timeout_s,
+                           max(timeout_s, start_timeout_s or 0))
+    except GemmarError as e:   # travels back as one line, not as a remote traceback
+        return [RankFailure(r, e) for r in ranks]
+
+
+def _init_ranks(ranks, world_size, backend, heap_size, cluster_id, timeout_s, meet_timeout_s):
     global _ranks
     torch.set_num_threads(1)   # ranks share the machine's cores; one thread each is fastest
     if backend == "cuda" and len(ranks) > 1:
         from .heap.cuda import CudaHeap
 
-        heaps = CudaHeap.create_shared(world_size, heap_size, timeout_s)
-        barrier_all(heaps, timeout_s)
+        heaps = CudaHeap.create_shared(world_size, heap_size, meet_timeout_s)
+        barrier_all(heaps, meet_timeout_s)
     else:
         (rank,) = ranks
         if backend == "cuda":
             torch.cuda.set_device(rank)
-        heaps = {rank: create_heap(backend, rank, world_size, heap_size, cluster_id, timeout_s)}
+        heaps = {rank: create_heap(backend, rank, world_size, heap_size, cluster_id, meet_timeout_s)}
+    for heap in heaps.values():
+        heap.timeout_s = timeout_s
     _ranks = [RankContext(r, world_size, backend, heaps[r]) for r in ranks]
     return describe()
 

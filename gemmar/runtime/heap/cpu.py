@@ -55,9 +55,22 @@ class CpuHeap(SymmetricHeap):
         fd = os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
         try:
             os.ftruncate(fd, size)
+            os.rename(tmp, paths[rank])
+        except OSError as e:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            raise ClusterError(f"rank {rank} could not make its {size}-byte heap in {folder}: {e.strerror}") from None
         finally:
             os.close(fd)
-        os.rename(tmp, paths[rank])
+        try:
+            return cls._map_all(rank, world_size, size, paths, timeout_s)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(paths[rank])   # nothing left in /dev/shm by a rank that failed to start
+            raise
+
+    @classmethod
+    def _map_all(cls, rank, world_size, size, paths, timeout_s):
 
         maps, deadline = [], time.monotonic() + timeout_s
         for r, path in enumerate(paths):
@@ -67,12 +80,13 @@ class CpuHeap(SymmetricHeap):
                     break
                 except FileNotFoundError:
                     if time.monotonic() > deadline:
-                        os.unlink(paths[rank])
                         raise ClusterError(f"rank {rank}: rank {r}'s heap did not appear within {timeout_s:g} s "
                                            f"({path})") from None
                     time.sleep(0.01)
             try:
                 maps.append(mmap.mmap(fd, size))
+            except OSError as e:
+                raise ClusterError(f"rank {rank} could not map rank {r}'s {size}-byte heap: {e.strerror}") from None
             finally:
                 os.close(fd)
         arenas = [torch.frombuffer(m, dtype=torch.uint8) for m in maps]

@@ -27,6 +27,15 @@ def store_path(cluster_id):
     return os.path.join(tempfile.gettempdir(), f"gemmar-{cluster_id}.store")
 
 
+def check_gpu_memory(device, nbytes, what):
+    """Refuse, before allocating, what the GPU has no room for (an out-of-memory error deep inside
+    symmetric memory or a kernel would say nothing about which setting to change)."""
+    free, total = torch.cuda.mem_get_info(device)
+    if nbytes > free:
+        raise UsageError(f"{what} needs {nbytes / 2**30:.3g} GiB of GPU memory; {device} has {free / 2**30:.3g} GiB "
+                         f"free of {total / 2**30:.3g} GiB: use a smaller heap_size")
+
+
 class CudaHeap(SymmetricHeap):
     backend = "cuda"
 
@@ -41,6 +50,7 @@ class CudaHeap(SymmetricHeap):
             raise UsageError(f"backend cuda needs {world_size} GPUs; this machine has {torch.cuda.device_count()}")
         device = torch.device("cuda", rank)
         torch.cuda.set_device(device)
+        check_gpu_memory(device, size, f"heap_size={size}")
         if not dist.is_initialized():
             store = dist.FileStore(store_path(cluster_id), world_size)
             dist.init_process_group("nccl", store=store, rank=rank, world_size=world_size, device_id=device,
@@ -66,6 +76,7 @@ class CudaHeap(SymmetricHeap):
             raise UsageError("backend cuda needs a GPU; this machine has none")
         device = torch.device("cuda", device)
         torch.cuda.set_device(device)
+        check_gpu_memory(device, size * world_size, f"heap_size={size} x {world_size} ranks sharing the GPU")
         arenas = [torch.zeros(size, dtype=torch.uint8, device=device) for _ in range(world_size)]
         bases = [a.data_ptr() for a in arenas]
         torch.cuda.synchronize(device)
