@@ -11,6 +11,10 @@ import atexit
 import logging
 import os
 import shutil
+import subprocess
+import sys
+import tempfile
+import threading
 import time
 import uuid
 import weakref
@@ -22,6 +26,8 @@ from ..config import BACKENDS, MAX_WORLD_SIZE
 from ..errors import ClusterError, RankDiedError, UsageError
 from . import rank as rank_runtime
 from .heap import ALIGN, DEFAULT_HEAP_BYTES, HEADER_BYTES, remove_arenas, shm_dir
+from .heap.cpu import arena_prefix
+from .reaper import end_sessions
 from .results import RankFailure
 
 
@@ -98,8 +104,11 @@ class EngineCluster:
         check_heap_fits(self.backend, world_size, heap_size)
         self.heap_size = heap_size
         self.start_timeout_s, self.timeout_s = start_timeout_s, timeout_s
-        self._ipp = self.client = None
+        self._ipp = self.client = self._reaper = None
         self.info = []
+        self._sessions = set()
+        self._stopped_during_run = threading.Event()
+        self._interrupted = self._in_run = False
         if start:
             self.start()
 
@@ -114,26 +123,34 @@ class EngineCluster:
         if self.running:
             return self
         self.cluster_id = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self._interrupted = False
+        self._stopped_during_run.clear()
+        # A private ipyparallel profile: this cluster's logs and connection files only, removed on stop.
+        self.profile_dir = tempfile.mkdtemp(prefix=f"gemmar-{self.cluster_id}-ipython-")
+        self._start_reaper()
         env = {"TRITON_INTERPRET": "1" if self.backend == "cpu" else "0", "OMP_NUM_THREADS": "1",
-               "PYTHONUNBUFFERED": "1"}
+               "PYTHONUNBUFFERED": "1", "IPYTHONDIR": self.profile_dir}   # nothing written to ~/.ipython
         for var in ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "NCCL_NVLS_ENABLE", "NVSHMEM_DISABLE_NVLS"):
             env[var] = os.environ.get(var, "1" if var != "NCCL_NVLS_ENABLE" else "0")
         # ipyparallel's own exit hook can stall a closing Jupyter kernel for minutes; ours kills the engines.
         # ERROR: stopping engines makes them exit 1, and ipyparallel would log their whole output as a warning.
         self._ipp = ipp.Cluster(n=self.world_size, cluster_id=self.cluster_id, log_level=logging.ERROR,
-                                shutdown_atexit=False)
+                                shutdown_atexit=False, profile_dir=self.profile_dir)
         atexit.register(_stop_at_exit, weakref.ref(self))
         try:
             engines = len(self.engine_ranks)
-            self._ipp.start_controller_sync()
+            self._ipp.start_controller_sync(environment={"IPYTHONDIR": self.profile_dir})
+            self._adopt([self._ipp.controller.pid])
             self._ipp.start_engines_sync(engines, environment=env)
-            self.client = self._ipp.connect_client_sync()
+            self._adopt([launcher.pid for engine_set in self._ipp.engines.values()
+                         for launcher in engine_set.launchers.values()])
+            self.client = self._ipp.connect_client_sync(ipython_dir=self.profile_dir)
             try:
                 self.client.wait_for_engines(engines, timeout=self.start_timeout_s, block=True)
             except TimeoutError:
                 raise ClusterError(f"only {len(self.client.ids)} of {engines} engines came up within "
-                                   f"{self.start_timeout_s:g} s (start_timeout_s); see the engine logs in "
-                                   f"{self._ipp.profile_dir}") from None
+                                   f"{self.start_timeout_s:g} s (start_timeout_s)") from None
+            self._adopt_descendants()   # the engines' nannies, each in a session of its own
             self.engine_ids = sorted(self.client.ids)[:engines]
             self.pids = [None] * self.world_size
             self.info = self.run_ranks(rank_runtime.init_ranks, engine_args=lambda e: (
@@ -146,19 +163,58 @@ class EngineCluster:
             raise
         return self
 
+    def _start_reaper(self):
+        """The process that ends this cluster if its owner (this process) dies first (see runtime/reaper.py)."""
+        self._reaper = subprocess.Popen([sys.executable, os.path.join(os.path.dirname(__file__), "reaper.py")],
+                                        stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                        start_new_session=True, text=True)
+        self._tell_reaper(f"glob {os.path.join(shm_dir(), arena_prefix(self.cluster_id))}*",
+                          f"tree {self.profile_dir}")
+
+    def _tell_reaper(self, *lines):
+        self._reaper.stdin.write("".join(line + "\n" for line in lines))
+        self._reaper.stdin.flush()
+
+    def _adopt(self, pids):
+        """Record the sessions these just-started processes lead: the cluster's processes are exactly the
+        members of those sessions (a controller's children stay in its session when it dies)."""
+        for pid in pids:
+            try:
+                sid = os.getsid(pid)
+            except OSError:   # already gone: nothing to end
+                continue
+            if sid != os.getsid(0) and sid not in self._sessions:
+                self._sessions.add(sid)
+                self._tell_reaper(f"session {sid}")
+
+    def _adopt_descendants(self):
+        members = [p for p in psutil.Process().children(recursive=True) if _session(p.pid) in self._sessions]
+        self._adopt([c.pid for p in members for c in _children(p)])
+
     def stop(self):
-        """End every engine and the controller; leave no process and no heap file behind."""
+        """End every engine and the controller; leave no process and no file behind. Safe to call from
+        another thread during a run: that run then ends at once with a ClusterError that says so."""
         if self._ipp is None:
             return
+        if self._in_run:
+            self._stopped_during_run.set()
         try:
+            # Killed, not asked: ranks hold nothing to save, and a rank spinning on a flag would not listen.
+            end_sessions(self._sessions, children_only=True)
             if self.client is not None:
                 self.client.close()
             self._ipp.stop_cluster_sync()
         finally:
-            for pid in set(getattr(self, "pids", []) or []) - {None}:
+            for pid in set(getattr(self, "pids", []) or []) - {None}:   # (in those sessions; in case one was missed)
                 _kill(pid)
             remove_arenas(self.cluster_id)
             self._ipp = self.client = None
+            self._sessions = set()
+            if self._reaper is not None:   # its end of the pipe closes: it ends any straggler and exits
+                self._reaper.stdin.close()
+                threading.Thread(target=self._reaper.wait, daemon=True).start()   # (reaped when it does)
+                self._reaper = None
+            shutil.rmtree(self.profile_dir, ignore_errors=True)
 
     def restart(self):
         self.stop()
@@ -190,8 +246,31 @@ class EngineCluster:
         data)`` sees what ranks publish while they run (``{rank: data}`` per engine). A rank whose
         process dies raises RankDiedError.
         """
+        if not self.running and self._interrupted:
+            print("[gemmar] restarting the cluster: its last run was interrupted and its ranks were stopped",
+                  file=sys.stderr, flush=True)
+            self.start()
         if not self.running:
             raise ClusterError("the cluster is not running: call start() (or restart()) first")
+        self._in_run = True
+        try:
+            return self._run_on_engines(fn, args, kwargs, engine_args, timeout, on_progress)
+        except KeyboardInterrupt:
+            # The ranks would go on with the interrupted work and the next call would queue behind it: stop
+            # them now; the next call starts fresh ranks, and says so.
+            self._in_run = False
+            self.stop()
+            self._interrupted = True
+            raise
+        finally:
+            self._in_run = False
+
+    def _check_not_stopped(self):
+        if self._stopped_during_run.is_set():
+            raise ClusterError("the run was stopped by the user: stop() was called while it ran; start() or "
+                               "restart() the cluster to run again")
+
+    def _run_on_engines(self, fn, args, kwargs, engine_args, timeout, on_progress):
         pending = []
         for e, eid in enumerate(self.engine_ids):
             call_args = engine_args(e) if engine_args else args
@@ -207,6 +286,7 @@ class EngineCluster:
                         on_progress(rank, seen[rank])
 
         while not all(ar.ready() for ar in pending):
+            self._check_not_stopped()
             report_progress()
             dead = sorted({r for r, pid in enumerate(self.pids) if pid is not None and not _alive(pid)})
             if dead:
@@ -240,6 +320,7 @@ class EngineCluster:
         deadline = time.monotonic() + self.timeout_s + 15
         alive = [e for e, ranks in enumerate(self.engine_ranks) if not set(ranks) & set(dead)]
         while time.monotonic() < deadline and not all(pending[e].ready() for e in alive):
+            self._check_not_stopped()   # stop() killed it: that, not a crash, is the story
             time.sleep(0.05)
         seen = []
         for e in alive:
@@ -270,6 +351,20 @@ def _stop_at_exit(ref):
             cluster.stop()
         except Exception:  # noqa: BLE001 - exiting anyway; stop() already kills what it can
             pass
+
+
+def _session(pid):
+    try:
+        return os.getsid(pid) if pid is not None else None
+    except OSError:
+        return None
+
+
+def _children(proc):
+    try:
+        return proc.children(recursive=True)
+    except psutil.Error:
+        return []
 
 
 def _alive(pid):

@@ -1,0 +1,93 @@
+"""A cluster's reaper: a small process that ends the cluster's processes and removes its files once the
+process that owns the cluster is gone, however it ended.
+
+ipyparallel starts the controller and every engine in a session of its own (so that a Ctrl-C in a terminal
+does not reach them). The price: nothing ends them when their owner dies. A client killed by SIGTERM or
+SIGKILL, or a Jupyter kernel shut down, would leave a controller and idle engines running for good.
+
+So the owner starts one reaper per cluster, in a session of its own too, and holds the only write end of
+a pipe to the reaper's standard input. Through it the owner names what belongs to the cluster:
+
+    session <sid>     every process of this session (a controller and its children, an engine, a nanny)
+    glob <pattern>    files to remove (the cluster's heap files in /dev/shm)
+    tree <path>       a folder to remove (the cluster's private ipyparallel profile)
+
+The pipe reaches end-of-file when the owner closes it (``stop()``) or when the owner's process ends, for
+any reason: the kernel closes a dead process's files. The reaper then kills every process still in those
+sessions and removes the files. It is run as a file, not as a module of the package, so that it starts
+in milliseconds and does not import torch.
+"""
+
+import glob
+import os
+import shutil
+import sys
+
+import psutil
+
+
+def processes_in(sessions):
+    """Processes (other than this one) whose session is one of ``sessions``: orphans included, since a
+    process keeps its session when its parent dies."""
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            if proc.pid != os.getpid() and os.getsid(proc.pid) in sessions:
+                found.append(proc)
+        except (OSError, psutil.Error):   # gone meanwhile, or not ours to look at
+            continue
+    return found
+
+
+def end_sessions(sessions, children_only=False):
+    """SIGKILL every process of ``sessions``; wait (5 s at most) until they are gone, or with
+    ``children_only`` until this process's own children are (and reaped): the others' exits are the
+    kernel's and their parents' business once SIGKILL is sent, and waiting for them can take a second."""
+    procs = processes_in(sessions)
+    for proc in procs:
+        _kill(proc)
+    if children_only:
+        procs = [proc for proc in procs if _parent(proc) == os.getpid()]
+    psutil.wait_procs(procs, timeout=5)
+
+
+def _kill(proc):
+    try:
+        proc.kill()
+    except psutil.Error:
+        pass
+
+
+def _parent(proc):
+    try:
+        return proc.ppid()
+    except psutil.Error:
+        return None
+
+
+def main():
+    sessions, patterns, trees = set(), [], []
+    for line in sys.stdin:   # until the owner closes the pipe or dies
+        word, _, value = line.rstrip("\n").partition(" ")
+        if word == "session":
+            sessions.add(int(value))
+        elif word == "glob":
+            patterns.append(value)
+        elif word == "tree":
+            trees.append(value)
+    procs = processes_in(sessions)
+    for proc in procs:
+        _kill(proc)
+    for pattern in patterns:
+        for path in glob.glob(pattern):
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+    for tree in trees:
+        shutil.rmtree(tree, ignore_errors=True)
+    psutil.wait_procs(procs, timeout=5)   # then stay until they are gone: a watcher can wait for the reaper
+
+
+if __name__ == "__main__":
+    main()

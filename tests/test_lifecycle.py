@@ -1,0 +1,171 @@
+"""The cluster lives exactly as long as its owner, with real processes and real signals: an owner killed
+by SIGKILL or SIGTERM, a controller killed mid-run, Ctrl-C in the CLI and in Python, stop() from another
+thread during a run, and nothing written into the user's home."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import psutil
+import pytest
+
+import gemmar
+from gemmar.runtime.heap import shm_dir
+from inputs import wait_until
+
+# A client that starts a cluster, says what it is made of, then runs for minutes unless stopped.
+OWNER = textwrap.dedent('''
+    import json, gemmar
+    cluster = gemmar.Cluster(world_size=2, backend="cpu")
+    print(json.dumps(dict(sessions=sorted(cluster._sessions), profile=cluster.profile_dir,
+                          cluster_id=cluster.cluster_id)), flush=True)
+    cluster.bench(gemmar.RunConfig(m=64, n=64, k=64, BLK_M=16, BLK_N=16, BLK_K=16, iterations=100000),
+                  on_progress=lambda rank, data: print("running", flush=True))
+''')
+
+
+def members(sessions):
+    """Live (not zombie) processes of these sessions."""
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            if os.getsid(proc.pid) in sessions and proc.status() != psutil.STATUS_ZOMBIE:
+                found.append(proc.pid)
+        except (OSError, psutil.Error):
+            continue
+    return found
+
+
+def leftovers(info):
+    """What of a cluster is still there: processes, its profile folder, heap files."""
+    files = [f for f in os.listdir(shm_dir()) if f.startswith(f"gemmar-{info['cluster_id']}")]
+    return members(set(info["sessions"])) + ([info["profile"]] if os.path.exists(info["profile"]) else []) + files
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
+def test_the_cluster_dies_with_its_owner(tmp_path, sig):
+    (tmp_path / "owner.py").write_text(OWNER)
+    owner = subprocess.Popen([sys.executable, str(tmp_path / "owner.py")], stdout=subprocess.PIPE, text=True)
+    try:
+        info = json.loads(owner.stdout.readline())
+        assert len(info["sessions"]) >= 3   # the controller's, and at least one per engine
+        assert owner.stdout.readline().strip() == "running"
+        assert members(set(info["sessions"]))
+        owner.send_signal(sig)
+        owner.wait(10)
+        killed_at = time.monotonic()
+        assert wait_until(lambda: not leftovers(info), timeout_s=15), leftovers(info)
+        print(f"{signal.Signals(sig).name}: cluster gone {time.monotonic() - killed_at:.1f} s after its owner")
+    finally:
+        owner.kill()
+
+
+def test_a_killed_controller_leaves_nothing_after_stop():
+    cluster = gemmar.Cluster(world_size=2, backend="cpu")
+    info = dict(sessions=sorted(cluster._sessions), profile=cluster.profile_dir, cluster_id=cluster.cluster_id)
+    controller = psutil.Process(cluster._ipp.controller.pid)
+    assert controller.children(), "the controller runs its schedulers as child processes"
+    controller.kill()
+    try:
+        # The engines still hold their connections: the run itself can finish.
+        result = cluster.bench(gemmar.RunConfig(m=32, n=32, k=32, BLK_M=16, BLK_N=16, BLK_K=16))
+        assert result.ok
+    except gemmar.GemmarError:
+        pass   # or it reports the lost controller; either way, stop() must clean up
+    finally:
+        cluster.stop()
+    assert wait_until(lambda: not leftovers(info), timeout_s=10), leftovers(info)
+
+
+def test_ctrl_c_ends_a_cli_run_at_once_in_one_line():
+    cli = subprocess.Popen([sys.executable, "-m", "gemmar.cli", "bench", "-r", "2", "-m", "64", "-n", "64", "-k", "64",
+                            "--iterations", "100000", "-v"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        for line in cli.stdout:
+            if "iteration 2/" in line:
+                break
+        children = psutil.Process(cli.pid).children(recursive=True)
+        pressed = time.monotonic()
+        cli.send_signal(signal.SIGINT)
+        _, err = cli.communicate(timeout=30)
+        took = time.monotonic() - pressed
+    finally:
+        cli.kill()
+    assert cli.returncode == 130 and err.strip() == "gemmar: interrupted", (cli.returncode, err)
+    assert took < 2.0, f"Ctrl-C took {took:.1f} s to end the run"
+    assert wait_until(lambda: not [p for p in children if p.is_running() and p.status() != psutil.STATUS_ZOMBIE],
+                      timeout_s=10)
+
+
+INTERRUPTED = textwrap.dedent('''
+    import os, signal, threading, time, gemmar
+    cluster = gemmar.Cluster(world_size=2, backend="cpu")
+    long_run = gemmar.RunConfig(m=64, n=64, k=64, BLK_M=16, BLK_N=16, BLK_K=16, iterations=100000)
+    running = threading.Event()
+    def press_ctrl_c():
+        running.wait(60)
+        global pressed
+        pressed = time.monotonic()
+        os.kill(os.getpid(), signal.SIGINT)
+    threading.Thread(target=press_ctrl_c, daemon=True).start()
+    old_pids = list(cluster.pids)
+    try:
+        cluster.bench(long_run, on_progress=lambda rank, data: running.set())
+    except KeyboardInterrupt:
+        print("interrupted after", round(time.monotonic() - pressed, 2), flush=True)
+    print("old ranks alive", any(gemmar.runtime.engines._alive(p) for p in old_pids), flush=True)
+    result = cluster.bench(gemmar.RunConfig(m=64, n=64, k=64, BLK_M=16, BLK_N=16, BLK_K=16, iterations=2))
+    print("next call ok", result.ok, "new ranks", cluster.pids != old_pids, flush=True)
+    cluster.stop()
+''')
+
+
+def test_an_interrupted_call_stops_its_ranks_and_the_next_call_restarts_them(tmp_path):
+    (tmp_path / "interrupted.py").write_text(INTERRUPTED)
+    p = subprocess.run([sys.executable, str(tmp_path / "interrupted.py")], capture_output=True, text=True, timeout=240)
+    lines = p.stdout.splitlines()
+    assert p.returncode == 0 and len(lines) == 3, (p.stdout, p.stderr[-2000:])
+    assert lines[0].startswith("interrupted after") and float(lines[0].split()[-1]) < 2.0, lines
+    assert lines[1:] == ["old ranks alive False", "next call ok True new ranks True"]
+    # The restart is said, in one line.
+    assert "restarting the cluster: its last run was interrupted" in p.stderr
+
+
+def test_stop_from_another_thread_ends_the_run_at_once():
+    cluster = gemmar.Cluster(world_size=2, backend="cpu")
+    running, stopped_at = threading.Event(), []
+
+    def stop_when_running():
+        running.wait(60)
+        stopped_at.append(time.monotonic())
+        cluster.stop()
+
+    threading.Thread(target=stop_when_running, daemon=True).start()
+    try:
+        with pytest.raises(gemmar.ClusterError, match="stopped by the user"):
+            cluster.bench(gemmar.RunConfig(m=64, n=64, k=64, BLK_M=16, BLK_N=16, BLK_K=16, iterations=100000),
+                          on_progress=lambda rank, data: running.set())
+        assert time.monotonic() - stopped_at[0] < 2.0
+    finally:
+        cluster.stop()
+    assert not cluster.running
+
+
+def test_a_cluster_writes_nothing_into_the_home_folder(tmp_path):
+    home = tmp_path / "home"
+    home.mkdir()
+    script = ("import os, gemmar\n"
+              "with gemmar.Cluster(world_size=2, backend='cpu') as c:\n"
+              "    profile = c.profile_dir\n"
+              "    assert os.listdir(os.path.join(profile, 'log'))   # the logs are there while it runs\n"
+              "print(os.path.exists(profile))\n")
+    p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "HOME": str(home)})
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert p.stdout.strip() == "False"          # its private profile is removed on stop
+    assert list(home.iterdir()) == []           # nothing in ~/.ipython, or anywhere else in the home
