@@ -169,3 +169,34 @@ def test_a_cluster_writes_nothing_into_the_home_folder(tmp_path):
     assert p.returncode == 0, p.stderr[-2000:]
     assert p.stdout.strip() == "False"          # its private profile is removed on stop
     assert list(home.iterdir()) == []           # nothing in ~/.ipython, or anywhere else in the home
+
+
+@pytest.mark.parametrize("ending", ["shutdown", "restart"])
+def test_a_jupyter_kernel_ending_leaves_nothing_even_with_a_cell_run_twice(ending):
+    from jupyter_client.manager import start_new_kernel
+
+    manager, client = start_new_kernel(kernel_name="python3")
+    try:
+        infos = []
+        for _ in range(2):   # the same cell run twice: the first cluster is dropped, not stopped
+            reply = client.execute_interactive(
+                "import json, gemmar\n"
+                "cluster = gemmar.Cluster(world_size=2, backend='cpu')\n"
+                "print(json.dumps(dict(sessions=sorted(cluster._sessions), profile=cluster.profile_dir, "
+                "cluster_id=cluster.cluster_id)))",
+                timeout=120, output_hook=lambda msg: infos.append(json.loads(msg["content"]["text"]))
+                if msg["msg_type"] == "stream" and msg["content"]["text"].startswith("{") else None)
+            assert reply["content"]["status"] == "ok", reply["content"]
+        # (The first one may already be stopped by garbage collection once nothing refers to it.)
+        assert len(infos) == 2 and members(set(infos[1]["sessions"]))
+        ended_at = time.monotonic()
+        if ending == "shutdown":
+            manager.shutdown_kernel()
+        else:
+            manager.restart_kernel()
+        assert wait_until(lambda: not any(leftovers(i) for i in infos), timeout_s=20), [leftovers(i) for i in infos]
+        print(f"kernel {ending}: both clusters gone {time.monotonic() - ended_at:.1f} s after")
+    finally:
+        client.stop_channels()
+        if manager.is_alive():
+            manager.shutdown_kernel(now=True)
