@@ -2,19 +2,36 @@
 
     import gemmar
     with gemmar.Cluster(world_size=3) as cluster:       # ipyparallel engines = ranks
-        result = cluster.gemm_all_reduce(A, B, algorithm="ring", block=(32, 32, 16), iterations=5)
+        result = cluster.gemm_all_reduce(A, B, algorithm="ring", BLK_M=32, BLK_N=32, BLK_K=16, iterations=5)
         result.C                                         # checked against torch on every rank
 
 The kernels and the device API (Iris-style) live in ``gemmar.kernels``; how ranks run them in
 ``gemmar.runtime``; traces and figures in ``gemmar.analysis``.
+
+The names below are imported on first use: ``import gemmar`` itself is instant (torch and Triton load
+when a Cluster, a RunConfig or a Trace is first touched), so a Ctrl-C during the command's start is caught.
 """
 
-from .cluster import Cluster, Result
-from .config import RunConfig, k_bounds
+import importlib
+
 from .errors import ClusterError, DeadlockError, GemmarError, RankDiedError, UsageError
-from .analysis.trace import Trace
 
 __version__ = "0.1.0"
 
+_LAZY = {"Cluster": ".cluster", "Result": ".cluster", "RunConfig": ".config", "k_bounds": ".config",
+         "Trace": ".analysis.trace"}
+
 __all__ = ["Cluster", "Result", "RunConfig", "k_bounds", "GemmarError", "UsageError", "DeadlockError",
            "RankDiedError", "ClusterError", "Trace", "__version__"]
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name], __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'gemmar' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY))

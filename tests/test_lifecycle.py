@@ -200,3 +200,13 @@ def test_a_jupyter_kernel_ending_leaves_nothing_even_with_a_cell_run_twice(endin
         client.stop_channels()
         if manager.is_alive():
             manager.shutdown_kernel(now=True)
+
+
+def test_ctrl_c_while_the_command_starts_is_one_line_too():
+    # Importing torch and Triton takes the command's first second or more; Ctrl-C there is caught as well.
+    cli = subprocess.Popen([sys.executable, "-m", "gemmar.console", "bench", "-r", "2"], stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True)
+    time.sleep(0.4)
+    cli.send_signal(signal.SIGINT)
+    out, err = cli.communicate(timeout=30)
+    assert out == "" and (cli.returncode, err) == (130, "gemmar: interrupted\n")

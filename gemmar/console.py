@@ -1,0 +1,17 @@
+"""The ``gemmar`` command's entry point. It imports the CLI (torch and Triton: seconds) inside the Ctrl-C
+guard, so that an interrupt while the command starts is one line too, not a traceback from an import."""
+
+import sys
+
+
+def main():
+    try:
+        from .cli import main as cli_main
+    except KeyboardInterrupt:
+        print("gemmar: interrupted", file=sys.stderr)
+        return 130
+    return cli_main()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
