@@ -227,6 +227,73 @@ def check_output_path(flag, path):
         raise UsageError(f"{flag} {path}: the folder {folder} is not writable")
 
 
+def _allreduce_parser(sub):
+    p = sub.add_parser("allreduce", help="the standalone all-reduce on the symmetric heap, checked and timed",
+                       description="All-reduce (sum) of seeded values on every rank by the two-shot tile-owner "
+                                   "scheme of two_shot (runtime/allreduce.py); every rank's result checked "
+                                   "against the float64 sum and compared bit for bit across ranks. On GPUs it is "
+                                   "timed, and with --baseline NCCL is timed on the same values.")
+    p.add_argument("-r", "--num_ranks", type=int, default=2, help="ranks (default %(default)s)")
+    p.add_argument("--backend", choices=BACKENDS, default="auto", help="cpu (interpreter), cuda, iris, auto")
+    p.add_argument("--datatype", choices=list(DTYPES), default="bf16", help="dtype of the values (default %(default)s)")
+    p.add_argument("--sizes", type=float, nargs="+", help="message sizes in MiB per rank (default: cpu 0.0625 "
+                                                          "0.25 1; GPU 1 4 16 64 256)")
+    p.add_argument("--comm_sms", type=int, help="programs per rank (default: cpu 2, GPU 16)")
+    p.add_argument("--iterations", type=int, default=3, help="checked launches per size (default %(default)s)")
+    p.add_argument("--reps", type=int, default=20, help="GPU: launches per timing, median of 5 (default %(default)s)")
+    p.add_argument("-b", "--baseline", action="store_true", help="GPU, one per rank: also time NCCL's all_reduce "
+                                                                 "(and torch's symmetric-memory two-shot)")
+    p.add_argument("--timeout", type=float, default=60.0, help="seconds before a wait counts as a hang")
+    p.add_argument("--output_file", help="write the figures as JSON here")
+    p.set_defaults(func=cmd_allreduce)
+
+
+def cmd_allreduce(args):
+    from .cluster import Cluster
+    from .runtime.allreduce import all_reduce_heap_bytes
+
+    if args.output_file:
+        check_output_path("--output_file", args.output_file)
+    if not 1 <= args.num_ranks <= 64:
+        raise UsageError(f"world_size={args.num_ranks} is out of range: use a whole number from 1 to 64")
+    backend = resolve_backend(args.backend, args.num_ranks)
+    sizes = args.sizes or ([1, 4, 16, 64, 256] if backend == "cuda" else [0.0625, 0.25, 1])
+    itemsize = DTYPES[args.datatype].itemsize
+    numels = []
+    for mib in sizes:
+        numel = int(mib * 2 ** 20) // itemsize
+        if not 1 <= numel <= 2 ** 34:
+            raise UsageError(f"--sizes {mib:g}: use message sizes from {itemsize / 2 ** 20:.2g} MiB (one value) up")
+        numels.append(numel)
+    if args.baseline and (backend != "cuda" or shares_gpu(backend, args.num_ranks)):
+        raise UsageError("--baseline times NCCL between GPUs: it needs the cuda backend and one GPU per rank")
+    W = args.num_ranks
+    heap_size = max(256 << 20, max(all_reduce_heap_bytes(n, DTYPES[args.datatype], W, backend) for n in numels))
+    timed = backend == "cuda"
+    rows = []
+    log("-", W, f"starting {W} ipyparallel engine(s) as ranks 0..{W - 1}")
+    with Cluster(world_size=W, backend=backend, heap_size=heap_size, timeout_s=args.timeout) as cluster:
+        for mib, numel in zip(sizes, numels):
+            f = cluster.all_reduce(numel, args.datatype, args.comm_sms, args.iterations, reps=args.reps if timed else 0,
+                                   baseline=args.baseline)
+            line = (f"{mib:g} MiB {args.datatype} x {W} ranks: {'PASSED' if f['ok'] else 'FAILED'} max|out - sum| "
+                    f"{f['max_abs_diff']:.3g} (tolerance {f['tolerance']:.3g}), same bits on every rank: "
+                    f"{'yes' if f['identical'] else 'NO'}")
+            bus = 2 * (W - 1) / W * numel * itemsize / 1e6   # bus bytes per rank, in MB: GB/s = MB / ms
+            for key, name in (("gemmar_ms", "gemmar two-shot"), ("nccl_ms", "NCCL"), ("torch_symm_mem_ms", "torch symm_mem two-shot")):
+                if key in f:
+                    line += f" | {name} {f[key]:.3f} ms ({bus / f[key]:.0f} GB/s bus)"
+            log("-", W, line)
+            rows.append(dict(mib=mib, **f))
+    if args.output_file:
+        with open(args.output_file, "w") as out:
+            json.dump(dict(args={k: v for k, v in vars(args).items() if k != "func"}, backend=backend, results=rows,
+                           date=datetime.datetime.now().isoformat(timespec="seconds"), host=platform.node()),
+                      out, indent=2)
+        log("-", W, f"wrote {args.output_file}")
+    return 0 if all(r["ok"] for r in rows) else 1
+
+
 def _gantt_parser(sub):
     p = sub.add_parser("gantt", help="draw a saved trace: Gantt chart, tile grid, Perfetto JSON",
                        description="Draw a trace written by gemmar bench -t (or Trace.save).")
@@ -272,10 +339,11 @@ def main(argv=None):
     parser = _Parser(prog="gemmar", description="Fused GEMM + all-reduce in Triton: run, check, trace.")
     sub = parser.add_subparsers(dest="command", parser_class=_Parser)
     _bench_parser(sub)
+    _allreduce_parser(sub)
     _gantt_parser(sub)
     args = parser.parse_args(argv)
     if args.command is None:
-        parser.error("a command is required: bench or gantt")
+        parser.error("a command is required: bench, allreduce or gantt")
     try:
         return args.func(args)
     except UsageError as e:

@@ -141,6 +141,33 @@ class Cluster(EngineCluster):
             figures["bound_ms"] = max(figures["matmul_ms"], figures["allreduce_ms"])
         return figures
 
+    def all_reduce(self, numel, datatype="bf16", comm_sms=None, iterations=3, seed=0, reps=0, baseline=False):
+        """The standalone all-reduce on the symmetric heap (two-shot by tile owner, ``runtime/allreduce.py``)
+        of ``numel`` seeded values per rank: every rank's result checked against the float64 sum of all
+        inputs after each launch, and its bits compared across ranks. On GPUs, ``reps`` > 0 times it, and
+        ``baseline`` times NCCL (and torch's symmetric-memory two-shot) on the same values. Returns a dict:
+        ``max_abs_diff``, ``tolerance``, ``identical`` (every rank the same bits) and the times in ms."""
+        from .config import dtype_name
+
+        dtype_name(datatype)
+        if comm_sms is None:
+            comm_sms = 16 if self.backend == "cuda" else 2
+        for name, value, smallest in (("numel", numel, 1), ("iterations", iterations, 1), ("reps", reps, 0)):
+            if isinstance(value, bool) or not isinstance(value, int) or not smallest <= value <= 2 ** 40:
+                raise UsageError(f"{name}={value!r} is not allowed: use a whole number from {smallest} up")
+        outs = self.run_ranks(rank_runtime.run_all_reduce, numel, datatype, comm_sms, iterations, seed, self.timeout_s,
+                              reps, baseline)
+        RankFailure.raise_first(outs)
+        figures = dict(numel=numel, datatype=datatype, comm_sms=comm_sms, world_size=self.world_size,
+                       max_abs_diff=max(d for o in outs for d in o["max_abs_diff"]), tolerance=outs[0]["tolerance"],
+                       identical=len({o["digest"] for o in outs}) == 1)
+        for key in ("gemmar_ms", "nccl_ms", "torch_symm_mem_ms", "torch_symm_mem_error"):
+            values = [o[key] for o in outs if key in o]
+            if values:
+                figures[key] = max(values) if key.endswith("_ms") else values[0]
+        figures["ok"] = figures["max_abs_diff"] <= figures["tolerance"] and figures["identical"]
+        return figures
+
     def _run(self, config, data, validate, verbose, mistake, return_c, on_progress=None):
         W, n = self.world_size, config.iterations
 

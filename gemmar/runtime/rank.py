@@ -18,6 +18,7 @@ import torch
 from ..config import k_bounds
 from ..errors import DeadlockError, GemmarError, UsageError
 from .heap import barrier_all, create_heap
+from .allreduce import SymmetricAllReduce
 from .launch import FusedGemmAllReduce
 from .results import RankFailure, RankResult
 
@@ -370,3 +371,79 @@ def _best_overlap(A, B, C, reference, reps, warmup):
     overlapped_matmul_all_reduce(A, B, C, best[1], side)
     return dict(overlap_ms=best[0], overlap_chunks=best[1],
                 overlap_max_abs_diff=float((C.float() - reference).abs().max()))
+
+
+def all_reduce_input(numel, dtype, seed, rank, device):
+    """Rank ``rank``'s values for the all-reduce benchmark: the same on every engine that builds them."""
+    gen = torch.Generator().manual_seed(seed * 1_000_003 + rank)
+    return torch.randn(numel, generator=gen).to(dtype).to(device)
+
+
+@_errors_as_results
+def run_all_reduce(numel, datatype, comm_sms, iterations, seed=0, timeout_s=60.0, reps=0, baseline=False):
+    """The standalone all-reduce on this engine's ranks: ``iterations`` checked launches (every rank's
+    result against the float64 sum of every rank's input; a digest of its bits, to compare across ranks);
+    on GPUs, with ``reps``, the median time of back-to-back launches, and with ``baseline`` NCCL's
+    all_reduce of the same values (and torch's symmetric-memory two-shot all-reduce where there is one)."""
+    import hashlib
+
+    from ..config import DTYPES, dtype_name
+
+    dtype = DTYPES[dtype_name(datatype)]
+    group = local_ranks()
+    heaps = [ctx.heap for ctx in group]
+    device, W = heaps[0].device, heaps[0].world_size
+    reference = sum(all_reduce_input(numel, dtype, seed, r, "cpu").double() for r in range(W))
+    # One ulp of the result's dtype at the largest value (Triton's interpreter rounds toward zero), and
+    # fp32 summation of W values.
+    peak = float(reference.abs().max())
+    allowed = 2 * EPSILON[dtype] * peak + 1e-6 * W * peak
+    inputs = [all_reduce_input(numel, dtype, seed, ctx.rank, device) for ctx in group]
+    outs = [dict(rank=ctx.rank, max_abs_diff=[], tolerance=allowed, digest=None) for ctx in group]
+    with contextlib.ExitStack() as scopes:
+        ops = [SymmetricAllReduce(scopes.enter_context(h.scope()), numel, dtype, comm_sms, timeout_s) for h in heaps]
+        for op in ops:
+            op.prepare()
+        barrier_all(heaps, timeout_s)
+        for _ in range(iterations):
+            results = [op(x, wait=False) for op, x in zip(ops, inputs)]
+            check_all(ops)
+            for out, result in zip(outs, results):
+                out["max_abs_diff"].append(float((result.double().cpu() - reference).abs().max()))
+                raw = result.detach().cpu().contiguous().reshape(-1).view(torch.uint8)
+                out["digest"] = hashlib.sha1(raw.numpy().tobytes()).hexdigest()   # the bits, to compare ranks
+        if reps and device.type == "cuda":
+            def launch_all():
+                return [op(x, wait=False) for op, x in zip(ops, inputs)]
+
+            for _ in range(3):
+                launch_all()
+            ms = _median_ms(launch_all, reps, [h.stream for h in heaps], one_process=len(group) > 1)
+            check_all(ops)
+            for out in outs:
+                out["gemmar_ms"] = ms
+        barrier_all(heaps, timeout_s)
+    if reps and baseline and device.type == "cuda":
+        import torch.distributed as dist
+
+        if len(group) > 1:
+            raise UsageError("the NCCL baseline needs one GPU per rank; these ranks share a GPU")
+        y = inputs[0].clone()
+        outs[0]["nccl_ms"] = _median_ms(lambda: dist.all_reduce(y), reps)
+        outs[0].update(_symm_mem_two_shot_ms(inputs[0], reps))
+    return outs
+
+
+def _symm_mem_two_shot_ms(x, reps):
+    """torch's own symmetric-memory two-shot all-reduce of the same values, where this torch has one."""
+    try:
+        import torch.distributed as dist
+        import torch.distributed._symmetric_memory as symm_mem
+
+        buffer = symm_mem.empty(x.numel(), dtype=x.dtype, device=x.device)
+        symm_mem.rendezvous(buffer, dist.group.WORLD.group_name)
+        buffer.copy_(x)
+        op = torch.ops.symm_mem.two_shot_all_reduce_
+        return {"torch_symm_mem_ms": _median_ms(lambda: op(buffer, "sum", dist.group.WORLD.group_name), reps)}
+    except Exception as e:  # noqa: BLE001 - not in this torch, or not for this dtype: reported, not raised
+        return {"torch_symm_mem_error": f"{type(e).__name__}: {str(e).splitlines()[0][:100] if str(e) else ''}"}

@@ -1,0 +1,92 @@
+"""A standalone all-reduce on the symmetric heap, made of two_shot's pieces (``kernels/two_shot.py``).
+
+The buffer to reduce, ``numel`` values, is laid out as the ``partials`` of a matrix ``rows x BLOCK_N`` with
+one column of tiles: tile ``t`` is then ``BLOCK_M * BLOCK_N`` consecutive values, exactly the slot that
+two_shot's GEMM programs fill. So a launch is: copy this rank's values into its ``partials`` (the tail of
+the last tile stays zero), ``publish_partials`` (count each tile in at its owner), then ``two_shot_reduce``:
+the owner of each tile sums the W copies in rank order and writes the sum into every rank's ``out``. Each
+value crosses the links ``2 (W - 1) / W`` times, as in NCCL's ring, and every rank gets the same bits.
+
+Back-to-back launches need no reset (the flags count launches) and no barrier: a rank's next copy waits,
+on its stream, for its last reduction, which ends only when every owner has read its partials.
+"""
+
+import torch
+
+from ..errors import UsageError
+from ..kernels import two_shot
+from ..kernels.device import WATCHDOG_WORDS
+
+# (BLOCK_M, BLOCK_N) of a tile: big on GPUs (wide vector loads, few flags), small under the interpreter.
+BLOCKS = {"cuda": (64, 256), "cpu": (16, 64)}
+
+
+def all_reduce_heap_bytes(numel, dtype, world_size, device_type="cpu"):
+    """Heap bytes one rank needs for a standalone all-reduce of ``numel`` values (generously aligned)."""
+    block_m, block_n = BLOCKS.get(device_type, BLOCKS["cuda"])
+    tiles = -(-numel // (block_m * block_n))
+    values = 2 * tiles * block_m * block_n * torch.tensor([], dtype=dtype).element_size()
+    return values + 8 * tiles + 8 * WATCHDOG_WORDS + 64 * 1024
+
+
+class SymmetricAllReduce:
+    """``out = sum over ranks of x`` for a fixed size and dtype, on this rank's heap; call once per launch."""
+
+    def __init__(self, heap, numel, dtype, comm_sms, timeout_s=60.0):
+        if isinstance(numel, bool) or not isinstance(numel, int) or numel < 1:
+            raise UsageError(f"numel={numel!r} is not allowed: use a whole number of values, at least 1")
+        if isinstance(comm_sms, bool) or not isinstance(comm_sms, int) or not 1 <= comm_sms <= 4096:
+            raise UsageError(f"comm_sms={comm_sms!r} is not allowed: use a whole number from 1 to 4096")
+        self.heap, self.numel, self.dtype, self.comm_sms = heap, numel, dtype, comm_sms
+        self.block_m, self.block_n = BLOCKS.get(heap.device.type, BLOCKS["cuda"])
+        self.rows = -(-numel // self.block_n)
+        self.tiles = -(-self.rows // self.block_m)
+        self.partials = heap.zeros((self.tiles, self.block_m * self.block_n), dtype)
+        self.out = heap.zeros((self.rows, self.block_n), dtype)
+        self.partial_ready = heap.zeros(self.tiles, torch.int32)
+        self.result_ready = heap.zeros(self.tiles, torch.int32)
+        self.watchdog = heap.zeros(WATCHDOG_WORDS, torch.int64)
+        self.no_trace = torch.zeros(1, dtype=torch.int64, device=heap.device)
+        self.timeout_ns = int(timeout_s * 1e9)
+        self.launches = 0
+
+    def _kernel_calls(self):
+        heap = self.heap
+        gpu = {"num_warps": 8, "num_stages": 1} if heap.device.type == "cuda" else {}
+        publish = (two_shot.publish_partials, (self.comm_sms,),
+                   (self.partial_ready, heap.heap_bases, heap.rank, heap.world_size, self.tiles),
+                   dict(COMM_SMS=self.comm_sms, **({"num_warps": 1} if gpu else {})))
+        reduce = (two_shot.two_shot_reduce, (self.comm_sms,),
+                  (self.out, self.partials, self.partial_ready, self.result_ready, self.watchdog, heap.heap_bases,
+                   heap.rank, heap.world_size, self.launches, self.rows, self.block_n, self.block_n, 1,
+                   self.timeout_ns, self.no_trace, self.no_trace),
+                  dict(BLOCK_M=self.block_m, BLOCK_N=self.block_n, GROUP_SIZE_M=1, COMM_SMS=self.comm_sms,
+                       TRACE_CAPACITY=0, MISTAKE=0, PEER_CACHE=".cg" if gpu else "", **gpu))
+        return [publish, reduce]
+
+    def prepare(self):
+        """GPU: compile and load both kernels before any rank launches (see FusedGemmAllReduce.prepare)."""
+        if self.heap.device.type != "cuda":
+            return
+        with self.heap.on_stream():
+            for kernel, grid, args, kwargs in self._kernel_calls():
+                kernel.warmup(*args, grid=grid, **kwargs)._init_handles()
+
+    def __call__(self, x, wait=True):
+        """Launch once on this rank's stream; return the reduced values (a view of the heap, ``x``'s shape,
+        valid until the next launch). ``wait=False``: enqueue only; call :meth:`check` afterwards."""
+        if not isinstance(x, torch.Tensor) or x.numel() != self.numel or x.dtype != self.dtype:
+            raise UsageError(f"rank {self.heap.rank}: x must be a tensor of {self.numel} {self.dtype} values, got "
+                             f"{getattr(x, 'numel', lambda: '?')()} of {getattr(x, 'dtype', type(x).__name__)}")
+        with self.heap.on_stream():
+            self.partials.view(-1)[:self.numel].copy_(x.reshape(-1))
+            for kernel, grid, args, kwargs in self._kernel_calls():
+                kernel[grid](*args, **kwargs)
+        self.launches += 1
+        if wait:
+            self.check()
+        return self.out.view(-1)[:self.numel].view(x.shape)
+
+    def check(self):
+        self.heap.synchronize()
+        self.heap.raise_if_expired(self.watchdog)
