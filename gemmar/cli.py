@@ -147,7 +147,7 @@ def cmd_bench(args):
         log("-", W, f"--total_sms means nothing for {config.algorithm}, which has no communication programs: "
                     f"ignored")
     check_memory(config, W, backend)   # before the engines start, and in words about the problem's size
-    log("-", W, f"starting {W} ipyparallel engine(s) as ranks 0..{W - 1}")
+    log("-", W, starting_line(backend, W))
     figures = None
     heap_size = args.heap_size or max(256 << 20, max(heap_bytes_needed(config_from_args(args, backend, alg))
                                                      for alg in ALGORITHMS))
@@ -216,6 +216,12 @@ def iris_report(args, config, median_ms, iterations, success, kernels):
     return out
 
 
+def starting_line(backend, W):
+    if shares_gpu(backend, W):
+        return f"starting ranks 0..{W - 1} in one ipyparallel engine, sharing GPU 0 (fewer GPUs than ranks)"
+    return f"starting {W} ipyparallel engine(s) as ranks 0..{W - 1}"
+
+
 def check_output_path(flag, path):
     """Refuse, before any work, a file the run could not write at the end (one line, exit 2)."""
     folder = os.path.dirname(os.path.abspath(path))
@@ -271,7 +277,7 @@ def cmd_allreduce(args):
     heap_size = max(256 << 20, max(all_reduce_heap_bytes(n, DTYPES[args.datatype], W, backend) for n in numels))
     timed = backend == "cuda"
     rows = []
-    log("-", W, f"starting {W} ipyparallel engine(s) as ranks 0..{W - 1}")
+    log("-", W, starting_line(backend, W))
     with Cluster(world_size=W, backend=backend, heap_size=heap_size, timeout_s=args.timeout) as cluster:
         for mib, numel in zip(sizes, numels):
             f = cluster.all_reduce(numel, args.datatype, args.comm_sms, args.iterations, reps=args.reps if timed else 0,

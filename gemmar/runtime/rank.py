@@ -72,8 +72,8 @@ def _init_ranks(ranks, world_size, backend, heap_size, cluster_id, timeout_s, me
         if backend == "cuda":
             torch.cuda.set_device(rank)
         heaps = {rank: create_heap(backend, rank, world_size, heap_size, cluster_id, meet_timeout_s)}
-    for heap in heaps.values():
-        heap.timeout_s = timeout_s
+    for r in ranks:   # (heaps: a list by rank when the ranks share a GPU, else {rank: heap})
+        heaps[r].timeout_s = timeout_s
     _ranks = [RankContext(r, world_size, backend, heaps[r]) for r in ranks]
     return describe()
 
