@@ -12,10 +12,10 @@ import os
 import platform
 import sys
 
-from .config import ALGORITHMS, BACKENDS, DTYPES, RunConfig, tuned_defaults
+from .config import ALGORITHMS, BACKENDS, DTYPES, RunConfig, choose_algorithm, tuned_defaults
 from .errors import ClusterError, DeadlockError, GemmarError, RankDiedError, UsageError
 from .report import log, print_figures
-from .runtime.engines import gpu_properties, resolve_backend, shares_gpu
+from .runtime.engines import gpu_count, gpu_properties, resolve_backend, shares_gpu
 from .runtime.launch import heap_bytes_needed
 
 
@@ -45,7 +45,9 @@ def _bench_parser(sub):
                    help="(Iris) the reduced dimension, split over ranks (default %(default)s)")
     p.add_argument("--datatype", choices=list(DTYPES), default=d.datatype,
                    help="(Iris) input dtype; accumulation is fp32")
-    p.add_argument("--algorithm", choices=ALGORITHMS, default=d.algorithm, help="how partial tiles are reduced")
+    p.add_argument("--algorithm", choices=ALGORITHMS + ("auto",), default=d.algorithm,
+                   help="how partial tiles are reduced; auto: chosen by the rule in BENCHMARKS.md (a fused kernel, "
+                        "or cuBLAS + NCCL where those measured faster), saying which and why")
     p.add_argument("--BLK_M", type=int, help="(Iris) " + tuned)
     p.add_argument("--BLK_N", type=int, help="(Iris) " + tuned)
     p.add_argument("--BLK_K", type=int, help="(Iris) " + tuned)
@@ -133,6 +135,11 @@ def cmd_bench(args):
         if args.trace_tiles:
             check_output_path("--output_file", trace_path_for(args.output_file))
     backend = resolve_backend(args.backend, args.num_ranks) if 1 <= args.num_ranks <= 64 else "cpu"
+    if args.algorithm == "auto":
+        args.algorithm, why = choose_algorithm(backend, args.num_ranks, gpu_count())
+        log("-", args.num_ranks, f"--algorithm auto: {args.algorithm}, because {why}")
+        if args.algorithm == "unfused":
+            return run_unfused(args, backend)
     config = config_from_args(args, backend)
     if args.baseline and backend != "cuda":
         raise UsageError(f"--baseline needs the cuda backend (NCCL and cuBLAS); this run's backend is {backend}")
@@ -193,6 +200,33 @@ def cmd_bench(args):
     elif args.trace_tiles:
         result.trace.save("gemmar.trace.json")
         log("-", W, "wrote gemmar.trace.json")
+    return 0 if success else 1
+
+
+def run_unfused(args, backend):
+    """What --algorithm auto runs where cuBLAS + NCCL measured faster: torch.matmul and NCCL's all_reduce,
+    in sequence and overlapped in row blocks, timed; the overlapped C checked against the reference."""
+    from .cluster import Cluster, check_memory
+
+    if args.output_file:
+        check_output_path("--output_file", args.output_file)
+    problem = config_from_args(args, backend, "two_shot")
+    W = problem.world_size
+    check_memory(problem, W, backend)
+    log("-", W, starting_line(backend, W))
+    with Cluster(world_size=W, backend=backend, heap_size=256 << 20, timeout_s=args.timeout) as cluster:
+        figures = cluster.compare_to_unfused({}, reps=args.reps, problem=problem)
+    print_figures(figures, {}, W, problem)
+    success = figures["overlap_max_abs_diff"] <= figures["overlap_tolerance"]
+    log("-", W, f"{'PASSED' if success else 'FAILED'}: the overlapped path's max|C - ref| = "
+                f"{figures['overlap_max_abs_diff']:.3g} (tolerance {figures['overlap_tolerance']:.3g})")
+    if args.output_file:
+        with open(args.output_file, "w") as f:
+            json.dump(dict(args={k: v for k, v in vars(args).items() if k != "func"}, success=success,
+                           timings_ms=figures, config=problem.to_dict(),
+                           date=datetime.datetime.now().isoformat(timespec="seconds"), host=platform.node()), f,
+                      indent=2)
+        log("-", W, f"wrote {args.output_file}")
     return 0 if success else 1
 
 

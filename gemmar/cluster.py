@@ -117,7 +117,7 @@ class Cluster(EngineCluster):
         return self._run(config, (inputs, reference, rank_runtime.input_scale(A, B)), validate, verbose, mistake,
                          True)
 
-    def compare_to_unfused(self, configs, reps=20, warmup=5, baseline=True):
+    def compare_to_unfused(self, configs, reps=20, warmup=5, baseline=True, problem=None):
         """GPU only: time each fused kernel and the unfused baseline (cuBLAS matmul, NCCL all-reduce, both in
         sequence) in one run. ``configs`` maps an algorithm to its RunConfig (same shape for all; a single
         RunConfig times just its own algorithm). Returns milliseconds, the slowest rank's each."""
@@ -125,10 +125,12 @@ class Cluster(EngineCluster):
             configs = {configs.algorithm: configs}
         configs = {alg: RunConfig.from_settings(cfg.to_dict(), algorithm=alg, world_size=self.world_size)
                    for alg, cfg in configs.items()}
-        shapes = {(c.m, c.n, c.k, c.datatype, c.seed) for c in configs.values()}
+        if not configs and (problem is None or not baseline):
+            raise UsageError("nothing to time: give fused configs, or a problem and baseline=True")
+        shapes = {(c.m, c.n, c.k, c.datatype, c.seed) for c in list(configs.values()) + [problem] if c is not None}
         if len(shapes) != 1:
             raise UsageError(f"configs to compare must share one shape, dtype and seed; got {sorted(shapes)}")
-        outs = self.run_ranks(rank_runtime.benchmark_rank, configs, reps, warmup, baseline)
+        outs = self.run_ranks(rank_runtime.benchmark_rank, configs, reps, warmup, baseline, problem)
         RankFailure.raise_first(outs)
         figures = {f"{alg}_ms": max(o["fused_ms"][alg] for o in outs) for alg in configs}
         figures.update({f"{alg}_max_abs_diff": max(o["max_abs_diff"][alg] for o in outs) for alg in configs})
@@ -136,6 +138,7 @@ class Cluster(EngineCluster):
         if baseline:
             for key in ("matmul_ms", "allreduce_ms", "sequential_ms", "overlap_ms", "overlap_max_abs_diff"):
                 figures[key] = max(o[key] for o in outs)
+            figures["overlap_tolerance"] = min(o["overlap_tolerance"] for o in outs)
             figures["overlap_chunks"] = outs[0]["overlap_chunks"]
             figures["unfused_ms"] = min(figures["sequential_ms"], figures["overlap_ms"])
             figures["bound_ms"] = max(figures["matmul_ms"], figures["allreduce_ms"])

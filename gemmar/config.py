@@ -30,6 +30,30 @@ GPU_COMM_SMS = 16
 TUNED_KNOBS = ("BLK_M", "BLK_N", "BLK_K", "num_warps", "num_stages", "gsize_m", "num_sms", "comm_sms")
 
 
+# --algorithm auto: what to run, by where it runs. The rule follows the figures in BENCHMARKS.md ("The
+# rule behind --algorithm auto"); change it only with new figures.
+AUTO_RULE = {
+    # One GPU per rank, W >= 2: on 2 x H200 every fused kernel measured was slower than cuBLAS then NCCL at
+    # all three shapes (atomics 1.05-1.08x, ring slower still); two_shot is not yet measured across GPUs.
+    "gpus": ("unfused", "on 2 x H200 the fused atomics and ring kernels measured 1.05-1.08x and more "
+                        "slower than cuBLAS then NCCL at every shape tried, and two_shot has no two-GPU "
+                        "figures yet (BENCHMARKS.md)"),
+    # One rank on one GPU: nothing to reduce; every fused kernel measured 1.09-1.57x torch.matmul.
+    "one_gpu": ("unfused", "with one rank there is nothing to reduce, and on an H200 every fused kernel "
+                           "measured 1.09-1.57x slower than torch.matmul alone (BENCHMARKS.md)"),
+    # CPU interpreter or ranks sharing a GPU: places to learn and test, with no NCCL between the ranks.
+    "shared": ("two_shot", "there is no NCCL path between these ranks (cpu interpreter, or ranks sharing one "
+                           "GPU), and two_shot is the fused kernel that gives every rank the same bits"),
+}
+
+
+def choose_algorithm(backend, world_size, gpus):
+    """``--algorithm auto``: (algorithm or "unfused", why), by AUTO_RULE."""
+    if backend != "cuda" or world_size > gpus:
+        return AUTO_RULE["shared"]
+    return AUTO_RULE["one_gpu" if world_size == 1 else "gpus"]
+
+
 def tuned_defaults(backend, algorithm, name="", capability=(0, 0), multiprocessors=0):
     """Settings that suit the device, for every knob the user did not set. On the cpu backend these are
     RunConfig's own defaults; on GPUs one program per SM and the tile of GPU_TUNING.

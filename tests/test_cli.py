@@ -122,3 +122,10 @@ def test_inconsistent_iris_program_counts_are_one_line_errors():
     assert p.returncode == 2 and "leaves no communication program" in p.stderr
     p = run("bench", "--algorithm", "two_shot", "--gemm_sms", "4", "--total_sms", "8", "--comm_sms", "3")
     assert p.returncode == 2 and "give two of the three" in p.stderr and len(p.stderr.strip().splitlines()) == 1
+
+
+def test_algorithm_auto_says_what_it_chose_and_why():
+    p = run("bench", "--algorithm", "auto", "-r", "2", "-m", "48", "-n", "40", "-k", "64", "-v", timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert "--algorithm auto: two_shot, because there is no NCCL path between these ranks" in p.stdout
+    assert "PASSED" in p.stdout

@@ -33,3 +33,14 @@ def test_dtype_names():
     assert dtype_name(torch.bfloat16) == "bf16" and dtype_name("fp32") == "fp32"
     assert RunConfig(datatype=torch.float16).validate().datatype == "fp16"
     assert RunConfig(m=100, n=33, BLK_M=32, BLK_N=16).tiles == (4, 3)
+
+
+def test_algorithm_auto_follows_the_measured_rule():
+    from gemmar.config import AUTO_RULE, choose_algorithm
+
+    # One GPU per rank: cuBLAS + NCCL measured faster than every fused kernel (BENCHMARKS.md).
+    assert choose_algorithm("cuda", 2, 2)[0] == "unfused" and "2 x H200" in choose_algorithm("cuda", 2, 8)[1]
+    assert choose_algorithm("cuda", 1, 1)[0] == "unfused"
+    # No NCCL between the ranks: the fused kernel with the same bits on every rank.
+    assert choose_algorithm("cuda", 4, 1) == AUTO_RULE["shared"] == choose_algorithm("cpu", 3, 0)
+    assert AUTO_RULE["shared"][0] == "two_shot"
