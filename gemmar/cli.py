@@ -16,6 +16,7 @@ from .config import ALGORITHMS, BACKENDS, DTYPES, RunConfig, choose_algorithm, t
 from .errors import ClusterError, DeadlockError, GemmarError, RankDiedError, UsageError
 from .report import log, print_figures
 from .runtime.engines import gpu_count, gpu_properties, resolve_backend, shares_gpu
+from .runtime.allreduce import SCHEMES
 from .runtime.launch import heap_bytes_needed
 
 
@@ -279,6 +280,8 @@ def _allreduce_parser(sub):
     p.add_argument("--sizes", type=float, nargs="+", help="message sizes in MiB per rank (default: cpu 0.0625 "
                                                           "0.25 1; GPU 1 4 16 64 256)")
     p.add_argument("--comm_sms", type=int, help="programs per rank (default: cpu 2, GPU 16)")
+    p.add_argument("--schemes", nargs="+", choices=SCHEMES, default=list(SCHEMES),
+                   help="two_shot (by tile owner) and/or one_shot (every rank sums everything); default both")
     p.add_argument("--iterations", type=int, default=3, help="checked launches per size (default %(default)s)")
     p.add_argument("--reps", type=int, default=20, help="GPU: launches per timing, median of 5 (default %(default)s)")
     p.add_argument("-b", "--baseline", action="store_true", help="GPU, one per rank: also time NCCL's all_reduce "
@@ -313,14 +316,15 @@ def cmd_allreduce(args):
     rows = []
     log("-", W, starting_line(backend, W))
     with Cluster(world_size=W, backend=backend, heap_size=heap_size, timeout_s=args.timeout) as cluster:
-        for mib, numel in zip(sizes, numels):
+        for (mib, numel), scheme in ((size, scheme) for size in zip(sizes, numels) for scheme in args.schemes):
             f = cluster.all_reduce(numel, args.datatype, args.comm_sms, args.iterations, reps=args.reps if timed else 0,
-                                   baseline=args.baseline)
-            line = (f"{mib:g} MiB {args.datatype} x {W} ranks: {'PASSED' if f['ok'] else 'FAILED'} max|out - sum| "
+                                   baseline=args.baseline and scheme == args.schemes[0], scheme=scheme)
+            line = (f"{mib:g} MiB {args.datatype} x {W} ranks, {scheme}: {'PASSED' if f['ok'] else 'FAILED'} max|out - sum| "
                     f"{f['max_abs_diff']:.3g} (tolerance {f['tolerance']:.3g}), same bits on every rank: "
                     f"{'yes' if f['identical'] else 'NO'}")
             bus = 2 * (W - 1) / W * numel * itemsize / 1e6   # bus bytes per rank, in MB: GB/s = MB / ms
-            for key, name in (("gemmar_ms", "gemmar two-shot"), ("nccl_ms", "NCCL"), ("torch_symm_mem_ms", "torch symm_mem two-shot")):
+            for key, name in (("gemmar_ms", f"gemmar {scheme}"), ("nccl_ms", "NCCL"),
+                              ("torch_symm_mem_ms", "torch symm_mem two-shot")):
                 if key in f:
                     line += f" | {name} {f[key]:.3f} ms ({bus / f[key]:.0f} GB/s bus)"
             log("-", W, line)

@@ -144,9 +144,10 @@ class Cluster(EngineCluster):
             figures["bound_ms"] = max(figures["matmul_ms"], figures["allreduce_ms"])
         return figures
 
-    def all_reduce(self, numel, datatype="bf16", comm_sms=None, iterations=3, seed=0, reps=0, baseline=False):
-        """The standalone all-reduce on the symmetric heap (two-shot by tile owner, ``runtime/allreduce.py``)
-        of ``numel`` seeded values per rank: every rank's result checked against the float64 sum of all
+    def all_reduce(self, numel, datatype="bf16", comm_sms=None, iterations=3, seed=0, reps=0, baseline=False,
+                   scheme="two_shot"):
+        """The standalone all-reduce on the symmetric heap (``scheme`` two_shot: by tile owner, or one_shot:
+        every rank sums everything; ``runtime/allreduce.py``) of ``numel`` seeded values per rank: every rank's result checked against the float64 sum of all
         inputs after each launch, and its bits compared across ranks. On GPUs, ``reps`` > 0 times it, and
         ``baseline`` times NCCL (and torch's symmetric-memory two-shot) on the same values. Returns a dict:
         ``max_abs_diff``, ``tolerance``, ``identical`` (every rank the same bits) and the times in ms."""
@@ -159,9 +160,9 @@ class Cluster(EngineCluster):
             if isinstance(value, bool) or not isinstance(value, int) or not smallest <= value <= 2 ** 40:
                 raise UsageError(f"{name}={value!r} is not allowed: use a whole number from {smallest} up")
         outs = self.run_ranks(rank_runtime.run_all_reduce, numel, datatype, comm_sms, iterations, seed, self.timeout_s,
-                              reps, baseline)
+                              reps, baseline, scheme)
         RankFailure.raise_first(outs)
-        figures = dict(numel=numel, datatype=datatype, comm_sms=comm_sms, world_size=self.world_size,
+        figures = dict(numel=numel, datatype=datatype, scheme=scheme, comm_sms=comm_sms, world_size=self.world_size,
                        max_abs_diff=max(d for o in outs for d in o["max_abs_diff"]), tolerance=outs[0]["tolerance"],
                        identical=len({o["digest"] for o in outs}) == 1)
         for key in ("gemmar_ms", "nccl_ms", "torch_symm_mem_ms", "torch_symm_mem_error"):

@@ -1,5 +1,6 @@
-"""The standalone all-reduce on the symmetric heap (two_shot's pieces): every rank gets the float64 sum of
-every rank's values within one ulp of the dtype, with the same bits on every rank, launch after launch."""
+"""The standalone all-reduce on the symmetric heap (two_shot's pieces; two-shot and one-shot): every rank
+gets the float64 sum of every rank's values within one ulp of the dtype, with the same bits on every rank,
+launch after launch."""
 
 import subprocess
 import sys
@@ -10,19 +11,21 @@ import gemmar
 
 
 @pytest.mark.parametrize("world_size", [1, 2, 3, 4, 5])
-def test_every_rank_gets_the_sum_with_the_same_bits(clusters, world_size):
+@pytest.mark.parametrize("scheme", ["two_shot", "one_shot"])
+def test_every_rank_gets_the_sum_with_the_same_bits(clusters, world_size, scheme):
     cluster = clusters(world_size)
     # One value, a partial tile, several whole tiles plus a tail; three dtypes; more programs than tiles.
     for numel, datatype, comm_sms in ((1, "fp32", 3), (1000, "bf16", 2), (16 * 64 * 5 + 7, "fp16", 4),
                                       (3000, "fp32", 1)):
-        f = cluster.all_reduce(numel, datatype, comm_sms=comm_sms, iterations=3, seed=world_size)
+        f = cluster.all_reduce(numel, datatype, comm_sms=comm_sms, iterations=3, seed=world_size, scheme=scheme)
         assert f["identical"], f
         assert f["max_abs_diff"] <= f["tolerance"], f
         assert f["ok"]
 
 
-def test_fifty_back_to_back_launches_at_world_size_4(clusters):
-    f = clusters(4).all_reduce(5000, "bf16", comm_sms=2, iterations=50, seed=3)
+@pytest.mark.parametrize("scheme", ["two_shot", "one_shot"])
+def test_fifty_back_to_back_launches_at_world_size_4(clusters, scheme):
+    f = clusters(4).all_reduce(5000, "bf16", comm_sms=2, iterations=50, seed=3, scheme=scheme)
     assert f["ok"] and f["identical"], f
 
 
@@ -34,6 +37,8 @@ def test_bad_all_reduce_arguments(clusters):
         cluster.all_reduce(10, "fp8")
     with pytest.raises(gemmar.UsageError, match="comm_sms=0"):
         cluster.all_reduce(10, comm_sms=0)
+    with pytest.raises(gemmar.UsageError, match="scheme 'three_shot'"):
+        cluster.all_reduce(10, scheme="three_shot")
 
 
 def test_the_allreduce_command(tmp_path):
@@ -42,5 +47,5 @@ def test_the_allreduce_command(tmp_path):
                        capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-2000:]
     lines = [line for line in p.stdout.splitlines() if "MiB fp16 x 2 ranks" in line]
-    assert len(lines) == 2 and all("PASSED" in line and "same bits on every rank: yes" in line for line in lines)
+    assert len(lines) == 4 and all("PASSED" in line and "same bits on every rank: yes" in line for line in lines)
     assert (tmp_path / "ar.json").exists()

@@ -163,11 +163,3 @@ def two_shot_reduce(
                           t_wait, stamp(TRACE_CAPACITY), TRACE_CAPACITY)
     finish_trace(trace_counts, n_events, TRACE_CAPACITY)
 
-
-@triton.jit(do_not_specialize=["rank"])
-def publish_partials(partial_ready, heap_bases, rank, world_size, total_tiles, COMM_SMS: tl.constexpr):
-    """Step 3 alone, for the standalone all-reduce: the data is already in ``partials`` (copied in on this
-    rank's stream, so before this kernel starts); count every tile in at its owner, release."""
-    for tile_id in range(tl.program_id(0), total_tiles, COMM_SMS):
-        device.atomic_add(partial_ready + tile_id, 1, rank, tile_id % world_size, heap_bases, sem="release",
-                          scope="sys")

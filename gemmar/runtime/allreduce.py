@@ -1,21 +1,26 @@
-"""A standalone all-reduce on the symmetric heap, made of two_shot's pieces (``kernels/two_shot.py``).
+"""A standalone all-reduce on the symmetric heap, made of two_shot's pieces (``kernels/allreduce.py``).
 
 The buffer to reduce, ``numel`` values, is laid out as the ``partials`` of a matrix ``rows x BLOCK_N`` with
 one column of tiles: tile ``t`` is then ``BLOCK_M * BLOCK_N`` consecutive values, exactly the slot that
 two_shot's GEMM programs fill. So a launch is: copy this rank's values into its ``partials`` (the tail of
-the last tile stays zero), ``publish_partials`` (count each tile in at its owner), then ``two_shot_reduce``:
-the owner of each tile sums the W copies in rank order and writes the sum into every rank's ``out``. Each
-value crosses the links ``2 (W - 1) / W`` times, as in NCCL's ring, and every rank gets the same bits.
+the last tile stays zero), publish them, then reduce, by one of two schemes (``SCHEMES``):
 
-Back-to-back launches need no reset (the flags count launches) and no barrier: a rank's next copy waits,
-on its stream, for its last reduction, which ends only when every owner has read its partials.
+- ``two_shot``: ``two_shot_reduce`` itself, the owner of each tile sums the W copies in rank order and
+  writes the sum into every rank's ``out``; each value crosses the links ``2 (W - 1) / W`` times.
+- ``one_shot``: every rank sums every tile's W copies itself; ``W - 1`` crossings, but one exchange.
+
+Either way every rank gets the same bits. Back-to-back launches need no reset (the flags count launches)
+and no barrier: a rank's next copy waits, on its stream, for its last reduction, which ends only when no
+rank needs its partials any more.
 """
 
 import torch
 
 from ..errors import UsageError
-from ..kernels import two_shot
+from ..kernels import allreduce, two_shot
 from ..kernels.device import WATCHDOG_WORDS
+
+SCHEMES = ("two_shot", "one_shot")
 
 # (BLOCK_M, BLOCK_N) of a tile: big on GPUs (wide vector loads, few flags), small under the interpreter.
 BLOCKS = {"cuda": (64, 256), "cpu": (16, 64)}
@@ -26,25 +31,28 @@ def all_reduce_heap_bytes(numel, dtype, world_size, device_type="cpu"):
     block_m, block_n = BLOCKS.get(device_type, BLOCKS["cuda"])
     tiles = -(-numel // (block_m * block_n))
     values = 2 * tiles * block_m * block_n * torch.tensor([], dtype=dtype).element_size()
-    return values + 8 * tiles + 8 * WATCHDOG_WORDS + 64 * 1024
+    return values + 12 * tiles + 8 * WATCHDOG_WORDS + 64 * 1024
 
 
 class SymmetricAllReduce:
     """``out = sum over ranks of x`` for a fixed size and dtype, on this rank's heap; call once per launch."""
 
-    def __init__(self, heap, numel, dtype, comm_sms, timeout_s=60.0):
+    def __init__(self, heap, numel, dtype, comm_sms, timeout_s=60.0, scheme="two_shot"):
+        if scheme not in SCHEMES:
+            raise UsageError(f"scheme {scheme!r} is not known: use one of {', '.join(SCHEMES)}")
         if isinstance(numel, bool) or not isinstance(numel, int) or numel < 1:
             raise UsageError(f"numel={numel!r} is not allowed: use a whole number of values, at least 1")
         if isinstance(comm_sms, bool) or not isinstance(comm_sms, int) or not 1 <= comm_sms <= 4096:
             raise UsageError(f"comm_sms={comm_sms!r} is not allowed: use a whole number from 1 to 4096")
-        self.heap, self.numel, self.dtype, self.comm_sms = heap, numel, dtype, comm_sms
+        self.heap, self.numel, self.dtype, self.comm_sms, self.scheme = heap, numel, dtype, comm_sms, scheme
         self.block_m, self.block_n = BLOCKS.get(heap.device.type, BLOCKS["cuda"])
         self.rows = -(-numel // self.block_n)
         self.tiles = -(-self.rows // self.block_m)
         self.partials = heap.zeros((self.tiles, self.block_m * self.block_n), dtype)
         self.out = heap.zeros((self.rows, self.block_n), dtype)
         self.partial_ready = heap.zeros(self.tiles, torch.int32)
-        self.result_ready = heap.zeros(self.tiles, torch.int32)
+        self.result_ready = heap.zeros(self.tiles, torch.int32)   # two-shot: the owner's sum is in
+        self.partials_read = heap.zeros(self.tiles, torch.int32)  # one-shot: how many ranks read my tile
         self.watchdog = heap.zeros(WATCHDOG_WORDS, torch.int64)
         self.no_trace = torch.zeros(1, dtype=torch.int64, device=heap.device)
         self.timeout_ns = int(timeout_s * 1e9)
@@ -53,9 +61,17 @@ class SymmetricAllReduce:
     def _kernel_calls(self):
         heap = self.heap
         gpu = {"num_warps": 8, "num_stages": 1} if heap.device.type == "cuda" else {}
-        publish = (two_shot.publish_partials, (self.comm_sms,),
+        one_shot = self.scheme == "one_shot"
+        publish = (allreduce.publish_partials, (self.comm_sms,),
                    (self.partial_ready, heap.heap_bases, heap.rank, heap.world_size, self.tiles),
-                   dict(COMM_SMS=self.comm_sms, **({"num_warps": 1} if gpu else {})))
+                   dict(COMM_SMS=self.comm_sms, TO_EVERY_RANK=one_shot, **({"num_warps": 1} if gpu else {})))
+        if one_shot:
+            return [publish, (allreduce.one_shot_reduce, (self.comm_sms,),
+                              (self.out, self.partials, self.partial_ready, self.partials_read, self.watchdog,
+                               heap.heap_bases, heap.rank, heap.world_size, self.launches, self.rows, self.block_n,
+                               self.timeout_ns),
+                              dict(BLOCK_M=self.block_m, BLOCK_N=self.block_n, COMM_SMS=self.comm_sms,
+                                   PEER_CACHE=".cg" if gpu else "", **gpu))]
         reduce = (two_shot.two_shot_reduce, (self.comm_sms,),
                   (self.out, self.partials, self.partial_ready, self.result_ready, self.watchdog, heap.heap_bases,
                    heap.rank, heap.world_size, self.launches, self.rows, self.block_n, self.block_n, 1,

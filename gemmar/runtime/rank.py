@@ -384,7 +384,8 @@ def all_reduce_input(numel, dtype, seed, rank, device):
 
 
 @_errors_as_results
-def run_all_reduce(numel, datatype, comm_sms, iterations, seed=0, timeout_s=60.0, reps=0, baseline=False):
+def run_all_reduce(numel, datatype, comm_sms, iterations, seed=0, timeout_s=60.0, reps=0, baseline=False,
+                   scheme="two_shot"):
     """The standalone all-reduce on this engine's ranks: ``iterations`` checked launches (every rank's
     result against the float64 sum of every rank's input; a digest of its bits, to compare across ranks);
     on GPUs, with ``reps``, the median time of back-to-back launches, and with ``baseline`` NCCL's
@@ -405,7 +406,8 @@ def run_all_reduce(numel, datatype, comm_sms, iterations, seed=0, timeout_s=60.0
     inputs = [all_reduce_input(numel, dtype, seed, ctx.rank, device) for ctx in group]
     outs = [dict(rank=ctx.rank, max_abs_diff=[], tolerance=allowed, digest=None) for ctx in group]
     with contextlib.ExitStack() as scopes:
-        ops = [SymmetricAllReduce(scopes.enter_context(h.scope()), numel, dtype, comm_sms, timeout_s) for h in heaps]
+        ops = [SymmetricAllReduce(scopes.enter_context(h.scope()), numel, dtype, comm_sms, timeout_s, scheme)
+               for h in heaps]
         for op in ops:
             op.prepare()
         barrier_all(heaps, timeout_s)
