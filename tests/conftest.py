@@ -1,11 +1,21 @@
 """Shared fixtures: real ipyparallel clusters, started once per world size and reused by the tests."""
 
+import atexit
 import os
+import shutil
 import sys
+import tempfile
 
 import pytest
 
-import gemmar
+# Tests never write into the user's home: what would go there (JupyterLab's workspaces and runtime files,
+# Triton's compile cache, matplotlib's settings, a browser profile) goes to a private folder instead,
+# removed at the end. Set before anything starts a process, so every process of the run inherits it.
+TEST_HOME = tempfile.mkdtemp(prefix="gemmar-tests-home-")
+os.environ["HOME"] = TEST_HOME
+atexit.register(shutil.rmtree, TEST_HOME, ignore_errors=True)
+
+import gemmar  # noqa: E402 - after HOME is private
 
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 
