@@ -1,6 +1,8 @@
 """The tile-scheduling explorer: widgets for every knob of a run; Run reruns on the cluster and redraws
 the Gantt chart and the per-rank summary. The cluster stays up between runs (restarted only when the
-world size changes)."""
+world size changes, or after an interrupted run). Interrupting the kernel (Jupyter's stop button) during a
+run stops that run's ranks at once; the next Run starts fresh ones. Making a new Explorer (running its
+cell again) stops the previous one's cluster."""
 
 import time
 
@@ -9,11 +11,19 @@ from .config import ALGORITHMS, DTYPES, RunConfig
 from .errors import GemmarError
 
 
+_current = None   # the Explorer made last: a new one stops its cluster
+
+
 class Explorer:
     def __init__(self, world_size=3, m=64, n=64, k=64, BLK_M=16, BLK_N=16, BLK_K=16, num_sms=3, gsize_m=2,
                  algorithm="ring", datatype="fp16", iterations=1, backend="cpu"):
         """Knobs take RunConfig's names; the values here are the widgets' starting values."""
         import ipywidgets as w
+
+        global _current
+        if _current is not None:
+            _current.close()
+        _current = self
 
         self.backend, self.cluster, self.runs = backend, None, 0
         blocks = [16, 32, 64]
@@ -63,6 +73,7 @@ class Explorer:
         from IPython.display import display
 
         self.button.disabled = True
+        start = time.monotonic()   # what the user waits for, a cluster start included
         try:
             config = self.config()
             cluster = self._cluster(config.world_size)
@@ -74,7 +85,6 @@ class Explorer:
                 self.progress.value = sum(done.values())
 
             self.status.value = f"running {config.algorithm} on {config.world_size} ranks..."
-            start = time.monotonic()
             result = cluster.bench(config, on_progress=on_progress)
             self.progress.value = self.progress.max
             self.runs += 1
@@ -91,6 +101,9 @@ class Explorer:
                 plt.close(fig)
         except GemmarError as e:
             self.status.value = f"<b>error:</b> {e}"
+        except KeyboardInterrupt:
+            self.status.value = (f"interrupted after {time.monotonic() - start:.1f} s: the run's ranks were stopped; "
+                                 f"the next Run starts fresh ones")
         finally:
             self.button.disabled = False
 

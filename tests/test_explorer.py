@@ -1,0 +1,51 @@
+"""The explorer's life cycle without a browser (the browser test drives it in JupyterLab): an interrupted
+run stops its ranks at once and says so, the next Run starts fresh ones, a new Explorer stops the old one's
+cluster, and the status line reports the whole wait."""
+
+import os
+import signal
+import threading
+import time
+
+import pytest
+
+pytest.importorskip("ipywidgets")
+
+from gemmar.explorer import Explorer  # noqa: E402
+from gemmar.runtime.engines import _alive  # noqa: E402
+
+
+def test_interrupt_stops_the_run_and_the_next_run_starts_fresh_ranks():
+    explorer = Explorer(world_size=2, m=128, n=128, k=128, iterations=20, algorithm="ring")
+    pressed, returned_event = [], threading.Event()
+
+    def press_stop_when_running():   # what Jupyter's stop button does: SIGINT to the kernel process
+        while explorer.progress.value == 0 and not returned_event.wait(0.02):
+            pass
+        if not returned_event.is_set() and explorer.button.disabled:   # never interrupt pytest itself
+            pressed.append(time.monotonic())
+            os.kill(os.getpid(), signal.SIGINT)
+
+    try:
+        threading.Thread(target=press_stop_when_running, daemon=True).start()
+        explorer.run()
+        returned = time.monotonic()
+        returned_event.set()
+        assert pressed, "the run ended before it could be interrupted"
+        assert returned - pressed[0] < 2.0
+        assert explorer.status.value.startswith("interrupted after"), explorer.status.value
+        old_pids = explorer.cluster.pids
+        assert not any(_alive(pid) for pid in old_pids)   # the ranks stopped, not finishing the work
+        assert not explorer.button.disabled
+        explorer.iterations.value = 1
+        explorer.run()
+        assert explorer.status.value.startswith("run 1: ring") and "correct on every rank" in explorer.status.value
+        assert explorer.cluster.pids != old_pids
+        # The status counts the whole wait: the restart (several seconds here) is in it.
+        assert float(explorer.status.value.rsplit(", ", 1)[1].rstrip(" s")) > 1.0
+        first_cluster = explorer.cluster
+        replacement = Explorer(world_size=2)      # running the cell again
+        assert not first_cluster.running
+        replacement.close()
+    finally:
+        explorer.close()
