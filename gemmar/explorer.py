@@ -51,6 +51,7 @@ class Explorer:
                            self.programs, self.world, self.algorithm, self.datatype, self.iterations],
                           layout=w.Layout(grid_template_columns="repeat(3, 320px)"))
         self.widget = w.VBox([knobs, w.HBox([self.button, self.progress]), self.status, self.out])
+        self.first_config = self.config()   # what the notebook started with (an exercise asks for another)
 
     def config(self):
         return RunConfig(m=self.m.value, n=self.n.value, k=self.k.value, datatype=self.datatype.value,

@@ -10,7 +10,7 @@ import os
 import pytest
 
 PACKAGE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "gemmar")
-LAYER = {"__init__": 4, "cluster": 3, "cli": 3, "console": 3, "explorer": 3, "report": 3, "runtime": 2, "analysis": 2,
+LAYER = {"__init__": 4, "cluster": 3, "cli": 3, "console": 3, "exercises": 3, "explorer": 3, "report": 3, "runtime": 2, "analysis": 2,
          "kernels": 1, "config": 0, "errors": 0}
 
 
