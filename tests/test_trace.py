@@ -243,3 +243,13 @@ def test_host_schedule_matches_the_tiles_the_kernels_did(live):
         gemm = t.events[t.events["kind"] == "gemm"]
         for rank, d in gemm.groupby("rank"):
             assert {(e.tile, e.pid_m, e.pid_n, e.program) for e in d.itertuples()} == expected
+
+
+def test_launch_skew_is_told_apart_and_legends_list_only_what_is_drawn(traces, tmp_path):
+    s = traces["ring"].summary()
+    assert (s.launch_skew_us >= 0).all() and s.launch_skew_us.min() == 0   # the first rank to start: no skew
+    fig = traces["atomics"].gantt(path=tmp_path / "g.png")
+    names = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    # atomics never waits or reduces; its 'store' events zero the next launch's C, and say so.
+    assert "waiting" not in names and "reducing" not in names and "zeroing the next launch's C" in names
+    assert "4 ranks x 3 programs" in fig.axes[0].get_title()

@@ -11,6 +11,17 @@ PHASE_LABELS = {"gemm": "GEMM", "wait": "waiting", "comm": "communicating", "red
                 "store": "storing C"}
 
 
+def phase_labels(algorithm):
+    """What each phase means in this algorithm's Gantt (the 'store' phase is a different act in each)."""
+    store = {"atomics": "zeroing the next launch's C", "two_shot": "storing a partial, counting it in",
+             "ring": "storing C"}.get(algorithm, "storing C")
+    return dict(PHASE_LABELS, store=store)
+
+
+def plural(count, noun):
+    return f"{count} {noun}" + ("" if count == 1 else "s")
+
+
 def time_unit(span_us):
     """(divisor, label): µs for GPU-scale spans, ms for the interpreter's seconds-long ones."""
     return (1.0, "µs") if span_us < 20_000 else (1e3, "ms")
@@ -49,18 +60,40 @@ def gantt(trace, iteration=-1, max_lanes=48, ranks=None, programs=None, path=Non
         _draw_lanes(ax, df, lanes, span, width)
     m = trace.meta
     it = sorted(trace.events["iteration"].unique())[iteration] if len(trace.events) else 0
-    ax.set_title(f"{m.get('algorithm')} all-reduce, M x N x K = {m.get('m')}x{m.get('n')}x{m.get('k')} "
-                 f"{m.get('datatype')} (K split over the ranks), "
-                 f"blocks {m.get('BLK_M')}x{m.get('BLK_N')}x{m.get('BLK_K')}, {m.get('world_size')} ranks x "
-                 f"{m.get('num_sms')} programs, {m.get('backend')} backend, iteration {it}")
+    comm = f" + {m['comm_sms']} communication" if m.get("comm_sms") else ""
+    ax.set_title(f"{m.get('algorithm')} all-reduce, M x N x K = {m.get('m')} x {m.get('n')} x {m.get('k')} "
+                 f"{m.get('datatype')} (K split over the ranks), blocks {m.get('BLK_M')}x{m.get('BLK_N')}x"
+                 f"{m.get('BLK_K')}\n{plural(m.get('world_size'), 'rank')} x {m.get('num_sms')}{comm} "
+                 f"{'program' if m.get('num_sms') == 1 and not comm else 'programs'}, {m.get('backend')} backend, "
+                 f"iteration {it}", fontsize=10)
     ax.set_xlabel(f"time since the iteration started ({unit})")
-    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in PHASE_COLORS.values()]
-    ax.legend(handles, list(PHASE_LABELS.values()), loc="upper right", fontsize=8, ncol=5, framealpha=0.9)
+    skewed = not aggregate and _draw_launch_skew(ax, df, lanes, span)
+    # Only the phases this chart shows, named for this algorithm, outside the data.
+    labels = phase_labels(m.get("algorithm"))
+    shown = [p for p in PHASE_COLORS if (df["phase"] == p).any()]
+    handles = [plt.Rectangle((0, 0), 1, 1, color=PHASE_COLORS[p]) for p in shown]
+    names = [labels[p] for p in shown]
+    if skewed:
+        handles.append(plt.Rectangle((0, 0), 1, 1, facecolor="#eeeeee", hatch="///", edgecolor="#999999"))
+        names.append("not launched yet (launch skew)")
+    ax.legend(handles, names, loc="upper left", bbox_to_anchor=(1.005, 1.0), fontsize=8, framealpha=0.9)
     _draw_summary(trace, ax_sum, iteration, ranks, scale, unit)
     fig.tight_layout()
     if path:
         fig.savefig(path, dpi=110)
     return fig
+
+
+def _draw_launch_skew(ax, df, lanes, span):
+    """Hatched grey from the first rank's first event to each later rank's first: that rank's kernel had not
+    started yet (launch skew), which is not the protocol making it wait. True if any was drawn."""
+    first = df.groupby("rank")["start_us"].min()
+    late = first[first - first.min() > span * 0.01]
+    for i, (rank, _) in enumerate(lanes):
+        if rank in late.index:
+            ax.barh(i, late[rank] - first.min(), left=first.min(), height=0.8, facecolor="#eeeeee", hatch="///",
+                    edgecolor="#999999", linewidth=0)
+    return not late.empty
 
 
 def _draw_lanes(ax, df, lanes, span, width_in):
@@ -115,9 +148,10 @@ def _draw_summary(trace, ax, iteration, ranks, scale, unit):
     if ranks is not None:
         s = s.loc[[r for r in s.index if r in set(ranks)]]
     ax.axis("off")
-    header = ["rank"] + [f"{name} ({unit})" for name in ("span", "GEMM", "waiting", "comm", "reduce")] + \
-        ["comm hidden under GEMM"]
-    cells = [[str(r)] + [f"{x / scale:.1f}" for x in (v.span_us, v.gemm_us, v.wait_us, v.comm_us, v.reduce_us)]
+    header = ["rank"] + [f"{name} ({unit})" for name in ("launch skew", "span", "GEMM", "waiting", "comm",
+                                                          "reduce")] + ["hidden"]
+    cells = [[str(r)] + [f"{x / scale:.1f}" for x in (v.launch_skew_us, v.span_us, v.gemm_us, v.wait_us, v.comm_us,
+                                                      v.reduce_us)]
              + ["-" if np.isnan(v.hidden_share) else f"{100 * v.hidden_share:.0f} %"] for r, v in s.iterrows()]
     table = ax.table(cellText=cells, colLabels=header, loc="center", cellLoc="center")
     table.auto_set_font_size(False)

@@ -210,10 +210,12 @@ class Trace:
         return sum(events_per_launch(self.meta["algorithm"], W, tiles_m * tiles_n, r) for r in ranks)
 
     def summary(self, iteration=-1):
-        """Per rank: GEMM, waiting, communicating and reducing time (µs summed over programs), the span,
+        """Per rank: the launch skew (its first event after the first rank's, µs), GEMM, waiting,
+        communicating and reducing time (µs summed over programs), the span,
         and the share of communication time (comm + wait + reduce, merged over programs) hidden under GEMM
         (some program of the same rank was in a GEMM at that moment)."""
         df = self.iteration(iteration)
+        first_start = df["start_us"].min() if len(df) else 0.0
         rows = []
         for rank, d in df.groupby("rank"):
             busy = {p: d.loc[d["phase"] == p, "duration_us"].sum() for p in PHASE_COLORS}
@@ -221,7 +223,10 @@ class Trace:
             comm_rows = d["phase"].isin(["comm", "wait", "reduce"])
             comm = _interval_union(d.loc[comm_rows, "start_us"], d.loc[comm_rows, "end_us"])
             comm_len = float(np.sum(comm[1] - comm[0]))
-            rows.append(dict(rank=rank, span_us=d["end_us"].max() - d["start_us"].min(), gemm_us=busy["gemm"],
+            # Launch skew: how long after the first rank's first event this rank's kernel began at all. Time
+            # a rank spends not yet launched is not protocol waiting, though its peers may wait for it.
+            rows.append(dict(rank=rank, launch_skew_us=d["start_us"].min() - first_start,
+                             span_us=d["end_us"].max() - d["start_us"].min(), gemm_us=busy["gemm"],
                              wait_us=busy["wait"], comm_us=busy["comm"], reduce_us=busy["reduce"],
                              comm_wall_us=comm_len,
                              hidden_share=_overlap(gemm, comm) / comm_len if comm_len > 0 else float("nan")))
