@@ -200,3 +200,46 @@ def tile_grid(trace, iteration=-1, path=None):
     if path:
         fig.savefig(path, dpi=110)
     return fig
+
+
+def ring_handoff_diagram(world_size=3, path=None):
+    """One tile through the ring, drawn: each rank's slot and flags for the tile, and at every step the
+    payload each rank stores into the next rank's slot (then ``data_ready`` there), and the ``slot_free``
+    it hands back to the previous rank once it has read its own slot."""
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
+
+    W = world_size
+    angles = [np.pi / 2 - 2 * np.pi * r / W for r in range(W)]
+    centre = {r: (2.2 * np.cos(a), 2.2 * np.sin(a)) for r, a in enumerate(angles)}
+    fig, ax = plt.subplots(figsize=(7.5, 7))
+    for r, (x, y) in centre.items():
+        ax.add_patch(FancyBboxPatch((x - 0.9, y - 0.55), 1.8, 1.1, boxstyle="round,pad=0.05", facecolor="#f4f4f4",
+                                    edgecolor="black"))
+        ax.text(x, y + 0.3, f"rank {r}", ha="center", fontsize=11, weight="bold")
+        ax.text(x, y - 0.05, "partial of tile t (GEMM)", ha="center", fontsize=8, color=PHASE_COLORS["gemm"])
+        ax.text(x, y - 0.35, "slot[t]  data_ready[t]  slot_free[t]", ha="center", fontsize=7.5)
+    for r in range(W):
+        nxt = (r + 1) % W
+        (x0, y0), (x1, y1) = centre[r], centre[nxt]
+        ax.add_patch(FancyArrowPatch((x0, y0), (x1, y1), arrowstyle="-|>", mutation_scale=16, lw=2,
+                                     color=PHASE_COLORS["comm"], shrinkA=45, shrinkB=45,
+                                     connectionstyle="arc3,rad=0.18"))
+        mx, my = (x0 + x1) / 2 * 2.15, (y0 + y1) / 2 * 2.15   # outside the dashed hand-back arc
+        ax.text(mx, my, f"store payload into rank {nxt}'s slot,\nthen data_ready[t] += 1 there (release)",
+                ha="center", va="center", fontsize=7.5, color=PHASE_COLORS["comm"])
+        ax.add_patch(FancyArrowPatch((x1, y1), (x0, y0), arrowstyle="-|>", mutation_scale=12, lw=1.2, ls="--",
+                                     color=PHASE_COLORS["wait"], shrinkA=45, shrinkB=45,
+                                     connectionstyle="arc3,rad=0.18"))
+    ax.text(0, 0.15, f"{W} ranks: {W - 1} step{'s' if W != 2 else ''} per tile", ha="center", fontsize=10)
+    ax.text(0, -0.3, "green: a message, and its flag\norange, dashed: slot_free[t] handed back\n"
+                     "after the slot was read (acquire)", ha="center", fontsize=8)
+    ax.set_xlim(-3.6, 3.6)
+    ax.set_ylim(-3.4, 3.4)
+    ax.set_aspect("equal")
+    ax.axis("off")
+    ax.set_title("The ring's lock handoff for one tile (kernels/ring.py, steps 1-4)")
+    fig.tight_layout()
+    if path:
+        fig.savefig(path, dpi=110)
+    return fig
