@@ -18,6 +18,27 @@ def phase_labels(algorithm):
     return dict(PHASE_LABELS, store=store)
 
 
+def program_colormap(num_programs):
+    """One colour per program, the same in every figure (schedule, tile grid): distinct colours for up to 20
+    programs, a smooth ramp beyond (so 132 programs never reuse a colour), with colour-bar bounds 0..P-1."""
+    from matplotlib.colors import BoundaryNorm, ListedColormap
+    import matplotlib.pyplot as plt
+
+    P = max(1, int(num_programs))
+    base = plt.get_cmap("tab10" if P <= 10 else "tab20" if P <= 20 else "turbo")
+    colors = base.colors[:P] if P <= 20 else base(np.linspace(0, 1, P))
+    return ListedColormap(colors), BoundaryNorm(np.arange(-0.5, P), P)
+
+
+def program_colorbar(fig, image, ax, num_programs, **kw):
+    """A colour bar for program colours: every program's tick up to 20, a few round ones beyond."""
+    bar = fig.colorbar(image, ax=ax, fraction=0.046, **kw)
+    P = max(1, int(num_programs))
+    bar.set_ticks(range(P) if P <= 20 else [int(t) for t in np.linspace(0, P - 1, 6)])
+    bar.minorticks_off()
+    return bar
+
+
 def plural(count, noun):
     return f"{count} {noun}" + ("" if count == 1 else "s")
 
@@ -61,8 +82,10 @@ def gantt(trace, iteration=-1, max_lanes=48, ranks=None, programs=None, path=Non
     m = trace.meta
     it = sorted(trace.events["iteration"].unique())[iteration] if len(trace.events) else 0
     comm = f" + {m['comm_sms']} communication" if m.get("comm_sms") else ""
+    W = m.get("world_size") or 1
+    k_rank = f"{-(-m['k'] // W)} per rank" if W > 1 and isinstance(m.get("k"), int) else "one rank"
     ax.set_title(f"{m.get('algorithm')} all-reduce, M x N x K = {m.get('m')} x {m.get('n')} x {m.get('k')} "
-                 f"{m.get('datatype')} (K split over the ranks), blocks {m.get('BLK_M')}x{m.get('BLK_N')}x"
+                 f"{m.get('datatype')} (K split over the ranks: {k_rank}), blocks {m.get('BLK_M')}x{m.get('BLK_N')}x"
                  f"{m.get('BLK_K')}\n{plural(m.get('world_size'), 'rank')} x {m.get('num_sms')}{comm} "
                  f"{'program' if m.get('num_sms') == 1 and not comm else 'programs'}, {m.get('backend')} backend, "
                  f"iteration {it}", fontsize=10)
@@ -134,12 +157,12 @@ def _draw_aggregate(ax, df, span, bins=400):
             ax.fill_between(mids, offset + bottom / n_prog, offset + (bottom + count) / n_prog, color=color,
                             step="mid", lw=0)
             bottom += count
-        yticks.append(offset + 0.5)
-        ylabels.append(f"rank {rank}\n({n_prog} programs)")
+        yticks += [offset, offset + 0.5, offset + 1.0]
+        ylabels += ["0 %", f"rank {rank}: 50 %\n({n_prog} programs)", "100 %"]
         offset += 1.15
     ax.set_yticks(yticks)
-    ax.set_yticklabels(ylabels, fontsize=8)
-    ax.set_ylabel("share of programs in each phase")
+    ax.set_yticklabels(ylabels, fontsize=7)
+    ax.set_ylabel("share of the rank's programs in each phase")
     ax.set_xlim(0, span)
 
 
@@ -181,7 +204,9 @@ def tile_grid(trace, iteration=-1, path=None):
         for _, e in done.iterrows():
             cur = finish[e["pid_m"], e["pid_n"]]
             finish[e["pid_m"], e["pid_n"]] = e["end_us"] if np.isnan(cur) else max(cur, e["end_us"])
-        im0 = axes[0, c].imshow(program, cmap="tab20", vmin=0, vmax=max(19, m["num_sms"] - 1))
+        programs_total = m["num_sms"] + (m.get("comm_sms") or 0)
+        cmap, norm = program_colormap(programs_total)
+        im0 = axes[0, c].imshow(program, cmap=cmap, norm=norm)
         axes[0, c].set_title(f"rank {rank}: program per tile", fontsize=9)
         im1 = axes[1, c].imshow(finish / scale, cmap="viridis")
         axes[1, c].set_title(f"rank {rank}: tile reduced at ({unit})", fontsize=9)
@@ -194,7 +219,7 @@ def tile_grid(trace, iteration=-1, path=None):
         for ax in axes[:, c]:
             ax.set_xlabel("pid_n")
             ax.set_ylabel("pid_m")
-    fig.colorbar(im0, ax=axes[0, -1], fraction=0.046, label="program")
+    program_colorbar(fig, im0, axes[0, -1], programs_total, label="program")
     fig.suptitle(f"{m['algorithm']}: tile schedule (GROUP_SIZE_M={m['gsize_m']}, {m['num_sms']} programs)")
     fig.tight_layout()
     if path:

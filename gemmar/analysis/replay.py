@@ -108,6 +108,7 @@ class ReplayWidget:
 
         self.timeline = _Timeline(trace, iteration)
         n = len(self.timeline.times)
+        self.span_us = float(max(self.timeline.times)) if n else 0.0
         self.slider = widgets.IntSlider(value=0, min=0, max=max(n - 1, 0), description="step",
                                         continuous_update=False, layout=widgets.Layout(width="60%"))
         self.play = widgets.Play(value=0, min=0, max=max(n - 1, 0), interval=300, description="play")
@@ -123,6 +124,8 @@ class ReplayWidget:
         from matplotlib.colors import ListedColormap
         from IPython.display import display
 
+        from .plots import time_unit
+
         state = self.timeline.state_at(step)
         W = self.timeline.W
         self.out.clear_output(wait=True)
@@ -136,14 +139,18 @@ class ReplayWidget:
                 ax.set_yticks([])
                 if "data_ready" in state and self.timeline.tm * self.timeline.tn <= 36:
                     for tile, (pm, pn) in self.timeline.coords.items():
-                        ax.text(pn, pm, f"{state['data_ready'][r, tile]}/{state['slot_free'][r, tile]}",
+                        ax.text(pn, pm, f"tile {tile}\n{state['data_ready'][r, tile]}/{state['slot_free'][r, tile]}",
                                 ha="center", va="center", fontsize=7)
+                elif self.timeline.tm * self.timeline.tn <= 36:
+                    for tile, (pm, pn) in self.timeline.coords.items():
+                        ax.text(pn, pm, f"tile {tile}", ha="center", va="center", fontsize=7)
             handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in STATE_COLORS]
             fig.legend(handles, STATE_NAMES, loc="lower center", ncol=4, fontsize=8)
             fig.tight_layout(rect=(0, 0.12, 1, 1))
             display(fig)
             plt.close(fig)
-        flags = " (numbers: data_ready/slot_free per tile)" if "data_ready" in state else ""
+        flags = " (under each tile id: its data_ready/slot_free counters)" if "data_ready" in state else ""
         waits = "<br>".join(state["waiting"]) or "nobody is waiting"
-        self.text.value = (f"<b>t = {state['time_us']:.1f} µs</b>{flags}<br>{state['event']}<br>"
+        scale, unit = time_unit(self.span_us)
+        self.text.value = (f"<b>t = {state['time_us'] / scale:.1f} {unit}</b>{flags}<br>{state['event']}<br>"
                            f"<i>{waits}</i>")

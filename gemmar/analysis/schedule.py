@@ -38,10 +38,18 @@ def plot_schedule(m, n, BLK_M, BLK_N, gsize_m, num_sms, path=None):
     order, program = np.zeros(shape), np.zeros(shape)
     order[s["pid_m"], s["pid_n"]] = s["tile"]
     program[s["pid_m"], s["pid_n"]] = s["program"]
+    from .plots import program_colorbar, program_colormap
+
     fig, axes = plt.subplots(1, 2, figsize=(10, 4.2))
-    for ax, grid, title, cmap in ((axes[0], order, f"tile id (gsize_m={gsize_m})", "viridis"),
-                                  (axes[1], program, f"program ({num_sms} program{'s' if num_sms != 1 else ''})", "tab20")):
-        ax.imshow(grid, cmap=cmap)
+    program_cmap, program_norm = program_colormap(num_sms)   # the same colours as the tile grid's
+    for ax, grid, title, cmap, norm in (
+            (axes[0], order, f"tile id: hand-out order (gsize_m={gsize_m})", "viridis", None),
+            (axes[1], program, f"program ({num_sms} program{'s' if num_sms != 1 else ''})", program_cmap, program_norm)):
+        image = ax.imshow(grid, cmap=cmap, norm=norm)
+        if norm is None:
+            fig.colorbar(image, ax=ax, fraction=0.046)
+        else:
+            program_colorbar(fig, image, ax, num_sms)
         ax.set_title(title)
         ax.set_xlabel("pid_n")
         ax.set_ylabel("pid_m")
