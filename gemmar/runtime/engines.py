@@ -195,6 +195,7 @@ class EngineCluster:
         """End every engine and the controller; leave no process and no file behind. Safe to call from
         another thread during a run: that run then ends at once with a ClusterError that says so."""
         if self._ipp is None:
+            self._release_reaper()   # a start that failed before ipyparallel was set up
             return
         if self._in_run:
             self._stopped_during_run.set()
@@ -210,10 +211,16 @@ class EngineCluster:
             remove_arenas(self.cluster_id)
             self._ipp = self.client = None
             self._sessions = set()
-            if self._reaper is not None:   # its end of the pipe closes: it ends any straggler and exits
-                self._reaper.stdin.close()
-                threading.Thread(target=self._reaper.wait, daemon=True).start()   # (reaped when it does)
-                self._reaper = None
+            self._release_reaper()
+
+    def _release_reaper(self):
+        """Close our end of the reaper's pipe (it ends any straggler, removes the files, exits); remove the
+        private profile now rather than wait for it."""
+        if self._reaper is not None:
+            self._reaper.stdin.close()
+            threading.Thread(target=self._reaper.wait, daemon=True).start()   # (reaped when it exits)
+            self._reaper = None
+        if getattr(self, "profile_dir", None):
             shutil.rmtree(self.profile_dir, ignore_errors=True)
 
     def restart(self):
