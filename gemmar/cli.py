@@ -15,7 +15,7 @@ import sys
 from .config import ALGORITHMS, BACKENDS, DTYPES, RunConfig, choose_algorithm, tuned_defaults
 from .errors import ClusterError, DeadlockError, GemmarError, RankDiedError, UsageError
 from .report import log, print_figures
-from .runtime.engines import gpu_count, gpu_properties, resolve_backend, shares_gpu
+from .runtime.engines import check_world_size, gpu_count, gpu_properties, resolve_backend, shares_gpu
 from .runtime.allreduce import SCHEMES
 from .runtime.launch import heap_bytes_needed
 
@@ -185,15 +185,10 @@ def cmd_bench(args):
         for k in kernels:
             log("-", W, f"-d: {k['kernel']}: {k['registers']} registers per thread, {k['spills']} spilled")
     if args.output_file:
-        report = dict(args={k: v for k, v in vars(args).items() if k != "func"}, success=success,
-                      validated=args.validate, max_abs_diff=result.max_abs_diff if args.validate else None,
-                      seconds_per_iteration=seconds, backend=result.backend, ranks=result.info,
-                      config=config.to_dict(), timings_ms=figures,
-                      date=datetime.datetime.now().isoformat(timespec="seconds"), host=platform.node())
-        report = {**iris_report(args, config, median_ms, len(seconds), success, kernels), **report}
-        with open(args.output_file, "w") as f:
-            json.dump(report, f, indent=2)
-        log("-", W, f"wrote {args.output_file}")
+        write_report(args, W, iris_report(args, config, median_ms, len(seconds), success, kernels),
+                     success=success, validated=args.validate,
+                     max_abs_diff=result.max_abs_diff if args.validate else None, seconds_per_iteration=seconds,
+                     backend=result.backend, ranks=result.info, config=config.to_dict(), timings_ms=figures)
         if args.trace_tiles:
             path = trace_path_for(args.output_file)
             result.trace.save(path)
@@ -222,13 +217,23 @@ def run_unfused(args, backend):
     log("-", W, f"{'PASSED' if success else 'FAILED'}: the overlapped path's max|C - ref| = "
                 f"{figures['overlap_max_abs_diff']:.3g} (tolerance {figures['overlap_tolerance']:.3g})")
     if args.output_file:
-        with open(args.output_file, "w") as f:
-            json.dump(dict(args={k: v for k, v in vars(args).items() if k != "func"}, success=success,
-                           timings_ms=figures, config=problem.to_dict(),
-                           date=datetime.datetime.now().isoformat(timespec="seconds"), host=platform.node()), f,
-                      indent=2)
-        log("-", W, f"wrote {args.output_file}")
+        write_report(args, W, success=success, timings_ms=figures, config=problem.to_dict())
     return 0 if success else 1
+
+
+def arguments(args):
+    """The command line as parsed, for a report."""
+    return {k: v for k, v in vars(args).items() if k != "func"}
+
+
+def write_report(args, W, first=None, **fields):
+    """The JSON report at --output_file: ``first`` (Iris's flat keys, which gemmar's then override), the
+    arguments, ``fields``, and when and where it ran."""
+    report = {**(first or {}), **dict(args=arguments(args), **fields,
+                                      date=datetime.datetime.now().isoformat(timespec="seconds"), host=platform.node())}
+    with open(args.output_file, "w") as f:
+        json.dump(report, f, indent=2)
+    log("-", W, f"wrote {args.output_file}")
 
 
 def iris_report(args, config, median_ms, iterations, success, kernels):
@@ -237,7 +242,7 @@ def iris_report(args, config, median_ms, iterations, success, kernels):
     ``total_ms`` (Iris's ring benchmark), ``triton_tflops`` / ``triton_ms`` (its atomics benchmark) and
     ``gemm_ms`` / ``gemm_experiments``; on GPUs ``gemm_registers`` / ``gemm_spills``."""
     W = config.world_size
-    flat = {k: v for k, v in vars(args).items() if k != "func"}
+    flat = arguments(args)
     out = dict(flat, world_size=W, M=config.m, N=config.n, K=config.k, k=-(-config.k // W),
                gemm_sms=config.num_sms)
     if args.validate:
@@ -297,8 +302,7 @@ def cmd_allreduce(args):
 
     if args.output_file:
         check_output_path("--output_file", args.output_file)
-    if not 1 <= args.num_ranks <= 64:
-        raise UsageError(f"world_size={args.num_ranks} is out of range: use a whole number from 1 to 64")
+    check_world_size(args.num_ranks)
     backend = resolve_backend(args.backend, args.num_ranks)
     sizes = args.sizes or ([1, 4, 16, 64, 256] if backend == "cuda" else [0.0625, 0.25, 1])
     itemsize = DTYPES[args.datatype].itemsize
@@ -330,11 +334,7 @@ def cmd_allreduce(args):
             log("-", W, line)
             rows.append(dict(mib=mib, **f))
     if args.output_file:
-        with open(args.output_file, "w") as out:
-            json.dump(dict(args={k: v for k, v in vars(args).items() if k != "func"}, backend=backend, results=rows,
-                           date=datetime.datetime.now().isoformat(timespec="seconds"), host=platform.node()),
-                      out, indent=2)
-        log("-", W, f"wrote {args.output_file}")
+        write_report(args, W, backend=backend, results=rows)
     return 0 if all(r["ok"] for r in rows) else 1
 
 

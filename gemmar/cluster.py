@@ -13,7 +13,8 @@ from .config import RunConfig, k_bounds
 from .errors import UsageError
 from .report import log
 from .runtime import rank as rank_runtime
-from .runtime.engines import EngineCluster, size_text
+from .runtime.engines import EngineCluster
+from .runtime.heap import size_text
 from .runtime.launch import heap_bytes_needed
 from .runtime.results import RankFailure
 

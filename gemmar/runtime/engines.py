@@ -25,7 +25,7 @@ import torch
 from ..config import BACKENDS, MAX_WORLD_SIZE
 from ..errors import ClusterError, RankDiedError, UsageError
 from . import rank as rank_runtime
-from .heap import ALIGN, DEFAULT_HEAP_BYTES, HEADER_BYTES, remove_arenas, shm_dir
+from .heap import ALIGN, DEFAULT_HEAP_BYTES, HEADER_BYTES, remove_arenas, shm_dir, size_text
 from .heap.cpu import arena_prefix
 from .reaper import end_sessions
 from .results import RankFailure
@@ -66,12 +66,9 @@ def resolve_backend(backend, world_size):
     return backend
 
 
-def size_text(nbytes):
-    """Bytes for people: 1.5 GiB, 200 MiB, 512 B."""
-    for unit, shift in (("TiB", 40), ("GiB", 30), ("MiB", 20), ("KiB", 10)):
-        if nbytes >= 1 << shift:
-            return f"{nbytes / (1 << shift):.3g} {unit}"
-    return f"{nbytes} B"
+def check_world_size(world_size):
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or not 1 <= world_size <= MAX_WORLD_SIZE:
+        raise UsageError(f"world_size={world_size!r} is not allowed: use a whole number from 1 to {MAX_WORLD_SIZE}")
 
 
 def check_heap_fits(backend, world_size, heap_size):
@@ -91,8 +88,7 @@ def check_heap_fits(backend, world_size, heap_size):
 class EngineCluster:
     def __init__(self, world_size=2, backend="auto", heap_size=DEFAULT_HEAP_BYTES, start_timeout_s=120.0,
                  timeout_s=60.0, start=True):
-        if isinstance(world_size, bool) or not isinstance(world_size, int) or not 1 <= world_size <= MAX_WORLD_SIZE:
-            raise UsageError(f"world_size={world_size!r} is not allowed: use a whole number from 1 to {MAX_WORLD_SIZE}")
+        check_world_size(world_size)
         for name, value in (("timeout_s", timeout_s), ("start_timeout_s", start_timeout_s)):
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 86400:
                 raise UsageError(f"{name}={value!r} is not allowed: use seconds between 0 and 86400")

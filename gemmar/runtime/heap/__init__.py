@@ -1,7 +1,7 @@
 """The symmetric heap and its backends; ``create_heap`` is the one entry point the rank runtime uses."""
 
 from ...errors import UsageError
-from .base import ALIGN, DEFAULT_HEAP_BYTES, HEADER_BYTES, SymmetricHeap, barrier_all
+from .base import ALIGN, DEFAULT_HEAP_BYTES, HEADER_BYTES, SymmetricHeap, barrier_all, size_text
 from .cpu import remove_arenas, shm_dir
 
 BACKEND_NAMES = ("cpu", "cuda", "iris")
@@ -25,4 +25,4 @@ def create_heap(backend, rank, world_size, size, cluster_id, timeout_s=60.0):
 
 
 __all__ = ["ALIGN", "BACKEND_NAMES", "DEFAULT_HEAP_BYTES", "HEADER_BYTES", "SymmetricHeap", "barrier_all", "create_heap",
-           "remove_arenas", "shm_dir"]
+           "remove_arenas", "shm_dir", "size_text"]

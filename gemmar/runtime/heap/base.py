@@ -30,6 +30,14 @@ HEADER_BYTES = 256         # barrier counter + barrier watchdog at the start of 
 DEFAULT_HEAP_BYTES = 256 << 20
 
 
+def size_text(nbytes):
+    """Bytes for people: 1.5 GiB, 200 MiB, 512 B."""
+    for unit, shift in (("TiB", 40), ("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if nbytes >= 1 << shift:
+            return f"{nbytes / (1 << shift):.3g} {unit}"
+    return f"{nbytes} B"
+
+
 class SymmetricHeap:
     """Bookkeeping shared by all backends: allocation, the barrier, the bases."""
 

@@ -20,7 +20,7 @@ import tempfile
 import torch
 
 from ...errors import UsageError
-from .base import SymmetricHeap
+from .base import SymmetricHeap, size_text
 
 
 def store_path(cluster_id):
@@ -32,8 +32,8 @@ def check_gpu_memory(device, nbytes, what):
     symmetric memory or a kernel would say nothing about which setting to change)."""
     free, total = torch.cuda.mem_get_info(device)
     if nbytes > free:
-        raise UsageError(f"{what} needs {nbytes / 2**30:.3g} GiB of GPU memory; {device} has {free / 2**30:.3g} GiB "
-                         f"free of {total / 2**30:.3g} GiB: use a smaller heap_size")
+        raise UsageError(f"{what} needs {size_text(nbytes)} of GPU memory; {device} has {size_text(free)} free of "
+                         f"{size_text(total)}: use a smaller heap_size")
 
 
 class CudaHeap(SymmetricHeap):
