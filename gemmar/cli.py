@@ -315,7 +315,7 @@ def cmd_allreduce(args):
     if args.baseline and (backend != "cuda" or shares_gpu(backend, args.num_ranks)):
         raise UsageError("--baseline times NCCL between GPUs: it needs the cuda backend and one GPU per rank")
     W = args.num_ranks
-    heap_size = max(256 << 20, max(all_reduce_heap_bytes(n, DTYPES[args.datatype], W, backend) for n in numels))
+    heap_size = max(256 << 20, max(all_reduce_heap_bytes(n, DTYPES[args.datatype], backend) for n in numels))
     timed = backend == "cuda"
     rows = []
     log("-", W, starting_line(backend, W))

@@ -26,10 +26,16 @@ SCHEMES = ("two_shot", "one_shot")
 BLOCKS = {"cuda": (64, 256), "cpu": (16, 64)}
 
 
-def all_reduce_heap_bytes(numel, dtype, world_size, device_type="cpu"):
-    """Heap bytes one rank needs for a standalone all-reduce of ``numel`` values (generously aligned)."""
+def tile_layout(numel, device_type):
+    """(BLOCK_M, BLOCK_N, rows, tiles) of ``numel`` values laid out as one column of tiles."""
     block_m, block_n = BLOCKS.get(device_type, BLOCKS["cuda"])
-    tiles = -(-numel // (block_m * block_n))
+    rows = -(-numel // block_n)
+    return block_m, block_n, rows, -(-rows // block_m)
+
+
+def all_reduce_heap_bytes(numel, dtype, device_type="cpu"):
+    """Heap bytes one rank needs for a standalone all-reduce of ``numel`` values (generously aligned)."""
+    block_m, block_n, _, tiles = tile_layout(numel, device_type)
     values = 2 * tiles * block_m * block_n * torch.tensor([], dtype=dtype).element_size()
     return values + 12 * tiles + 8 * WATCHDOG_WORDS + 64 * 1024
 
@@ -45,9 +51,7 @@ class SymmetricAllReduce:
         if isinstance(comm_sms, bool) or not isinstance(comm_sms, int) or not 1 <= comm_sms <= 4096:
             raise UsageError(f"comm_sms={comm_sms!r} is not allowed: use a whole number from 1 to 4096")
         self.heap, self.numel, self.dtype, self.comm_sms, self.scheme = heap, numel, dtype, comm_sms, scheme
-        self.block_m, self.block_n = BLOCKS.get(heap.device.type, BLOCKS["cuda"])
-        self.rows = -(-numel // self.block_n)
-        self.tiles = -(-self.rows // self.block_m)
+        self.block_m, self.block_n, self.rows, self.tiles = tile_layout(numel, heap.device.type)
         self.partials = heap.zeros((self.tiles, self.block_m * self.block_n), dtype)
         self.out = heap.zeros((self.rows, self.block_n), dtype)
         self.partial_ready = heap.zeros(self.tiles, torch.int32)

@@ -398,6 +398,9 @@ def run_all_reduce(numel, datatype, comm_sms, iterations, seed=0, timeout_s=60.0
     group = local_ranks()
     heaps = [ctx.heap for ctx in group]
     device, W = heaps[0].device, heaps[0].world_size
+    timed = bool(reps) and device.type == "cuda"
+    if timed and baseline and len(group) > 1:   # refused before any work, not after it
+        raise UsageError("the NCCL baseline needs one GPU per rank; these ranks share a GPU")
     reference = sum(all_reduce_input(numel, dtype, seed, r, "cpu").double() for r in range(W))
     # One ulp of the result's dtype at the largest value (Triton's interpreter rounds toward zero), and
     # fp32 summation of W values.
@@ -411,17 +414,18 @@ def run_all_reduce(numel, datatype, comm_sms, iterations, seed=0, timeout_s=60.0
         for op in ops:
             op.prepare()
         barrier_all(heaps, timeout_s)
+
+        def launch_all():
+            return [op(x, wait=False) for op, x in zip(ops, inputs)]
+
         for _ in range(iterations):
-            results = [op(x, wait=False) for op, x in zip(ops, inputs)]
+            results = launch_all()
             check_all(ops)
             for out, result in zip(outs, results):
                 out["max_abs_diff"].append(float((result.double().cpu() - reference).abs().max()))
                 raw = result.detach().cpu().contiguous().reshape(-1).view(torch.uint8)
                 out["digest"] = hashlib.sha1(raw.numpy().tobytes()).hexdigest()   # the bits, to compare ranks
-        if reps and device.type == "cuda":
-            def launch_all():
-                return [op(x, wait=False) for op, x in zip(ops, inputs)]
-
+        if timed:
             for _ in range(3):
                 launch_all()
             ms = _median_ms(launch_all, reps, [h.stream for h in heaps], one_process=len(group) > 1)
@@ -429,11 +433,9 @@ def run_all_reduce(numel, datatype, comm_sms, iterations, seed=0, timeout_s=60.0
             for out in outs:
                 out["gemmar_ms"] = ms
         barrier_all(heaps, timeout_s)
-    if reps and baseline and device.type == "cuda":
+    if timed and baseline:
         import torch.distributed as dist
 
-        if len(group) > 1:
-            raise UsageError("the NCCL baseline needs one GPU per rank; these ranks share a GPU")
         y = inputs[0].clone()
         outs[0]["nccl_ms"] = _median_ms(lambda: dist.all_reduce(y), reps)
         outs[0].update(_symm_mem_two_shot_ms(inputs[0], reps))
