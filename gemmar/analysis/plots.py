@@ -90,7 +90,8 @@ def gantt(trace, iteration=-1, max_lanes=48, ranks=None, programs=None, path=Non
                  f"{'program' if m.get('num_sms') == 1 and not comm else 'programs'}, {m.get('backend')} backend, "
                  f"iteration {it}", fontsize=10)
     ax.set_xlabel(f"time since the iteration started ({unit})")
-    skewed = not aggregate and _draw_launch_skew(ax, df, lanes, span)
+    summary = trace.summary(iteration)   # the table below, and the launch skew drawn in the lanes
+    skewed = not aggregate and _draw_launch_skew(ax, summary["launch_skew_us"] / scale, lanes, span)
     # Only the phases this chart shows, named for this algorithm, outside the data.
     labels = phase_labels(m.get("algorithm"))
     shown = [p for p in PHASE_COLORS if (df["phase"] == p).any()]
@@ -100,22 +101,22 @@ def gantt(trace, iteration=-1, max_lanes=48, ranks=None, programs=None, path=Non
         handles.append(plt.Rectangle((0, 0), 1, 1, facecolor="#eeeeee", hatch="///", edgecolor="#999999"))
         names.append("not launched yet (launch skew)")
     ax.legend(handles, names, loc="upper left", bbox_to_anchor=(1.005, 1.0), fontsize=8, framealpha=0.9)
-    _draw_summary(trace, ax_sum, iteration, ranks, scale, unit)
+    _draw_summary(summary, ax_sum, ranks, scale, unit)
     fig.tight_layout()
     if path:
         fig.savefig(path, dpi=110)
     return fig
 
 
-def _draw_launch_skew(ax, df, lanes, span):
-    """Hatched grey from the first rank's first event to each later rank's first: that rank's kernel had not
-    started yet (launch skew), which is not the protocol making it wait. True if any was drawn."""
-    first = df.groupby("rank")["start_us"].min()
-    late = first[first - first.min() > span * 0.01]
+def _draw_launch_skew(ax, skew, lanes, span):
+    """Hatched grey from the first rank's first event to each later rank's first (``skew``: the summary's,
+    over all of the rank's programs, in the chart's unit): that rank's kernel had not started yet, which is
+    not the protocol making it wait. True if any was drawn."""
+    late = skew[skew > span * 0.01]
     for i, (rank, _) in enumerate(lanes):
         if rank in late.index:
-            ax.barh(i, late[rank] - first.min(), left=first.min(), height=0.8, facecolor="#eeeeee", hatch="///",
-                    edgecolor="#999999", linewidth=0)
+            ax.barh(i, late[rank], left=0, height=0.8, facecolor="#eeeeee", hatch="///", edgecolor="#999999",
+                    linewidth=0)
     return not late.empty
 
 
@@ -166,8 +167,7 @@ def _draw_aggregate(ax, df, span, bins=400):
     ax.set_xlim(0, span)
 
 
-def _draw_summary(trace, ax, iteration, ranks, scale, unit):
-    s = trace.summary(iteration)
+def _draw_summary(s, ax, ranks, scale, unit):
     if ranks is not None:
         s = s.loc[[r for r in s.index if r in set(ranks)]]
     ax.axis("off")
