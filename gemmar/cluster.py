@@ -16,6 +16,7 @@ from .runtime import rank as rank_runtime
 from .runtime.engines import EngineCluster
 from .runtime.heap import size_text
 from .runtime.launch import heap_bytes_needed
+from .runtime.parts import part_sources
 from .runtime.results import RankFailure
 
 
@@ -74,24 +75,28 @@ class Cluster(EngineCluster):
     """``world_size`` ipyparallel engines as ranks, and the fused GEMM + all-reduce on them."""
 
     def bench(self, config=None, validate=True, verbose=False, mistake="none", return_c=False, on_progress=None,
-              **settings):
+              parts=None, **settings):
         """Run with seeded inputs built on each rank (nothing but settings travel). Returns a Result.
 
         ``on_progress(rank, {"iteration", "max_abs_diff", "seconds"})`` is called as ranks finish iterations.
+        ``parts``: {name: @triton.jit function} run in place of the kernel's own (``runtime/parts.py``).
         """
         base = (config or RunConfig()).to_dict()
         config = RunConfig.from_settings({**base, **settings}, world_size=self.world_size)
         check_memory(config, len(self.engine_ranks), self.backend)
-        return self._run(config, None, validate, verbose, mistake, return_c, on_progress)
+        return self._run(config, None, validate, verbose, mistake, return_c, on_progress, parts)
 
-    def gemm_all_reduce(self, A, B, algorithm="ring", validate=True, mistake="none", verbose=False, **settings):
+    def gemm_all_reduce(self, A, B, algorithm="ring", validate=True, mistake="none", verbose=False, parts=None,
+                        **settings):
         """C = A @ B with K split over the ranks, reduced by ``algorithm``; checked against torch.
 
         A is M x K and B is K x N (fp16, bf16 or fp32, same dtype). Rank r gets ``A[:, K_r]`` and
         ``B[K_r, :]``; every rank ends with all of C, checked against a float64 reference after every
         iteration. ``settings`` are RunConfig fields (``BLK_M``, ``BLK_N``, ``BLK_K``, ``gsize_m``,
         ``num_sms``, ``iterations``, ``trace``, ``timeout_s``, ...); unset ones keep RunConfig's defaults.
-        Returns a Result whose ``C`` is rank 0's copy.
+        ``parts`` ({name: @triton.jit function}) runs a participant's own kernel parts in place of the
+        kernel's (``runtime/parts.py``: tile_coords, push_partial, reduce_step).
+        Returns a Result whose ``C`` is rank 0's copy (and every rank's is in ``ranks[r].C``).
         """
         for name, t in (("A", A), ("B", B)):
             if not isinstance(t, torch.Tensor) or t.dim() != 2:
@@ -116,7 +121,7 @@ class Cluster(EngineCluster):
         slices = [k_bounds(config.k, self.world_size, r) for r in range(self.world_size)]
         inputs = [(A[:, s:e].contiguous(), B[s:e, :].contiguous()) for s, e in slices]
         return self._run(config, (inputs, reference, rank_runtime.input_scale(A, B)), validate, verbose, mistake,
-                         True)
+                         True, parts=parts)
 
     def compare_to_unfused(self, configs, reps=20, warmup=5, baseline=True, problem=None):
         """GPU only: time each fused kernel and the unfused baseline (cuBLAS matmul, NCCL all-reduce, both in
@@ -173,8 +178,9 @@ class Cluster(EngineCluster):
         figures["ok"] = figures["max_abs_diff"] <= figures["tolerance"] and figures["identical"]
         return figures
 
-    def _run(self, config, data, validate, verbose, mistake, return_c, on_progress=None):
+    def _run(self, config, data, validate, verbose, mistake, return_c, on_progress=None, parts=None):
         W, n = self.world_size, config.iterations
+        sources = part_sources(parts, config.algorithm)
 
         def progress(r, d):
             if on_progress is not None:
@@ -197,7 +203,7 @@ class Cluster(EngineCluster):
                         f"{config.BLK_M}x{config.BLK_N}x{config.BLK_K}, {programs}, {n} iteration(s), "
                         f"backend {self.backend}{shared}")
         outs = self.run_ranks(rank_runtime.run_gemm_all_reduce, engine_args=engine_args, on_progress=progress,
-                              mistake=mistake, return_c=return_c, validate=validate)
+                              mistake=mistake, return_c=return_c, validate=validate, parts=sources)
         RankFailure.raise_first(outs)
         result = Result(config, self.backend, outs, outs[0].C, self.info, mistake)
         if verbose and validate:

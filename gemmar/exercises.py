@@ -3,14 +3,182 @@ cell the participant can read, and so that the tests can prove each check both w
 passes, a wrong one is told *what* is wrong without being told the answer).
 
 Each check returns the message it prints: "right! ..." or "not quite: ..." (or what to do first).
+
+The puzzles (``check_tile_coords``, ``check_push_partial``, ``check_reduce_step``) take a participant's
+``@triton.jit`` function and run it for real inside the package's kernel on the notebook's cluster
+(``runtime/parts.py``), then judge the result against a torch reference: they say which rank and tile went
+wrong and how, and return the run (``verdict.result``) for a closer look. Solutions: ``notebooks/solutions.py``.
 """
 
-from .analysis.schedule import tile_schedule
+import torch
+
+from .analysis.schedule import plot_tile_order, tile_coords, tile_schedule
+from .config import k_bounds
+from .errors import GemmarError
 
 
-def _say(message):
+class Verdict(str):
+    """The message a check printed; ``result`` is the run it judged (None when nothing ran)."""
+
+    result = None
+
+
+def _say(message, result=None):
     print(message)
-    return message
+    verdict = Verdict(message)
+    verdict.result = result
+    return verdict
+
+
+def _run_part(cluster, algorithm, parts, A, B, **settings):
+    """(the Result, None), or (None, what went wrong) when the participant's code did not run through."""
+    try:
+        return cluster.gemm_all_reduce(A, B, algorithm=algorithm, parts=parts, trace=True, timeout_s=20,
+                                       **settings), None
+    except GemmarError as e:
+        return None, f"not yet: {e}"
+
+
+def _integer_problem(m, n, k, seed):
+    # Small whole numbers in fp32: every partial and every sum is exact, so a C that holds a rank's partial
+    # twice shows up as exactly 2 in the counts below, not as a tolerance question.
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randint(-3, 4, (m, k), generator=g).float(), torch.randint(-3, 4, (k, n), generator=g).float())
+
+
+def _partial_counts(result, A, B):
+    """Per rank and tile: how many times each rank's partial ``A[:, K_q] @ B[K_q, :]`` is in that rank's C
+    (least squares over the tile's elements), and whether C is exactly such a sum."""
+    cfg = result.config
+    W, bm, bn = cfg.world_size, cfg.BLK_M, cfg.BLK_N
+    partials = [A[:, s:e].double() @ B[s:e, :].double() for s, e in (k_bounds(cfg.k, W, q) for q in range(W))]
+    tiles_m, tiles_n = cfg.tiles
+    counts = {}
+    for rank in range(W):
+        C = result.ranks[rank].C.double()
+        for i in range(tiles_m):
+            for j in range(tiles_n):
+                region = (slice(i * bm, (i + 1) * bm), slice(j * bn, (j + 1) * bn))
+                X = torch.stack([p[region].flatten() for p in partials], dim=1)
+                y = C[region].flatten()
+                coef = torch.linalg.lstsq(X, y[:, None]).solution[:, 0]
+                exact = bool(torch.allclose(X @ coef, y, atol=1e-6 * (1 + float(y.abs().max()))))
+                counts[rank, (i, j)] = ([round(float(c), 2) + 0.0 for c in coef], exact)   # + 0.0: no "-0"
+    return counts
+
+
+def _times(c):
+    c = int(c) if float(c).is_integer() else c
+    return {0: "0 times", 1: "once", 2: "twice"}.get(c, f"{c} times")
+
+
+def _judge_partials(result, A, B, hint):
+    """The puzzles whose answer decides which partials reach which rank's C: "right!" or the first wrong
+    tile, as a table of how many times each rank's partial is in each rank's C there."""
+    W = result.config.world_size
+    counts = _partial_counts(result, A, B)
+    wrong = [key for key, (coef, exact) in counts.items() if not exact or any(c != 1 for c in coef)]
+    if not wrong and result.ok:
+        return None
+    if not wrong:
+        bad = next(r for r in result.ranks if not r.ok)
+        return (f"not quite: the last launch is right, but an earlier one on rank {bad.rank} was not (max error "
+                f"{max(d for d in bad.max_abs_diff if d is not None):.3g}): does your code depend on the launch?")
+    rank, tile = wrong[0]
+    ranks_wrong = sorted({r for r, _ in wrong})
+    lines = [f"not quite: {len(wrong)} of {len(counts)} tiles are wrong, on rank(s) {', '.join(map(str, ranks_wrong))}. "
+             f"In tile (pid_m, pid_n) = {tile}, each rank's C holds each rank's partial this many times:",
+             "            " + "".join(f"{f'rank {q}':>9}" for q in range(W))]
+    for r in range(W):
+        coef, exact = counts[r, tile]
+        lines.append(f"  rank {r}'s C" + "".join(f"{c:>9g}" for c in coef) + ("" if exact else "   (+ other values)"))
+    r, q = next(((r, q) for r in range(W) for q in range(W) if counts[r, tile][0][q] != 1), (rank, rank))
+    lines.append(f"For example rank {r}'s C has rank {q}'s partial {_times(counts[r, tile][0][q])}. "
+                 f"Every rank's C needs every rank's partial exactly once. {hint(rank, tile)}")
+    return "\n".join(lines)
+
+
+def check_tile_coords(cluster, my_tile_coords):
+    """Notebook 1's puzzle: a ``tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_SIZE_M)`` that hands out
+    every tile exactly once, in the grouped order (including a short last group), run in the atomics
+    kernel. A wrong answer also draws where the kernel put each tile id next to the grouped order."""
+    m, n, block, group = 96, 80, 16, 4     # 6 x 5 tiles: groups of 4 tile-rows, the last one only 2 rows
+    tiles_m, tiles_n = m // block, n // block
+    A, B = _integer_problem(m, n, 32, seed=1)
+    result, failed = _run_part(cluster, "atomics", {"tile_coords": my_tile_coords}, A, B, BLK_M=block,
+                               BLK_N=block, BLK_K=16, gsize_m=group, num_sms=4)
+    if failed:
+        return _say(failed)
+    events = result.trace.iteration(-1)
+    got = events[(events.kind == "gemm") & (events["rank"] == 0)].sort_values("tile")[["tile", "pid_m", "pid_n"]]
+    setting = f"({tiles_m} x {tiles_n} tiles, GROUP_SIZE_M = {group})"
+    outside = got[(got.pid_m < 0) | (got.pid_m >= tiles_m) | (got.pid_n < 0) | (got.pid_n >= tiles_n)]
+    if len(outside):
+        t = outside.iloc[0]
+        return _say(f"not quite: tile id {t.tile} went to (pid_m, pid_n) = ({t.pid_m}, {t.pid_n}), outside the "
+                    f"grid {setting}", result)
+    place = list(zip(got.pid_m, got.pid_n))
+    missing = sorted(set((i, j) for i in range(tiles_m) for j in range(tiles_n)) - set(place))
+    if missing:
+        twice = got[got.duplicated(["pid_m", "pid_n"], keep=False)]
+        first = twice[(twice.pid_m == twice.iloc[0].pid_m) & (twice.pid_n == twice.iloc[0].pid_n)]
+        plot_tile_order(got, tiles_m, tiles_n, group)
+        return _say(f"not quite: {len(missing)} tile(s) were never computed, so C is wrong there: the first is "
+                    f"{missing[0]}; tile ids {', '.join(map(str, first.tile))} all went to "
+                    f"({first.iloc[0].pid_m}, {first.iloc[0].pid_n}) {setting}", result)
+    if not result.ok:
+        return _say(f"not quite: every tile was computed once but C is off by {result.max_abs_diff:.3g}", result)
+    expected = [tile_coords(t, tiles_m, tiles_n, group) for t in got.tile]
+    differs = [(t, p) for t, p, e in zip(got.tile, place, expected) if p != e]
+    if differs:
+        t, p = differs[0]
+        plot_tile_order(got, tiles_m, tiles_n, group)
+        short = tiles_m % group
+        return _say(f"not quite: C is right (every tile once), but not in grouped order {setting}: tile id {t} "
+                    f"went to {p}. Consecutive ids walk down a column of GROUP_SIZE_M tile-rows before moving one "
+                    f"column right" + (f", and the last group has only {short} row(s)" if short else ""), result)
+    return _say(f"right! every tile once, in grouped order, the short last group included {setting}", result)
+
+
+def check_push_partial(cluster, my_push_partial):
+    """Notebook 2's puzzle: push step ``step`` of a partial tile into one rank's C with an atomic add and
+    return that rank; run in the atomics kernel for two back-to-back launches on every rank."""
+    if cluster.world_size < 2:
+        return _say("this check needs a cluster of at least 2 ranks: with one, every push lands in its own C")
+    A, B = _integer_problem(48, 48, 64, seed=2)
+    result, failed = _run_part(cluster, "atomics", {"push_partial": my_push_partial}, A, B, BLK_M=16, BLK_N=16,
+                               BLK_K=16, num_sms=2, iterations=2)
+    if failed:
+        return _say(failed)
+
+    def pushes(rank, tile):
+        e = result.trace.iteration(-1)
+        e = e[(e.kind == "push") & (e["rank"] == rank) & (e.pid_m == tile[0]) & (e.pid_n == tile[1])]
+        return (f"The trace says rank {rank}'s {len(e)} pushes of that tile returned rank(s) "
+                f"{', '.join(map(str, e.sort_values('step').peer))}.")
+
+    wrong = _judge_partials(result, A, B, pushes)
+    return _say(wrong or f"right! every rank's C holds each of the {cluster.world_size} partials once, over 2 "
+                         f"back-to-back launches", result)
+
+
+def check_reduce_step(cluster, my_reduce_step):
+    """Notebook 3's puzzle: step 5 of the ring, ``reduce_step(total, received) -> (total, payload)``; run in
+    the ring kernel for two back-to-back launches."""
+    if cluster.world_size < 3:
+        return _say("this check needs a cluster of at least 3 ranks: with 2 the ring has a single step, so what "
+                    "is passed on is never used")
+    A, B = _integer_problem(32, 48, 60, seed=3)
+    result, failed = _run_part(cluster, "ring", {"reduce_step": my_reduce_step}, A, B, BLK_M=16, BLK_N=16,
+                               BLK_K=16, num_sms=2, iterations=2)
+    if failed:
+        return _say(failed)
+    W = cluster.world_size
+    wrong = _judge_partials(result, A, B, lambda rank, tile: (
+        f"With {W} ranks each tile takes {W - 1} steps: at each, what arrives is the partial of one more rank back "
+        f"along the ring, and what you pass on is what the next rank adds."))
+    return _say(wrong or f"right! each rank's C holds every partial once after {W - 1} ring steps, over 2 "
+                         f"back-to-back launches", result)
 
 
 def check_tile_owner(my_program, my_turn, m=64, n=64, BLK=16, gsize_m=2, num_sms=3, tile=(3, 1)):

@@ -16,6 +16,11 @@ SCRIPT = textwrap.dedent('''
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
     from gemmar.kernels import allreduce, atomics, barrier, gemm, ring, two_shot
+    from gemmar.runtime.parts import load_parts
+
+    # A participant's kernel part (the notebooks' puzzles) compiles into the kernel like the package's own.
+    mine = load_parts({"reduce_step": ("mine", "@triton.jit\\ndef mine(total, received):\\n"
+                                               "    return total + received, received\\n")})["reduce_step"]
 
     target = GPUTarget("cuda", 90, 32)
     ints = ["M", "N", "K", "stride_am", "stride_ak", "stride_bk", "stride_bn", "stride_cm", "stride_cn"]
@@ -39,11 +44,13 @@ SCRIPT = textwrap.dedent('''
                {"A": "*" + dtype, "B": "*" + dtype, "C": "*fp32", "ring_buffer": "*fp32", "data_ready": "*i32",
                 "slot_free": "*i32", "watchdog": "*i64", "heap_bases": "*i64", "rank": "i32", "world_size": "i32",
                 "epoch": "i32", **{k: "i32" for k in ints}, "timeout_ns": "i64", "trace": "*i64",
-                "trace_counts": "*i64"}, dict(tiles, MISTAKE=0, SLOT_CACHE=".cg", TMA=False))
+                "trace_counts": "*i64"}, dict(tiles, MISTAKE=0, SLOT_CACHE=".cg", TMA=False, TILE_COORDS=gemm.tile_coords,
+                                             REDUCE_STEP=mine if cap else ring.reduce_step))
         yield (atomics.gemm_all_reduce_atomics,
                {"A": "*" + dtype, "B": "*" + dtype, "C_pair": "*fp32", "heap_bases": "*i64", "rank": "i32",
                 "world_size": "i32", "parity": "i32", **{k: "i32" for k in ints}, "trace": "*i64",
-                "trace_counts": "*i64"}, dict(tiles, TMA=False))
+                "trace_counts": "*i64"}, dict(tiles, TMA=False, TILE_COORDS=gemm.tile_coords,
+                                             PUSH_PARTIAL=atomics.push_partial))
         yield (gemm.persistent_gemm,
                {"A": "*" + dtype, "B": "*" + dtype, "C": "*" + dtype, **{k: "i32" for k in ints},
                 "trace": "*i64", "trace_counts": "*i64"}, dict(tiles, TMA=False, FLATTEN=True))

@@ -57,3 +57,125 @@ def test_worst_wait():
     wrong = exercises.check_worst_wait("atomics-8192", rows)
     assert wrong.startswith("not quite: atomics-8192 waits 0.0 us") and "ring-8192" not in wrong
     assert "is not in the table" in exercises.check_worst_wait("tree", rows)
+
+
+# The puzzles: the stub in the notebook's cell (tagged "puzzle") fails its check, with a message that says
+# where and how; the solution in notebooks/solutions.py passes. Both run for real, in the kernel, on a cluster.
+NOTEBOOKS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "notebooks")
+PUZZLES = {   # notebook -> (check, the function the solution file defines, what the stub's message must say)
+    "01_persistent_gemm": ("check_tile_coords", "tile_coords",
+                           "not quite: C is right (every tile once), but not in grouped order"),
+    "02_atomic_accumulation": ("check_push_partial", "push_partial", "pushes of that tile returned rank(s) 0, 0, 0"),
+    "03_ring_lock_handoff": ("check_reduce_step", "reduce_step", "rank 0's C has rank 2's partial twice"),
+}
+
+
+def _module_from(path, source):
+    import importlib.util
+
+    path.write_text(source)
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def puzzle_stub(notebook, tmp_path):
+    """The @triton.jit function the notebook's puzzle cell defines, defined from that cell's source."""
+    import json
+
+    cells = json.load(open(os.path.join(NOTEBOOKS, notebook + ".ipynb")))["cells"]
+    puzzle = [c for c in cells if "puzzle" in c["metadata"].get("tags", [])]
+    assert len(puzzle) == 1, f"{notebook} has {len(puzzle)} cells tagged 'puzzle'"
+    module = _module_from(tmp_path / f"stub_{notebook[:2]}.py", "".join(puzzle[0]["source"]))
+    return next(v for k, v in vars(module).items() if k.startswith("my_"))
+
+
+@pytest.mark.parametrize("world_size", [3])
+@pytest.mark.parametrize("notebook", sorted(PUZZLES))
+def test_puzzle_fails_on_stub_and_passes_on_solution(clusters, world_size, notebook, tmp_path):
+    import sys
+
+    check_name, solved_name, says = PUZZLES[notebook]
+    check = getattr(exercises, check_name)
+    cluster = clusters(world_size)
+    stub = check(cluster, puzzle_stub(notebook, tmp_path))
+    assert stub.startswith("not quite:") and says in stub, stub
+    assert stub.result is not None and stub.result.trace is not None   # the wrong run, for a closer look
+    sys.path.insert(0, NOTEBOOKS)
+    try:
+        import solutions
+    finally:
+        sys.path.remove(NOTEBOOKS)
+    assert check(cluster, getattr(solutions, solved_name)).startswith("right!")
+
+
+WRONG = '''
+import triton
+import triton.language as tl
+from gemmar.kernels import device
+
+
+@triton.jit
+def no_short_group(tile_id, num_pid_m, num_pid_n, GROUP_SIZE_M: tl.constexpr):
+    first_row = (tile_id // (GROUP_SIZE_M * num_pid_n)) * GROUP_SIZE_M
+    within = tile_id % (GROUP_SIZE_M * num_pid_n)
+    return first_row + within % GROUP_SIZE_M, within // GROUP_SIZE_M
+
+
+@triton.jit
+def wrong_arguments(C_tile, acc, mask, step, rank, world_size, heap_bases):
+    device.atomic_add(C_tile, acc, rank, heap_bases, mask=mask)
+    return rank
+
+
+@triton.jit
+def fifth_rank(C_tile, acc, mask, step, rank, world_size, heap_bases):
+    peer = (rank + step) % world_size
+    device.atomic_add(C_tile, acc, rank, peer, heap_bases, mask=mask & (step > 0))
+    return peer
+
+
+def not_jitted(total, received):
+    return total + received, received
+
+
+@triton.jit
+def three_arguments(total, received, extra):
+    return total + received, received
+'''
+
+
+@pytest.mark.parametrize("world_size", [3])
+def test_puzzle_checks_say_what_is_wrong(clusters, world_size, tmp_path):
+    wrong = _module_from(tmp_path / "wrong_parts.py", WRONG)
+    cluster = clusters(world_size)
+    said = exercises.check_tile_coords(cluster, wrong.no_short_group)   # the classic: the last group not clamped
+    assert said.startswith("not quite: tile id 22 went to (pid_m, pid_n) = (6, 0), outside the grid"), said
+    said = exercises.check_push_partial(cluster, wrong.wrong_arguments)
+    assert said == ("not yet: your push_partial failed at `device.atomic_add(C_tile, acc, rank, heap_bases, "
+                    "mask=mask)`: TypeError: atomic_add() missing 1 required positional argument: 'heap_bases'") \
+        or "device.atomic_add(C_tile, acc, rank, heap_bases" in said, said   # (compiled: Triton's own words)
+    said = exercises.check_push_partial(cluster, wrong.fifth_rank)   # step 0 (its own C) masked off
+    assert "rank 0's C has rank 0's partial 0 times" in said and said.result.ok is False, said
+    assert exercises.check_reduce_step(cluster, wrong.not_jitted) == \
+        "not yet: reduce_step must be a @triton.jit function, got a plain Python function: put @triton.jit on " \
+        "the line above its def"
+    assert exercises.check_reduce_step(cluster, wrong.three_arguments).startswith(
+        "not yet: reduce_step takes 2 arguments (total, received) and returns (total, payload); three_arguments "
+        "takes 3")
+
+
+def test_parts_are_checked_before_anything_runs():
+    from gemmar.errors import UsageError
+    from gemmar.kernels.ring import reduce_step
+    from gemmar.runtime.parts import part_sources
+
+    with pytest.raises(UsageError, match="there is no kernel part 'swizzle': use one of tile_coords, push_partial"):
+        part_sources({"swizzle": reduce_step}, "ring")
+    with pytest.raises(UsageError, match="the atomics kernel has no part 'reduce_step': it is in ring"):
+        part_sources({"reduce_step": reduce_step}, "atomics")
+    with pytest.raises(UsageError, match="parts must be a dict"):
+        part_sources([reduce_step], "ring")
+    name, source = part_sources({"reduce_step": reduce_step}, "ring")["reduce_step"]
+    assert name == "reduce_step" and source.startswith("@triton.jit\ndef reduce_step(total, received):")

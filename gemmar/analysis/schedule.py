@@ -61,3 +61,40 @@ def plot_schedule(m, n, BLK_M, BLK_N, gsize_m, num_sms, path=None):
     if path:
         fig.savefig(path, dpi=110)
     return fig
+
+
+def plot_tile_order(computed, num_pid_m, num_pid_n, gsize_m, path=None):
+    """Notebook 1's puzzle: where a kernel put each tile id (``computed``: rows with tile, pid_m, pid_n, as
+    its trace recorded them) next to the grouped order, with the cells that differ outlined in red. A cell
+    shows every tile id computed there ("-": none; ids outside the grid are not drawn)."""
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Rectangle
+
+    ids = {}
+    for t, i, j in zip(computed["tile"], computed["pid_m"], computed["pid_n"]):
+        if 0 <= i < num_pid_m and 0 <= j < num_pid_n:
+            ids.setdefault((int(i), int(j)), set()).add(int(t))
+    expected = {tile_coords(t, num_pid_m, num_pid_n, gsize_m): t for t in range(num_pid_m * num_pid_n)}
+    fig, axes = plt.subplots(1, 2, figsize=(10, 0.55 * num_pid_m + 1.6))
+    panels = ((axes[0], "your kernel: tile ids computed here", lambda c: sorted(ids.get(c, ()))),
+              (axes[1], f"grouped order (tile_coords, gsize_m={gsize_m})", lambda c: [expected[c]]))
+    total = num_pid_m * num_pid_n
+    for ax, title, cell in panels:
+        grid = np.full((num_pid_m, num_pid_n), np.nan)
+        for c in np.ndindex(num_pid_m, num_pid_n):
+            there = cell(c)
+            if there:
+                grid[c] = there[0]
+            ax.text(c[1], c[0], ",".join(map(str, there)) or "-", ha="center", va="center", fontsize=8,
+                    color="white" if there else "black")
+            if ids.get(c, set()) != {expected[c]}:
+                ax.add_patch(Rectangle((c[1] - 0.42, c[0] - 0.42), 0.84, 0.84, fill=False, edgecolor="red", lw=2))
+        ax.imshow(grid, cmap="viridis", vmin=0, vmax=max(total - 1, 1))
+        ax.set_title(title, fontsize=10)
+        ax.set_xlabel("pid_n")
+        ax.set_ylabel("pid_m")
+    fig.suptitle("red: a cell whose tile ids differ from the grouped order")
+    fig.tight_layout()
+    if path:
+        fig.savefig(path, dpi=110)
+    return fig

@@ -14,6 +14,9 @@ Read launch ``i``'s result before launch ``i + 1`` starts (it zeroes that buffer
 
 The partial stays fp32 all the way into the atomic add: rounding it to fp16 first would accumulate
 across ranks in fp16.
+
+One push is :func:`push_partial`, passed to the kernel as ``PUSH_PARTIAL`` so that notebook 2's puzzle can
+run a participant's own version of it inside this kernel (and ``TILE_COORDS`` likewise for notebook 1's).
 """
 
 import triton
@@ -24,6 +27,16 @@ from .events import PUSH, STORE, finish_trace, record, stamp
 from .gemm import tile_offsets, traced_gemm_tile
 
 
+@triton.jit
+def push_partial(C_tile, acc, mask, step, rank, world_size, heap_bases):
+    """Push ``step`` (0 .. world_size - 1) of a finished partial tile: add it into one rank's C, and return
+    that rank. Step s goes to rank + 1 + s, so at any moment the ranks are writing to different peers
+    rather than all to rank 0, and after world_size steps every rank (this one last) has it once."""
+    peer = (rank + 1 + step) % world_size
+    device.atomic_add(C_tile, acc, rank, peer, heap_bases, mask=mask, sem="relaxed", scope="sys")
+    return peer
+
+
 @triton.jit(do_not_specialize=["rank", "parity"])
 def gemm_all_reduce_atomics(
         A, B, C_pair, heap_bases, rank, world_size, parity,
@@ -31,7 +44,7 @@ def gemm_all_reduce_atomics(
         trace, trace_counts,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_SIZE_M: tl.constexpr,
         NUM_SMS: tl.constexpr, DOT_PRECISION: tl.constexpr, TRACE_CAPACITY: tl.constexpr,
-        EVEN_K: tl.constexpr, TMA: tl.constexpr):
+        EVEN_K: tl.constexpr, TMA: tl.constexpr, TILE_COORDS: tl.constexpr, PUSH_PARTIAL: tl.constexpr):
     pid = tl.program_id(0)
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
@@ -43,7 +56,8 @@ def gemm_all_reduce_atomics(
     for tile_id in range(pid, num_pid_m * num_pid_n, NUM_SMS):
         acc, pid_m, pid_n, n_events = traced_gemm_tile(
             A, B, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, tile_id, num_pid_m, num_pid_n, trace,
-            n_events, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_SIZE_M, DOT_PRECISION, EVEN_K, TMA, TRACE_CAPACITY)
+            n_events, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_SIZE_M, DOT_PRECISION, EVEN_K, TMA, TRACE_CAPACITY,
+            TILE_COORDS)
         t1 = stamp(TRACE_CAPACITY)
         offsets, mask = tile_offsets(pid_m, pid_n, M, N, stride_cm, stride_cn, BLOCK_M, BLOCK_N)
 
@@ -52,12 +66,10 @@ def gemm_all_reduce_atomics(
         t2 = stamp(TRACE_CAPACITY)
         n_events = record(trace, n_events, STORE, tile_id, pid_m, pid_n, 0, rank, t1, t2, TRACE_CAPACITY)
 
-        # Push the partial into every rank's C, starting with the next rank so that at any moment the
-        # ranks are writing to different peers rather than all to rank 0.
+        # Push the partial into every rank's C, one rank per step.
         for step in range(world_size):
-            peer = (rank + 1 + step) % world_size
             t_push = stamp(TRACE_CAPACITY)
-            device.atomic_add(C + offsets, acc, rank, peer, heap_bases, mask=mask, sem="relaxed", scope="sys")
+            peer = PUSH_PARTIAL(C + offsets, acc, mask, step, rank, world_size, heap_bases)
             n_events = record(trace, n_events, PUSH, tile_id, pid_m, pid_n, step, peer, t_push,
                               stamp(TRACE_CAPACITY), TRACE_CAPACITY)
     finish_trace(trace_counts, n_events, TRACE_CAPACITY)

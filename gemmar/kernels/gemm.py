@@ -80,10 +80,13 @@ def gemm_tile(A, B, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, pid_m, 
 def traced_gemm_tile(A, B, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, tile_id, num_pid_m, num_pid_n,
                      trace, n_events, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                      GROUP_SIZE_M: tl.constexpr, DOT_PRECISION: tl.constexpr, EVEN_K: tl.constexpr,
-                     TMA: tl.constexpr, TRACE_CAPACITY: tl.constexpr):
+                     TMA: tl.constexpr, TRACE_CAPACITY: tl.constexpr, TILE_COORDS: tl.constexpr):
     """The step every kernel starts a tile with: where the tile is, its partial product, and a ``gemm``
-    trace event. Returns (acc, pid_m, pid_n, n_events)."""
-    pid_m, pid_n = tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_SIZE_M)
+    trace event. Returns (acc, pid_m, pid_n, n_events).
+
+    ``TILE_COORDS`` is the tile-id -> (pid_m, pid_n) function: :func:`tile_coords`, or a participant's own
+    (notebook 1's puzzle, through the kernels' ``TILE_COORDS`` argument)."""
+    pid_m, pid_n = TILE_COORDS(tile_id, num_pid_m, num_pid_n, GROUP_SIZE_M)
     t0 = stamp(TRACE_CAPACITY)
     acc = gemm_tile(A, B, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, pid_m, pid_n,
                     BLOCK_M, BLOCK_N, BLOCK_K, DOT_PRECISION, EVEN_K, TMA)
@@ -120,7 +123,8 @@ def persistent_gemm(A, B, C, M, N, K, stride_am, stride_ak, stride_bk, stride_bn
     for tile_id in tl.range(pid, num_pid_m * num_pid_n, NUM_SMS, flatten=FLATTEN):
         acc, pid_m, pid_n, n_events = traced_gemm_tile(
             A, B, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, tile_id, num_pid_m, num_pid_n, trace,
-            n_events, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_SIZE_M, DOT_PRECISION, EVEN_K, TMA, TRACE_CAPACITY)
+            n_events, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_SIZE_M, DOT_PRECISION, EVEN_K, TMA, TRACE_CAPACITY,
+            tile_coords)
         t1 = stamp(TRACE_CAPACITY)
         offsets, mask = tile_offsets(pid_m, pid_n, M, N, stride_cm, stride_cn, BLOCK_M, BLOCK_N)
         tl.store(C + offsets, acc.to(C.dtype.element_ty), mask=mask)

@@ -26,8 +26,12 @@ The counters only ever grow, so back-to-back launches need no reset: launch ``ep
 larger numbers than launch ``epoch - 1``. Every wait has a watchdog (``timeout_ns``); an expired wait is
 reported to the host, which raises DeadlockError naming rank, tile and flag.
 
-``MISTAKE`` turns on one of the classic bugs for teaching (0 = none): 1 forwards the running sum, 2 skips
-the slot-free wait, 3 waits for a message that is never sent (a hang, caught by the watchdog).
+Step 5 is :func:`reduce_step`, passed to the kernel as ``REDUCE_STEP`` (and the tile order as
+``TILE_COORDS``), so that the notebooks' puzzles can run a participant's own version inside this kernel.
+
+``MISTAKE`` turns on one of the classic bugs for teaching (0 = none): 1 forwards the running sum (the
+launcher passes :func:`forward_running_sum` as ``REDUCE_STEP``), 2 skips the slot-free wait, 3 waits for a
+message that is never sent (a hang, caught by the watchdog).
 """
 
 import triton
@@ -42,6 +46,20 @@ MISTAKES = ("none", "forward_accumulator", "skip_slot_free_wait", "wait_for_miss
 NO_MISTAKE, FORWARD_ACCUMULATOR, SKIP_SLOT_FREE_WAIT, WAIT_FOR_MISSING_MESSAGE = (tl.constexpr(i) for i in range(4))
 
 
+@triton.jit
+def reduce_step(total, received):
+    """Step 5: add what arrived to our sum, and pass on what arrived (the partial of one more rank back
+    along the ring). Returns (total, next payload)."""
+    return total + received, received
+
+
+@triton.jit
+def forward_running_sum(total, received):
+    """Mistake 1: pass on the running sum. From three ranks on, partials are counted several times."""
+    total = total + received
+    return total, total
+
+
 @triton.jit(do_not_specialize=["rank", "epoch", "timeout_ns"])
 def gemm_all_reduce_ring(
         A, B, C, ring_buffer, data_ready, slot_free, watchdog, heap_bases, rank, world_size, epoch,
@@ -50,7 +68,7 @@ def gemm_all_reduce_ring(
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_SIZE_M: tl.constexpr,
         NUM_SMS: tl.constexpr, DOT_PRECISION: tl.constexpr, TRACE_CAPACITY: tl.constexpr,
         MISTAKE: tl.constexpr, SLOT_CACHE: tl.constexpr, EVEN_K: tl.constexpr,
-        TMA: tl.constexpr):
+        TMA: tl.constexpr, TILE_COORDS: tl.constexpr, REDUCE_STEP: tl.constexpr):
     pid = tl.program_id(0)
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
@@ -62,7 +80,8 @@ def gemm_all_reduce_ring(
     for tile_id in range(pid, num_pid_m * num_pid_n, NUM_SMS):
         acc, pid_m, pid_n, n_events = traced_gemm_tile(
             A, B, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, tile_id, num_pid_m, num_pid_n, trace,
-            n_events, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_SIZE_M, DOT_PRECISION, EVEN_K, TMA, TRACE_CAPACITY)
+            n_events, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_SIZE_M, DOT_PRECISION, EVEN_K, TMA, TRACE_CAPACITY,
+            TILE_COORDS)
 
         slot = ring_buffer + tile_id * (BLOCK_M * BLOCK_N) + slot_offsets
         total = acc
@@ -103,11 +122,7 @@ def gemm_all_reduce_ring(
             device.signal(slot_free + tile_id, msg + 1, rank, prev_rank, heap_bases)
 
             # 5. Reduce, and forward what we received (not our sum).
-            total += received
-            if MISTAKE == FORWARD_ACCUMULATOR:
-                payload = total
-            else:
-                payload = received
+            total, payload = REDUCE_STEP(total, received)
             n_events = record(trace, n_events, REDUCE, tile_id, pid_m, pid_n, step, prev_rank, t_reduce,
                               stamp(TRACE_CAPACITY), TRACE_CAPACITY)
 

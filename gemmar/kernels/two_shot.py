@@ -89,7 +89,8 @@ def two_shot_gemm(
     for tile_id in range(pid, num_pid_m * num_pid_n, NUM_SMS):
         acc, pid_m, pid_n, n_events = traced_gemm_tile(
             A, B, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, tile_id, num_pid_m, num_pid_n, trace,
-            n_events, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_SIZE_M, DOT_PRECISION, EVEN_K, TMA, TRACE_CAPACITY)
+            n_events, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_SIZE_M, DOT_PRECISION, EVEN_K, TMA, TRACE_CAPACITY,
+            tile_coords)
         t_publish = stamp(TRACE_CAPACITY)
         owner = tile_id % world_size
         # 2. Our partial of this tile, into our own heap.

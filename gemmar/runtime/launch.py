@@ -11,8 +11,8 @@ import torch
 
 from ..config import RunConfig
 from ..errors import UsageError
-from ..kernels import events, ring, two_shot
-from ..kernels.atomics import gemm_all_reduce_atomics
+from ..kernels import atomics, events, ring, two_shot
+from ..kernels.gemm import tile_coords
 from ..kernels.device import WATCHDOG_WORDS
 from .heap import ALIGN, HEADER_BYTES
 
@@ -75,7 +75,8 @@ def check_co_resident(compiled, config, heap):
 
 
 class FusedGemmAllReduce:
-    def __init__(self, heap, config: RunConfig, mistake="none"):
+    def __init__(self, heap, config: RunConfig, mistake="none", parts=None):
+        """``parts``: {name: @triton.jit function} that replace the kernel's own (``runtime/parts.py``)."""
         config.validate()
         if config.world_size != heap.world_size:
             raise UsageError(f"world_size={config.world_size} does not match the heap's {heap.world_size} ranks")
@@ -87,6 +88,10 @@ class FusedGemmAllReduce:
                                  f"{', '.join(known)}")
             raise UsageError(f"mistake {mistake!r} is not known: use one of {', '.join(every)}")
         self.heap, self.config, self.mistake = heap, config, known.index(mistake)
+        # The kernel's swappable functions: its own, a mistake's, or a participant's (runtime/parts.py).
+        own = dict(tile_coords=tile_coords, push_partial=atomics.push_partial,
+                   reduce_step=ring.forward_running_sum if mistake == "forward_accumulator" else ring.reduce_step)
+        self.parts = {**own, **(parts or {})}
         M, N = config.m, config.n
         tiles_m, tiles_n = config.tiles
         self.total_tiles = tiles_m * tiles_n
@@ -212,15 +217,18 @@ class FusedGemmAllReduce:
                 reduce_kw, heap.on_side_stream)
             return [gemm, reduce], self.c
         if cfg.algorithm == "atomics":
-            return [(gemm_all_reduce_atomics, grid, (
+            return [(atomics.gemm_all_reduce_atomics, grid, (
                 A, B, self.c_pair, heap.heap_bases, heap.rank, heap.world_size, self.launches % 2,
-                cfg.m, cfg.n, K_r, *strides, self.trace, self.trace_counts), gemm_kw, heap.on_stream)], \
+                cfg.m, cfg.n, K_r, *strides, self.trace, self.trace_counts),
+                dict(gemm_kw, TILE_COORDS=self.parts["tile_coords"], PUSH_PARTIAL=self.parts["push_partial"]),
+                heap.on_stream)], \
                 self.c_pair[self.launches % 2]
         return [(ring.gemm_all_reduce_ring, grid, (
             A, B, self.c, self.ring_buffer, self.data_ready, self.slot_free, self.watchdog, heap.heap_bases,
             heap.rank, heap.world_size, self.launches, cfg.m, cfg.n, K_r, *strides, timeout_ns,
-            self.trace, self.trace_counts), dict(gemm_kw, MISTAKE=self.mistake, SLOT_CACHE=peer_cache),
-            heap.on_stream)], self.c
+            self.trace, self.trace_counts), dict(gemm_kw, MISTAKE=self.mistake, SLOT_CACHE=peer_cache,
+                                                 TILE_COORDS=self.parts["tile_coords"],
+                                                 REDUCE_STEP=self.parts["reduce_step"]), heap.on_stream)], self.c
 
     def check(self):
         """Wait for this rank's work; raise DeadlockError if a wait (or the barrier) expired."""

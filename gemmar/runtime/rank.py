@@ -21,6 +21,7 @@ from ..errors import DeadlockError, GemmarError, UsageError
 from .heap import barrier_all, create_heap
 from .allreduce import SymmetricAllReduce
 from .launch import FusedGemmAllReduce
+from .parts import failure_text, load_parts
 from .results import RankFailure, RankResult
 
 _ranks = []   # the RankContexts this engine hosts: one, or every rank when they share a GPU
@@ -184,15 +185,30 @@ def _errors_as_results(fn):
 
 @_errors_as_results
 def run_gemm_all_reduce(config, inputs=None, reference=None, scale=None, mistake="none", return_c=False,
-                        validate=True):
+                        validate=True, parts=None):
     """Run ``iterations`` back-to-back launches on this engine's ranks; check C after each one.
 
     ``inputs`` is one (A_r, B_r) per hosted rank, ``scale`` the global inputs' ``input_scale`` (for the
     tolerance); without inputs they come from ``config.seed``
     (every rank builds the same global matrices and keeps its own K-slice), so a benchmark ships no data
     between client and engines. All hosted ranks launch before any of them is waited for.
+
+    ``parts``: a participant's kernel parts as source (``runtime/parts.py``); an error raised while they
+    compile or run comes back as a one-line UsageError that points into their code.
     """
     config = config.validate()
+    if parts:
+        try:
+            return _run_gemm_all_reduce(config, inputs, reference, scale, mistake, return_c, validate,
+                                        load_parts(parts))
+        except (UsageError, DeadlockError):
+            raise
+        except Exception as e:  # noqa: BLE001 - the participant's code failed, not gemmar: say where
+            raise UsageError(failure_text(e, list(parts))) from None
+    return _run_gemm_all_reduce(config, inputs, reference, scale, mistake, return_c, validate, None)
+
+
+def _run_gemm_all_reduce(config, inputs, reference, scale, mistake, return_c, validate, parts):
     group = local_ranks()
     device = group[0].heap.device   # the hosted ranks share it
     if inputs is None:
@@ -203,7 +219,7 @@ def run_gemm_all_reduce(config, inputs=None, reference=None, scale=None, mistake
         runs = []
         for i, ctx in enumerate(group):
             heap = scopes.enter_context(ctx.heap.scope())
-            fused = FusedGemmAllReduce(heap, config, mistake)
+            fused = FusedGemmAllReduce(heap, config, mistake, parts)
             if inputs is None:
                 A, B = rank_slice(A_all, B_all, config, ctx.rank, device)
             else:

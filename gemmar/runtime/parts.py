@@ -1,0 +1,108 @@
+"""Kernel parts: one ``@triton.jit`` function of a package kernel, swapped for a participant's own.
+
+The notebooks' puzzles ask for a piece of real kernel code (the tile order, one push of the atomics
+kernel, the ring's reduction step) and run it inside the package's kernel, on the cluster. The kernel takes
+the piece as a constexpr argument, and Triton compiles (or interprets) it like any function it calls.
+
+The participant's function is defined in the notebook's process, and the ranks are other processes. So
+its *source* travels to them (:func:`part_sources`, on the client) and is defined again there
+(:func:`load_parts`, on each rank), registered with ``linecache`` under a ``<gemmar part ...>`` name:
+Triton reads a function's source through ``inspect``, and nothing is written to disk. The source sees
+``triton``, ``tl`` (``triton.language``) and ``device`` (``gemmar.kernels.device``), and nothing else.
+"""
+
+import hashlib
+import inspect
+import linecache
+import textwrap
+import traceback
+
+from ..errors import UsageError
+
+# name -> (the algorithms whose kernel takes it, its arguments, what it returns)
+PARTS = {
+    "tile_coords": (("atomics", "ring"), ("tile_id", "num_pid_m", "num_pid_n", "GROUP_SIZE_M"), "(pid_m, pid_n)"),
+    "push_partial": (("atomics",), ("C_tile", "acc", "mask", "step", "rank", "world_size", "heap_bases"),
+                     "the rank pushed to"),
+    "reduce_step": (("ring",), ("total", "received"), "(total, payload)"),
+}
+SOURCE_PREFIX = "<gemmar part "
+
+
+def part_sources(parts, algorithm):
+    """Client side: check ``parts`` ({name: @triton.jit function}) against ``algorithm``'s kernel and
+    return {name: (function name, source)}, ready to ship to the ranks."""
+    if not parts:
+        return {}
+    if not isinstance(parts, dict):
+        raise UsageError(f"parts must be a dict {{name: @triton.jit function}}, got {type(parts).__name__}")
+    sources = {}
+    for name, fn in parts.items():
+        if name not in PARTS:
+            raise UsageError(f"there is no kernel part {name!r}: use one of {', '.join(PARTS)}")
+        algorithms, arguments, returns = PARTS[name]
+        if algorithm not in algorithms:
+            raise UsageError(f"the {algorithm} kernel has no part {name!r}: it is in {' and '.join(algorithms)}")
+        python_fn = getattr(fn, "fn", None)
+        if not inspect.isfunction(python_fn):
+            what = "a plain Python function" if inspect.isfunction(fn) else type(fn).__name__
+            raise UsageError(f"{name} must be a @triton.jit function, got {what}: put @triton.jit on the line "
+                             f"above its def")
+        given = list(inspect.signature(python_fn).parameters)
+        if len(given) != len(arguments):
+            raise UsageError(f"{name} takes {len(arguments)} arguments ({', '.join(arguments)}) and returns "
+                             f"{returns}; {python_fn.__name__} takes {len(given)} ({', '.join(given)})")
+        try:
+            source = textwrap.dedent(inspect.getsource(python_fn))
+        except (OSError, TypeError) as e:
+            raise UsageError(f"the source of {python_fn.__name__} cannot be read ({e}): define it in a notebook "
+                             f"cell or a .py file") from None
+        sources[name] = (python_fn.__name__, source)
+    return sources
+
+
+_loaded = {}   # (name, source) -> the function defined from it, so a repeated run compiles nothing again
+
+
+def load_parts(sources):
+    """Rank side: {name: @triton.jit function} defined from :func:`part_sources`' output."""
+    import triton
+    import triton.language as tl
+
+    from ..kernels import device
+
+    parts = {}
+    for name, (fn_name, source) in (sources or {}).items():
+        key = (name, source)
+        if key not in _loaded:
+            digest = hashlib.sha1(source.encode()).hexdigest()[:10]
+            filename = f"{SOURCE_PREFIX}{name} {digest}>"
+            linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+            namespace = {"triton": triton, "tl": tl, "device": device, "__name__": f"gemmar_part_{name}"}
+            try:
+                exec(compile(source, filename, "exec"), namespace)
+            except Exception as e:  # noqa: BLE001 - the participant's decorator line: say what broke
+                raise UsageError(f"{name}: defining {fn_name} failed with {type(e).__name__}: {e} (the source "
+                                 f"sees only triton, tl and device)") from None
+            _loaded[key] = namespace[fn_name]
+        parts[name] = _loaded[key]
+    return parts
+
+
+def failure_text(error, names):
+    """One line for an exception raised while a participant's part ran (or compiled): the line of their
+    code it came from, when a traceback passes through it, and the innermost error (the interpreter wraps
+    an error once per function it passes through)."""
+    chain = [error]
+    while chain[-1].__cause__ is not None or chain[-1].__context__ is not None:
+        chain.append(chain[-1].__cause__ or chain[-1].__context__)
+    where = ""
+    for link in chain:
+        for frame in traceback.extract_tb(link.__traceback__):
+            if frame.filename.startswith(SOURCE_PREFIX):
+                part = frame.filename[len(SOURCE_PREFIX):].split()[0]
+                where = f"your {part} failed at `{(frame.line or '').strip()}`"
+    innermost = chain[-1]
+    lines = [line.strip() for line in str(innermost).strip().splitlines() if line.strip()]
+    what = f"{type(innermost).__name__}: {lines[-1]}" if lines else type(innermost).__name__
+    return f"{where or 'the kernel with your ' + ' and '.join(names) + ' did not run'}: {what}"
