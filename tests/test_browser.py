@@ -1,11 +1,18 @@
-"""Notebook 4 in a real JupyterLab, driven by headless Chromium: run all cells, change a widget, press Run,
-and check that the Gantt chart changed. Saves screenshots (out/browser-*.png).
+"""The notebooks in a real JupyterLab, driven by headless Chromium, as a workshop participant would use them.
+
+Notebook 1: run all cells, write a wrong swizzle into the puzzle cell and see the check explain the fault,
+then a right one and see it pass. Notebook 4: run all cells, change a widget, press Run, check that the Gantt
+chart changed; start a long run, interrupt it, and see the next Run start at once and finish. Saves
+screenshots (out/browser-*.png).
 
 Needs Debian's chromium (/usr/bin/chromium; .ci/run installs it) and Playwright for Python (which drives
 it; Playwright's own browser download is not used). Where either is missing, the test is skipped with a
 loud reason rather than passing quietly."""
 
+import contextlib
+import inspect
 import os
+import re
 import secrets
 import shutil
 import socket
@@ -30,8 +37,9 @@ def _free_port():
 
 @pytest.fixture
 def jupyterlab(tmp_path):
-    # A copy of the notebook: JupyterLab saves outputs into the file it has open.
-    shutil.copy(ROOT / "notebooks" / "04_tile_explorer.ipynb", tmp_path)
+    # Copies of the notebooks: JupyterLab saves outputs into the file it has open.
+    for name in ("01_persistent_gemm.ipynb", "04_tile_explorer.ipynb"):
+        shutil.copy(ROOT / "notebooks" / name, tmp_path)
     port, token = _free_port(), secrets.token_hex(16)
     log = open(tmp_path / "jupyterlab.log", "w")
     proc = subprocess.Popen([sys.executable, "-m", "jupyterlab", "--no-browser", "--allow-root", f"--port={port}",
@@ -57,7 +65,9 @@ def jupyterlab(tmp_path):
     log.close()
 
 
-def test_explorer_in_jupyterlab_redraws_after_run(jupyterlab):
+@contextlib.contextmanager
+def notebook_page(jupyterlab, notebook):
+    """A headless Chromium page with ``notebook`` open in JupyterLab and all its cells run."""
     if not os.path.exists(CHROMIUM):
         pytest.skip("!!! BROWSER TEST NOT RUN: no Chromium at /usr/bin/chromium (apt-get install chromium) !!!")
     try:
@@ -71,27 +81,102 @@ def test_explorer_in_jupyterlab_redraws_after_run(jupyterlab):
             "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
             "--disable-component-update", "--disable-sync"])
         page = browser.new_page(viewport={"width": 1500, "height": 1800})
-        page.goto(f"{url}/lab/tree/04_tile_explorer.ipynb?token={token}")
+        page.goto(f"{url}/lab/tree/{notebook}?token={token}")
         page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=120_000)
         # The kernel must be up before Run All; on a cold start (fresh venv) that takes a while.
         page.get_by_text("| Idle").first.wait_for(timeout=180_000)
         for attempt in range(2):
             page.locator(".jp-Notebook").first.click()   # focus the notebook, so Run All applies to it
-            page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
-            page.locator(".lm-Menu-itemLabel", has_text="Run All Cells").first.click()
+            menu(page, "Run", "Run All Cells")
             try:   # the first cell shows an execution count once Run All took effect
                 page.locator(".jp-InputPrompt", has_text="[1]").first.wait_for(timeout=60_000)
                 break
             except Exception:
                 if attempt:
-                    page.screenshot(path=str(SHOTS / "browser-explorer-failed.png"), full_page=True)
+                    page.screenshot(path=str(SHOTS / f"browser-{notebook[:2]}-failed.png"), full_page=True)
                     raise
-        status = page.locator(".widget-html-content", has_text="run 1:")
         try:
-            status.wait_for(timeout=240_000)
+            yield page
         except Exception:
-            page.screenshot(path=str(SHOTS / "browser-explorer-failed.png"), full_page=True)
+            page.screenshot(path=str(SHOTS / f"browser-{notebook[:2]}-failed.png"), full_page=True)
             raise
+        finally:
+            browser.close()
+
+
+def menu(page, top, item):
+    page.locator(".lm-MenuBar-itemLabel", has_text=top).first.click()
+    page.locator(".lm-Menu-itemLabel", has_text=item).first.click()
+
+
+WRONG_SWIZZLE = """import triton
+import triton.language as tl
+
+
+@triton.jit
+def my_tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_SIZE_M: tl.constexpr):
+    group_tiles = GROUP_SIZE_M * num_pid_n
+    within = tile_id % group_tiles
+    return (tile_id // group_tiles) * GROUP_SIZE_M + within % GROUP_SIZE_M, within // GROUP_SIZE_M
+"""
+
+
+def answer_puzzle(page, source):
+    """Replace the puzzle cell's code with ``source`` as a participant types it, run it and the check below
+    it (Shift+Enter twice, as one would), and return the check cell's output once it has printed."""
+    cell = page.locator(".jp-CodeCell", has=page.locator(".cm-content", has_text="def my_tile_coords")).first
+    editor = cell.locator(".cm-content")
+    editor.click()
+    page.keyboard.press("Control+a")
+    page.keyboard.insert_text(source)
+    check = cell.locator("xpath=following-sibling::div[contains(@class, 'jp-CodeCell')][1]")
+    prompt = check.locator(".jp-InputPrompt").first
+    before = prompt.inner_text()
+    page.keyboard.press("Shift+Enter")
+    page.keyboard.press("Shift+Enter")
+    deadline = time.monotonic() + 180
+    while True:   # the check cell's prompt goes [n] -> [*] -> [n + 2]: it ran, with what was just typed
+        now = prompt.inner_text()
+        if now != before and "*" not in now:
+            break
+        assert time.monotonic() < deadline, f"the check cell did not run (prompt {now!r})"
+        time.sleep(0.2)
+    return check.locator(".jp-OutputArea-output").first.inner_text()
+
+
+def test_participant_solves_the_swizzle_puzzle(jupyterlab):
+    import sys
+
+    sys.path.insert(0, str(ROOT / "notebooks"))
+    try:
+        import solutions
+    finally:
+        sys.path.remove(str(ROOT / "notebooks"))
+    right = "import triton\nimport triton.language as tl\n\n\n" + inspect.getsource(solutions.tile_coords.fn) \
+        .replace("def tile_coords(", "def my_tile_coords(")
+    with notebook_page(jupyterlab, "01_persistent_gemm.ipynb") as page:
+        # Run All ran the stub (row-major order): the check says so, and draws where each tile went.
+        stub = page.locator(".jp-OutputArea-output", has_text="not in grouped order")
+        stub.first.wait_for(timeout=300_000)
+        page.screenshot(path=str(SHOTS / "browser-puzzle-stub.png"), full_page=True)
+        wrong = answer_puzzle(page, WRONG_SWIZZLE)   # grouped, but the last (short) group is not clamped
+        assert "not quite: tile id 22 went to (pid_m, pid_n) = (6, 0), outside the grid" in wrong, wrong
+        page.screenshot(path=str(SHOTS / "browser-puzzle-wrong.png"), full_page=True)
+        said = answer_puzzle(page, right)
+        assert said.startswith("right! every tile once, in grouped order"), said
+        page.screenshot(path=str(SHOTS / "browser-puzzle-right.png"), full_page=True)
+
+
+def knob(page, name):
+    """The input box of the explorer's integer knob labelled ``name``."""
+    label = page.locator("label.widget-label", has_text=re.compile(f"^{re.escape(name)}$"))
+    return page.locator(".widget-inline-hbox", has=label).locator("input").first
+
+
+def test_explorer_in_jupyterlab_redraws_after_run_and_stops_when_interrupted(jupyterlab):
+    with notebook_page(jupyterlab, "04_tile_explorer.ipynb") as page:
+        status = page.locator(".widget-html-content", has_text="run 1:")
+        status.wait_for(timeout=240_000)
         gantt = page.locator(".widget-output img").first
         gantt.wait_for(timeout=60_000)
         first_src = gantt.get_attribute("src")
@@ -100,11 +185,35 @@ def test_explorer_in_jupyterlab_redraws_after_run(jupyterlab):
 
         # Change one widget (the algorithm) and press the explorer's Run button.
         page.locator(".widget-dropdown", has_text="algorithm").locator("select").select_option("atomics")
-        page.locator("button.jupyter-button", has_text="Run").click()
+        run = page.locator("button.jupyter-button", has_text="Run")
+        run.click()
         page.locator(".widget-html-content", has_text="run 2: atomics").wait_for(timeout=180_000)
         page.wait_for_function("(src) => { const i = document.querySelector('.widget-output img');"
                                " return i && i.src !== src; }", arg=first_src, timeout=60_000)
         second_src = page.locator(".widget-output img").first.get_attribute("src")
         page.screenshot(path=str(SHOTS / "browser-explorer-run2.png"), full_page=True)
-        browser.close()
-    assert second_src and second_src != first_src
+        assert second_src and second_src != first_src
+
+        # A run of minutes (under the interpreter), interrupted with the kernel's stop: the status says so
+        # within seconds, and the next Run starts at once (no waiting behind the interrupted one) and ends.
+        for name, value in (("M", "256"), ("N", "256"), ("iterations", "20")):
+            knob(page, name).fill(value)
+            knob(page, name).press("Enter")
+        run.click()
+        page.locator(".widget-html-content", has_text="running atomics").wait_for(timeout=30_000)
+        time.sleep(3)
+        menu(page, "Kernel", "Interrupt Kernel")
+        interrupted = page.locator(".widget-html-content", has_text="interrupted after")
+        interrupted.wait_for(timeout=15_000)
+        page.screenshot(path=str(SHOTS / "browser-explorer-interrupted.png"), full_page=True)
+        for name, value in (("M", "64"), ("N", "64"), ("iterations", "1")):
+            knob(page, name).fill(value)
+            knob(page, name).press("Enter")
+        clicked = time.monotonic()
+        run.click()
+        page.locator(".widget-html-content", has_text=re.compile("starting 3 ranks|running atomics")) \
+            .wait_for(timeout=5_000)
+        started = time.monotonic() - clicked
+        page.locator(".widget-html-content", has_text="run 3: atomics").wait_for(timeout=180_000)
+        page.screenshot(path=str(SHOTS / "browser-explorer-run3.png"), full_page=True)
+        assert started < 5, f"the Run after an interrupt began {started:.1f} s after the click"

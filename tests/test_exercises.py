@@ -2,6 +2,7 @@
 and the message never gives the answer away."""
 
 import os
+import re
 from types import SimpleNamespace
 
 import pytest
@@ -152,10 +153,9 @@ def test_puzzle_checks_say_what_is_wrong(clusters, world_size, tmp_path):
     cluster = clusters(world_size)
     said = exercises.check_tile_coords(cluster, wrong.no_short_group)   # the classic: the last group not clamped
     assert said.startswith("not quite: tile id 22 went to (pid_m, pid_n) = (6, 0), outside the grid"), said
-    said = exercises.check_push_partial(cluster, wrong.wrong_arguments)
-    assert said == ("not yet: your push_partial failed at `device.atomic_add(C_tile, acc, rank, heap_bases, "
-                    "mask=mask)`: TypeError: atomic_add() missing 1 required positional argument: 'heap_bases'") \
-        or "device.atomic_add(C_tile, acc, rank, heap_bases" in said, said   # (compiled: Triton's own words)
+    said = exercises.check_push_partial(cluster, wrong.wrong_arguments)   # interpreted: "failed at", compiled:
+    assert re.fullmatch(r"not yet: your push_partial (failed|did not compile) at `device\.atomic_add\(C_tile, acc, "
+                        r"rank, heap_bases, mask=mask\)`: TypeError: .*missing .* argument.*'heap_bases'.*", said), said
     said = exercises.check_push_partial(cluster, wrong.fifth_rank)   # step 0 (its own C) masked off
     assert "rank 0's C has rank 0's partial 0 times" in said and said.result.ok is False, said
     assert exercises.check_reduce_step(cluster, wrong.not_jitted) == \

@@ -89,20 +89,27 @@ def load_parts(sources):
     return parts
 
 
-def failure_text(error, names):
-    """One line for an exception raised while a participant's part ran (or compiled): the line of their
-    code it came from, when a traceback passes through it, and the innermost error (the interpreter wraps
-    an error once per function it passes through)."""
+def failure_text(error, sources):
+    """One line for an exception raised while a participant's parts (``sources``, as shipped) compiled or
+    ran: the line of their code it came from, where one can tell, and the innermost error (the interpreter
+    and the compiler wrap an error once per function it passes through)."""
     chain = [error]
     while chain[-1].__cause__ is not None or chain[-1].__context__ is not None:
         chain.append(chain[-1].__cause__ or chain[-1].__context__)
     where = ""
     for link in chain:
+        # Interpreted: a traceback frame in the part's <gemmar part ...> source.
         for frame in traceback.extract_tb(link.__traceback__):
             if frame.filename.startswith(SOURCE_PREFIX):
                 part = frame.filename[len(SOURCE_PREFIX):].split()[0]
                 where = f"your {part} failed at `{(frame.line or '').strip()}`"
-    innermost = chain[-1]
+        # Compiled: Triton's CompilationError carries the function's source and the failing node.
+        src, line = getattr(link, "src", None), getattr(getattr(link, "node", None), "lineno", None)
+        if isinstance(src, str) and line:
+            for part, (fn_name, _) in sources.items():
+                if f"def {fn_name}(" in src:
+                    where = f"your {part} did not compile at `{src.splitlines()[line - 1].strip()}`"
+    innermost = next((link for link in reversed(chain) if str(link).strip()), error)   # (not a bare StopIteration)
     lines = [line.strip() for line in str(innermost).strip().splitlines() if line.strip()]
     what = f"{type(innermost).__name__}: {lines[-1]}" if lines else type(innermost).__name__
-    return f"{where or 'the kernel with your ' + ' and '.join(names) + ' did not run'}: {what}"
+    return f"{where or 'the kernel with your ' + ' and '.join(sources) + ' did not run'}: {what}"

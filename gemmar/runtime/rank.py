@@ -204,7 +204,7 @@ def run_gemm_all_reduce(config, inputs=None, reference=None, scale=None, mistake
         except (UsageError, DeadlockError):
             raise
         except Exception as e:  # noqa: BLE001 - the participant's code failed, not gemmar: say where
-            raise UsageError(failure_text(e, list(parts))) from None
+            raise UsageError(failure_text(e, parts)) from None
     return _run_gemm_all_reduce(config, inputs, reference, scale, mistake, return_c, validate, None)
 
 
