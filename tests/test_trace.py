@@ -255,3 +255,29 @@ def test_launch_skew_is_told_apart_and_legends_list_only_what_is_drawn(traces, t
     # atomics never waits or reduces; its 'store' events zero the next launch's C, and say so.
     assert "waiting" not in names and "reducing" not in names and "zeroing the next launch's C" in names
     assert "4 ranks x 3 programs" in fig.axes[0].get_title()
+
+
+def test_per_device_clocks_are_aligned_at_every_iteration():
+    """Ranks on different GPUs read different clocks, which drift: each iteration is aligned on the barrier
+    before it. Here rank 1's clock is 5 s ahead and gains 1 ms between the iterations' barriers."""
+    from gemmar import Result, RunConfig
+    from gemmar.kernels.events import KINDS
+    from gemmar.runtime.results import RankResult
+
+    gemm = next(k for k, (name, _) in KINDS.items() if name == "gemm")
+    config = RunConfig(m=16, n=16, k=16, BLK_M=16, BLK_N=16, BLK_K=16, num_sms=1, world_size=2, iterations=2,
+                       trace=True, algorithm="ring")
+
+    def rank(r, starts):   # one gemm event per iteration, 100 us after that iteration's barrier
+        events = np.array([[r, it, 0, gemm, 0, 0, 0, 0, -1, s + 100_000, s + 200_000] for it, s in enumerate(starts)])
+        return RankResult(r, [0.0, 0.0], [1e-3, 1e-3], 1.0, starts[0], events=events, iteration_starts_ns=starts)
+
+    ranks = [rank(0, [1_000_000, 3_000_000]), rank(1, [5_001_000_000, 5_004_000_000])]
+    trace = Result(config, "cuda", ranks).trace
+    e = trace.events.sort_values(["iteration", "rank"])
+    # Both ranks' events sit 100 us after their iteration's start, on rank 0's timeline (iteration 1 at 2 ms).
+    assert list(e.t_start_ns) == [100_000, 100_000, 2_100_000, 2_100_000]
+    assert trace.meta["clock"] == "per-device, aligned at the barrier before each iteration"
+    ranks[1].iteration_starts_ns = []   # untraced iterations: aligned on the first barrier only
+    assert list(Result(config, "cuda", ranks).trace.events.sort_values(["iteration", "rank"]).t_start_ns) == \
+        [100_000, 100_000, 2_100_000, 3_100_000]

@@ -121,14 +121,18 @@ class Trace:
         blocks = []
         for out in result.ranks:
             block = np.array(out.events, np.int64).reshape(-1, len(RAW_COLUMNS))
-            block[:, -2:] -= first_exit if shared_clock else int(out.t_zero_ns)
+            if shared_clock:   # one clock for all ranks (CLOCK_MONOTONIC): nothing to align
+                block[:, -2:] -= first_exit
+            else:
+                block[:, -2:] -= cls._clock_offsets(result, out)[block[:, RAW_COLUMNS.index("iteration")]][:, None]
             blocks.append(block)
         info = result.info or [{}] * cfg.world_size
         meta = dict(algorithm=cfg.algorithm, m=cfg.m, n=cfg.n, k=cfg.k, datatype=cfg.datatype,
                     BLK_M=cfg.BLK_M, BLK_N=cfg.BLK_N, BLK_K=cfg.BLK_K, gsize_m=cfg.gsize_m, num_sms=cfg.num_sms,
                     comm_sms=cfg.comm_sms if cfg.algorithm == "two_shot" else 0,
                     world_size=cfg.world_size, iterations=cfg.iterations, backend=result.backend,
-                    mistake=result.mistake, clock="shared" if shared_clock else "per-device, aligned at a barrier",
+                    mistake=result.mistake,
+                    clock="shared" if shared_clock else "per-device, aligned at the barrier before each iteration",
                     devices=[i.get("device") for i in info],
                     torch=info[0].get("torch"), triton=info[0].get("triton"),
                     dropped_events=[int(out.dropped_events) for out in result.ranks],
@@ -139,6 +143,17 @@ class Trace:
             warnings.warn(f"trace is incomplete: events dropped per rank {meta['dropped_events']} "
                           f"(trace buffer too small)", stacklevel=2)
         return cls(np.concatenate(blocks) if blocks else np.zeros((0, len(RAW_COLUMNS))), meta)
+
+    @staticmethod
+    def _clock_offsets(result, out):
+        """Per-device clocks: per iteration, what to subtract from ``out``'s clock. Each rank's iteration i
+        starts at its own exit from the barrier before it, placed at rank 0's time for that exit (so the
+        iterations keep rank 0's spacing); runs without a barrier per iteration align on the first."""
+        starts = [int(t) for t in (out.iteration_starts_ns or [out.t_zero_ns])]
+        anchor = [int(t) for t in (result.ranks[0].iteration_starts_ns or [result.ranks[0].t_zero_ns])]
+        offsets = [mine - (anchor[i] - anchor[0]) for i, mine in enumerate(starts)]
+        offsets += [offsets[-1]] * (result.config.iterations - len(offsets))
+        return np.array(offsets, np.int64)
 
     def save(self, path):
         """Write the versioned JSON file (gzip-compressed when ``path`` ends with .gz)."""

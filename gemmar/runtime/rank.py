@@ -230,14 +230,15 @@ def _run_gemm_all_reduce(config, inputs, reference, scale, mistake, return_c, va
         heaps = [ctx.heap for ctx in group]
         for run in runs:   # compile and load everything before any rank's kernel can spin
             run["fused"].prepare(run["A"], run["B"])
-        # Start together. The device clock as each rank leaves the barrier is its trace's time zero.
-        t_zero = barrier_all(heaps, config.timeout_s)
+        # Start together. The device clock as each rank leaves the barrier is its trace's time zero; traced
+        # iterations start with a barrier each, and its exit times align that iteration (runtime/results.py).
+        exits = [barrier_all(heaps, config.timeout_s)]
         seconds = []
         for it in range(config.iterations):
             if config.trace and it > 0:
                 # Checking C and copying events out takes host time that differs per rank; without
                 # this the next iteration's trace would show a rank waiting for a late peer.
-                barrier_all(heaps, config.timeout_s)
+                exits.append(barrier_all(heaps, config.timeout_s))
             t0 = time.perf_counter()
             outs = [run["fused"](run["A"], run["B"], wait=False) for run in runs]
             check_all([run["fused"] for run in runs])
@@ -256,9 +257,9 @@ def _run_gemm_all_reduce(config, inputs, reference, scale, mistake, return_c, va
         checked = validate and reference is not None and reference.numel()
         allowed = tolerance(config, scale, float(reference.abs().max()) if checked else 0.0)
         results = []
-        for run, t0_ns in zip(runs, t_zero):
-            out = RankResult(run["ctx"].rank, run["diffs"], seconds, allowed, t0_ns, run["dropped"],
-                             kernels=run["fused"].kernel_resources)
+        for i, run in enumerate(runs):
+            out = RankResult(run["ctx"].rank, run["diffs"], seconds, allowed, exits[0][i], run["dropped"],
+                             kernels=run["fused"].kernel_resources, iteration_starts_ns=[e[i] for e in exits])
             if run["events"]:
                 out.events = np.concatenate(run["events"])
             if return_c:

@@ -25,6 +25,10 @@ class RankResult:
     events: np.ndarray = field(default_factory=lambda: np.zeros((0, len(COLUMNS)), np.int64))  # trace rows
     C: torch.Tensor = None        # this rank's C after the last launch, when asked for
     kernels: list = field(default_factory=list)  # GPU: per compiled kernel, its registers and spills
+    # Traced runs: the device clock as this rank left the barrier before each iteration ([0] = t_zero_ns).
+    # Ranks on different GPUs read different clocks, which also drift apart: a trace aligns each
+    # iteration on its own barrier, not only the first.
+    iteration_starts_ns: list = field(default_factory=list)
 
     @property
     def ok(self):
