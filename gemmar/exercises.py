@@ -32,6 +32,9 @@ def _say(message, result=None):
 
 def _run_part(cluster, algorithm, parts, A, B, **settings):
     """(the Result, None), or (None, what went wrong) when the participant's code did not run through."""
+    if not cluster.running:   # stopped, e.g. by the notebook's last cell after a Run All: start it again
+        print(f"(the cluster was stopped: starting {cluster.world_size} rank(s) again)")
+        cluster.start()
     try:
         return cluster.gemm_all_reduce(A, B, algorithm=algorithm, parts=parts, trace=True, timeout_s=20,
                                        **settings), None

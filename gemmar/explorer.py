@@ -1,14 +1,22 @@
 """The tile-scheduling explorer: widgets for every knob of a run; Run reruns on the cluster and redraws
 the Gantt chart and the per-rank summary. The cluster stays up between runs (restarted only when the
-world size changes, or after an interrupted run). Interrupting the kernel (Jupyter's stop button) during a
-run stops that run's ranks at once; the next Run starts fresh ones. Making a new Explorer (running its
-cell again) stops the previous one's cluster."""
+world size changes, or after a stopped run).
 
+The Run button runs in a background thread, and the explorer's own Stop button ends that run's ranks at
+once; the next Run starts fresh ones. (Jupyter's stop button cannot do it: JupyterLab 4.6 hands widget
+clicks to an ipykernel *subshell* thread, and SIGINT reaches only the main thread; measured by the browser
+test, a two-minute run went on to its end.) ``run()`` called in a cell runs in the cell, where Jupyter's
+stop button does interrupt it, with the same result. Making a new Explorer (running its cell again) stops
+the previous one's cluster."""
+
+import base64
+import io
+import threading
 import time
 
 from .cluster import Cluster
 from .config import ALGORITHMS, DTYPES, RunConfig
-from .errors import GemmarError
+from .errors import ClusterError, GemmarError
 
 
 _current = None   # the Explorer made last: a new one stops its cluster
@@ -40,17 +48,21 @@ class Explorer:
         self.datatype = w.Dropdown(options=list(DTYPES), value=datatype, description="dtype")
         self.iterations = w.BoundedIntText(value=iterations, min=1, max=20, description="iterations")
         self.button = w.Button(description="Run", button_style="primary", icon="play")
+        self.stop_button = w.Button(description="Stop", icon="stop", disabled=True,
+                                    tooltip="end this run's ranks now; the next Run starts fresh ones")
         self.progress = w.IntProgress(value=0, min=0, max=1, description="progress")
         self.status = w.HTML("Press Run.")
         self.out = w.Output()
-        self.button.on_click(lambda _: self.run())
+        self.button.on_click(lambda _: self.start())
+        self.stop_button.on_click(lambda _: self.stop())
+        self._thread, self._stopped = None, False
         for knob in (self.m, self.n, self.k, self.block_m, self.block_n, self.block_k, self.group, self.programs,
                      self.world, self.algorithm, self.datatype, self.iterations):
             knob.style = {"description_width": "110px"}
         knobs = w.GridBox([self.m, self.n, self.k, self.block_m, self.block_n, self.block_k, self.group,
                            self.programs, self.world, self.algorithm, self.datatype, self.iterations],
                           layout=w.Layout(grid_template_columns="repeat(3, 320px)"))
-        self.widget = w.VBox([knobs, w.HBox([self.button, self.progress]), self.status, self.out])
+        self.widget = w.VBox([knobs, w.HBox([self.button, self.stop_button, self.progress]), self.status, self.out])
         self.first_config = self.config()   # what the notebook started with (an exercise asks for another)
 
     def config(self):
@@ -68,45 +80,71 @@ class Explorer:
             self.cluster = Cluster(world_size=world_size, backend=self.backend)
         return self.cluster
 
+    def start(self):
+        """The Run button: the run in a background thread, so that the kernel is free to take Stop."""
+        if self._thread is not None and self._thread.is_alive():   # (Run is disabled meanwhile: never queue)
+            return
+        self._thread = threading.Thread(target=self.run, name="gemmar-explorer-run", daemon=True)
+        self._thread.start()
+
+    def stop(self):
+        """The Stop button: end the running run's ranks now (the run reports it); the next Run starts fresh
+        ones."""
+        if self.button.disabled:   # a run is in progress
+            self._stopped = True
+            if self.cluster is not None:   # (pressed while the ranks start: the run ends once they are up)
+                self.cluster.stop()
+
     def run(self):
         """Run the configuration the widgets show; redraw. Errors show in the status line."""
-        import matplotlib.pyplot as plt
-        from IPython.display import display
-
-        self.button.disabled = True
+        self.button.disabled, self.stop_button.disabled, self._stopped = True, False, False
         start = time.monotonic()   # what the user waits for, a cluster start included
         try:
-            config = self.config()
-            cluster = self._cluster(config.world_size)
-            self.progress.max, self.progress.value = config.world_size * config.iterations, 0
-            done = {}
-
-            def on_progress(rank, data):
-                done[rank] = data["iteration"]
-                self.progress.value = sum(done.values())
-
-            self.status.value = f"running {config.algorithm} on {config.world_size} ranks..."
-            result = cluster.bench(config, on_progress=on_progress)
-            self.progress.value = self.progress.max
-            self.runs += 1
-            verdict = "correct on every rank" if result.ok else "WRONG RESULT"
-            self.status.value = (f"run {self.runs}: {config.algorithm}, {config.m}x{config.n}x{config.k} "
-                                 f"{config.datatype}, {config.world_size} ranks x {config.num_sms} programs: "
-                                 f"{verdict} (max |C - ref| {result.max_abs_diff:.2g}), "
-                                 f"{time.monotonic() - start:.1f} s")
-            self.result = result
-            self.out.clear_output(wait=True)
-            with self.out:
-                fig = result.trace.gantt()
-                display(fig)
-                plt.close(fig)
+            self._run(start)
         except GemmarError as e:
-            self.status.value = f"<b>error:</b> {e}"
-        except KeyboardInterrupt:
+            self.status.value = f"<b>error:</b> {e}" if not self._stopped else (
+                f"stopped after {time.monotonic() - start:.1f} s: the run's ranks were ended; the next Run starts "
+                f"fresh ones")
+        except KeyboardInterrupt:   # run() in a cell, and Jupyter's stop button
             self.status.value = (f"interrupted after {time.monotonic() - start:.1f} s: the run's ranks were stopped; "
                                  f"the next Run starts fresh ones")
         finally:
-            self.button.disabled = False
+            self.button.disabled, self.stop_button.disabled = False, True
+
+    def _run(self, start):
+        import matplotlib.pyplot as plt
+
+        config = self.config()
+        cluster = self._cluster(config.world_size)
+        if self._stopped:
+            cluster.stop()
+            raise ClusterError("stopped while the ranks started")
+        self.progress.max, self.progress.value = config.world_size * config.iterations, 0
+        done = {}
+
+        def on_progress(rank, data):
+            done[rank] = data["iteration"]
+            self.progress.value = sum(done.values())
+
+        self.status.value = f"running {config.algorithm} on {config.world_size} ranks..."
+        result = cluster.bench(config, on_progress=on_progress)
+        self.progress.value = self.progress.max
+        self.runs += 1
+        verdict = "correct on every rank" if result.ok else "WRONG RESULT"
+        self.status.value = (f"run {self.runs}: {config.algorithm}, {config.m}x{config.n}x{config.k} "
+                             f"{config.datatype}, {config.world_size} ranks x {config.num_sms} programs: "
+                             f"{verdict} (max |C - ref| {result.max_abs_diff:.2g}), "
+                             f"{time.monotonic() - start:.1f} s")
+        self.result = result
+        # The chart as a PNG in the Output widget's outputs, set in one go: `with self.out:` and clear_output
+        # capture through the kernel's current message, which a background thread does not have.
+        fig = result.trace.gantt()
+        png = io.BytesIO()
+        fig.savefig(png, format="png", bbox_inches="tight")
+        plt.close(fig)
+        self.out.outputs = ({"output_type": "display_data", "metadata": {},
+                             "data": {"image/png": base64.b64encode(png.getvalue()).decode(),
+                                      "text/plain": f"<Gantt chart of run {self.runs}>"}},)
 
     def close(self):
         if self.cluster is not None:

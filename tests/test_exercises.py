@@ -179,3 +179,15 @@ def test_parts_are_checked_before_anything_runs():
         part_sources([reduce_step], "ring")
     name, source = part_sources({"reduce_step": reduce_step}, "ring")["reduce_step"]
     assert name == "reduce_step" and source.startswith("@triton.jit\ndef reduce_step(total, received):")
+
+
+@pytest.mark.parametrize("world_size", [2])
+def test_a_puzzle_check_starts_a_stopped_cluster(clusters, world_size, capsys):
+    """After Run All the notebook's last cell has stopped the cluster; the participant's next try still runs."""
+    from gemmar.kernels.atomics import push_partial
+
+    cluster = clusters(world_size)
+    cluster.stop()
+    assert exercises.check_push_partial(cluster, push_partial).startswith("right!")
+    assert "(the cluster was stopped: starting 2 rank(s) again)" in capsys.readouterr().out
+    assert cluster.running

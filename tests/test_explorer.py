@@ -49,3 +49,35 @@ def test_interrupt_stops_the_run_and_the_next_run_starts_fresh_ranks():
         replacement.close()
     finally:
         explorer.close()
+
+
+def test_run_button_runs_in_the_background_and_stop_ends_the_ranks():
+    """The Run button returns at once (the kernel stays free for Stop); Stop ends the run's ranks within
+    2 s and says so; a click on Run during a run queues nothing; the next Run starts fresh ranks."""
+    explorer = Explorer(world_size=2, m=128, n=128, k=128, iterations=20, algorithm="atomics")
+    try:
+        clicked = time.monotonic()
+        explorer.button.click()
+        assert time.monotonic() - clicked < 0.5 and explorer._thread.is_alive()
+        deadline = time.monotonic() + 120
+        while explorer.progress.value == 0:   # running, with ranks up
+            assert time.monotonic() < deadline and explorer._thread.is_alive(), explorer.status.value
+            time.sleep(0.02)
+        running = explorer._thread
+        explorer.button.click()               # ignored: Run is busy (and disabled in the browser)
+        assert explorer._thread is running
+        old_pids = explorer.cluster.pids
+        pressed = time.monotonic()
+        explorer.stop_button.click()
+        running.join(10)
+        assert time.monotonic() - pressed < 2.0, explorer.status.value
+        assert explorer.status.value.startswith("stopped after"), explorer.status.value
+        assert not any(_alive(pid) for pid in old_pids)
+        assert not explorer.button.disabled and explorer.stop_button.disabled
+        explorer.iterations.value, explorer.m.value, explorer.n.value = 1, 32, 32
+        explorer.button.click()
+        explorer._thread.join(120)
+        assert explorer.status.value.startswith("run 1: atomics"), explorer.status.value
+        assert explorer.cluster.pids != old_pids and len(explorer.out.outputs) == 1   # the new Gantt chart
+    finally:
+        explorer.close()
