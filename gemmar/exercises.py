@@ -268,3 +268,22 @@ def check_worst_wait(my_answer, rows):
     if by_name[my_answer] == max(by_name.values()):
         return _say("right! and only the ring waits: its programs hand each tile on, and wait for the slot")
     return _say(f"not quite: {my_answer} waits {by_name[my_answer]:.1f} us per program; another trace waits longer")
+
+
+def check_sum_partials(cluster, my_sum_partials):
+    """Notebook 6's puzzle: the owner's step 5 of two_shot, ``sum_partials(slot, rank, world_size, heap_bases,
+    PEER_CACHE) -> the tile's fp32 sum of every rank's partial``; run in two_shot's reduction kernel for two
+    back-to-back launches."""
+    if cluster.world_size < 2:
+        return _say("this check needs a cluster of at least 2 ranks: with one, the only partial is the owner's own")
+    A, B = _integer_problem(48, 32, 60, seed=4)
+    result, failed = _run_part(cluster, "two_shot", {"sum_partials": my_sum_partials}, A, B, BLK_M=16, BLK_N=16,
+                               BLK_K=16, num_sms=2, comm_sms=2, iterations=2)
+    if failed:
+        return _say(failed)
+    W = cluster.world_size
+    wrong = _judge_partials(result, A, B, lambda rank, tile: (
+        f"Tile {tile} is summed by one rank, its owner, which writes the sum into every rank's C: the owner's "
+        f"sum_partials must read the tile's slot in each of the {W} ranks' heaps."))
+    return _say(wrong or f"right! the owners' sums hold each of the {W} partials once, in every rank's C, over 2 "
+                         f"back-to-back launches", result)

@@ -32,3 +32,12 @@ def push_partial(C_tile, acc, mask, step, rank, world_size, heap_bases):
 def reduce_step(total, received):
     """Notebook 3: add what arrived, and pass on what arrived (not the running sum)."""
     return total + received, received
+
+
+@triton.jit
+def sum_partials(slot, rank, world_size, heap_bases, PEER_CACHE: tl.constexpr):
+    """Notebook 6: the owner reads the tile's slot in every rank's heap, in rank order, and adds in fp32."""
+    total = tl.zeros(slot.shape, tl.float32)
+    for source in range(world_size):
+        total += tl.load(device.translate(slot, rank, source, heap_bases), cache_modifier=PEER_CACHE).to(tl.float32)
+    return total

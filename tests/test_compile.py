@@ -66,7 +66,7 @@ SCRIPT = textwrap.dedent('''
                 "M": "i32", "N": "i32", "stride_cm": "i32", "stride_cn": "i32", "timeout_ns": "i64",
                 "trace": "*i64", "trace_counts": "*i64"},
                dict(BLOCK_M=128, BLOCK_N=256, GROUP_SIZE_M=8, COMM_SMS=16, TRACE_CAPACITY=cap, MISTAKE=0,
-                    PEER_CACHE=".cg"))
+                    PEER_CACHE=".cg", SUM_PARTIALS=two_shot.sum_partials))
 
     for dtype in ("bf16", "fp16"):
         for cap in (0, 64):

@@ -38,7 +38,7 @@ def plot_schedule(m, n, BLK_M, BLK_N, gsize_m, num_sms, path=None):
     order, program = np.zeros(shape), np.zeros(shape)
     order[s["pid_m"], s["pid_n"]] = s["tile"]
     program[s["pid_m"], s["pid_n"]] = s["program"]
-    from .plots import program_colorbar, program_colormap
+    from .plots import finish, program_colorbar, program_colormap
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 4.2))
     program_cmap, program_norm = program_colormap(num_sms)   # the same colours as the tile grid's
@@ -57,10 +57,7 @@ def plot_schedule(m, n, BLK_M, BLK_N, gsize_m, num_sms, path=None):
             for (i, j), v in np.ndenumerate(grid):
                 ax.text(j, i, int(v), ha="center", va="center", fontsize=8, color="white")
     fig.suptitle(f"C = {m} x {n} in {BLK_M} x {BLK_N} tiles")
-    fig.tight_layout()
-    if path:
-        fig.savefig(path, dpi=110)
-    return fig
+    return finish(fig, path)
 
 
 def plot_tile_order(computed, num_pid_m, num_pid_n, gsize_m, path=None):
@@ -69,6 +66,8 @@ def plot_tile_order(computed, num_pid_m, num_pid_n, gsize_m, path=None):
     shows every tile id computed there ("-": none; ids outside the grid are not drawn)."""
     import matplotlib.pyplot as plt
     from matplotlib.patches import Rectangle
+
+    from .plots import finish
 
     ids = {}
     for t, i, j in zip(computed["tile"], computed["pid_m"], computed["pid_n"]):
@@ -94,7 +93,4 @@ def plot_tile_order(computed, num_pid_m, num_pid_n, gsize_m, path=None):
         ax.set_xlabel("pid_n")
         ax.set_ylabel("pid_m")
     fig.suptitle("red: a cell whose tile ids differ from the grouped order")
-    fig.tight_layout()
-    if path:
-        fig.savefig(path, dpi=110)
-    return fig
+    return finish(fig, path)

@@ -44,7 +44,8 @@ programs only wait for GEMM programs (of any rank) and for owners' communication
 Triton interpreter each rank's GEMM kernel has run to the end before its reduction starts.
 
 ``MISTAKE`` turns on a teaching bug: 1 reads the partials without waiting for ``partial_ready``, so a
-late rank's partial is read before it is written.
+late rank's partial is read before it is written. Step 5 is :func:`sum_partials`, passed to the reduction
+kernel as ``SUM_PARTIALS`` so that notebook 6's puzzle can run a participant's own version of it.
 """
 
 import triton
@@ -67,6 +68,16 @@ def slot_pointers(partials, tile_id, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexp
     spilling (that measured three times slower on an H200)."""
     rows = tl.cast(tile_id, tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     return partials + rows[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+
+
+@triton.jit
+def sum_partials(slot, rank, world_size, heap_bases, PEER_CACHE: tl.constexpr):
+    """Step 5: the owner's fp32 sum of every rank's partial of one tile (``slot``: the tile's slot in this
+    rank's heap), read in rank order, so that the same inputs always give the same bits."""
+    total = tl.zeros(slot.shape, tl.float32)
+    for source in range(world_size):
+        total += tl.load(device.translate(slot, rank, source, heap_bases), cache_modifier=PEER_CACHE).to(tl.float32)
+    return total
 
 
 @triton.jit
@@ -108,7 +119,8 @@ def two_shot_reduce(
         C, partials, partial_ready, result_ready, watchdog, heap_bases, rank, world_size, epoch, M, N,
         stride_cm, stride_cn, timeout_ns, trace, trace_counts,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_SIZE_M: tl.constexpr, COMM_SMS: tl.constexpr,
-        TRACE_CAPACITY: tl.constexpr, MISTAKE: tl.constexpr, PEER_CACHE: tl.constexpr):
+        TRACE_CAPACITY: tl.constexpr, MISTAKE: tl.constexpr, PEER_CACHE: tl.constexpr,
+        SUM_PARTIALS: tl.constexpr):
     """The communication programs: reduce the tiles this rank owns, then wait for the others (steps 4-7).
     ``trace`` and ``trace_counts`` start at this kernel's own region of the rank's trace buffer."""
     c = tl.program_id(0)
@@ -130,11 +142,8 @@ def two_shot_reduce(
         n_events = record(trace, n_events, PARTIAL_WAIT, tile_id, pid_m, pid_n, 0, -1, t_wait, t_reduce,
                           TRACE_CAPACITY)
         # 5. Sum the partials in rank order, in fp32.
-        slot = slot_pointers(partials, tile_id, BLOCK_M, BLOCK_N)
-        total = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
-        for source in range(world_size):
-            total += tl.load(device.translate(slot, rank, source, heap_bases),
-                             cache_modifier=PEER_CACHE).to(tl.float32)
+        total = SUM_PARTIALS(slot_pointers(partials, tile_id, BLOCK_M, BLOCK_N), rank, world_size, heap_bases,
+                             PEER_CACHE)
         t_send = stamp(TRACE_CAPACITY)
         n_events = record(trace, n_events, REDUCE, tile_id, pid_m, pid_n, 0, -1, t_reduce, t_send,
                           TRACE_CAPACITY)

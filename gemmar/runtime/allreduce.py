@@ -81,7 +81,8 @@ class SymmetricAllReduce:
                    heap.rank, heap.world_size, self.launches, self.rows, self.block_n, self.block_n, 1,
                    self.timeout_ns, self.no_trace, self.no_trace),
                   dict(BLOCK_M=self.block_m, BLOCK_N=self.block_n, GROUP_SIZE_M=1, COMM_SMS=self.comm_sms,
-                       TRACE_CAPACITY=0, MISTAKE=0, PEER_CACHE=".cg" if gpu else "", **gpu))
+                       TRACE_CAPACITY=0, MISTAKE=0, PEER_CACHE=".cg" if gpu else "", SUM_PARTIALS=two_shot.sum_partials,
+                       **gpu))
         return [publish, reduce]
 
     def prepare(self):

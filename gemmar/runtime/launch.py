@@ -89,7 +89,7 @@ class FusedGemmAllReduce:
             raise UsageError(f"mistake {mistake!r} is not known: use one of {', '.join(every)}")
         self.heap, self.config, self.mistake = heap, config, known.index(mistake)
         # The kernel's swappable functions: its own, a mistake's, or a participant's (runtime/parts.py).
-        own = dict(tile_coords=tile_coords, push_partial=atomics.push_partial,
+        own = dict(tile_coords=tile_coords, push_partial=atomics.push_partial, sum_partials=two_shot.sum_partials,
                    reduce_step=ring.forward_running_sum if mistake == "forward_accumulator" else ring.reduce_step)
         self.parts = {**own, **(parts or {})}
         M, N = config.m, config.n
@@ -207,7 +207,8 @@ class FusedGemmAllReduce:
                 K_r, *a_b_strides, self.trace, self.trace_counts),
                 gemm_kw, heap.on_stream)
             reduce_kw = dict(BLOCK_M=cfg.BLK_M, BLOCK_N=cfg.BLK_N, GROUP_SIZE_M=cfg.gsize_m, COMM_SMS=cfg.comm_sms,
-                             TRACE_CAPACITY=self.trace_capacity, MISTAKE=self.mistake, PEER_CACHE=peer_cache)
+                             TRACE_CAPACITY=self.trace_capacity, MISTAKE=self.mistake, PEER_CACHE=peer_cache,
+                             SUM_PARTIALS=self.parts["sum_partials"])
             if gpu:
                 reduce_kw.update(num_warps=cfg.num_warps, num_stages=1)
             reduce = (two_shot.two_shot_reduce, (cfg.comm_sms,), (

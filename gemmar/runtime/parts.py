@@ -25,6 +25,8 @@ PARTS = {
     "push_partial": (("atomics",), ("C_tile", "acc", "mask", "step", "rank", "world_size", "heap_bases"),
                      "the rank pushed to"),
     "reduce_step": (("ring",), ("total", "received"), "(total, payload)"),
+    "sum_partials": (("two_shot",), ("slot", "rank", "world_size", "heap_bases", "PEER_CACHE"),
+                     "the tile's fp32 sum"),
 }
 SOURCE_PREFIX = "<gemmar part "
 
