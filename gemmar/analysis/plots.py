@@ -39,7 +39,7 @@ def program_colorbar(fig, image, ax, num_programs, **kw):
     return bar
 
 
-def finish(fig, path=None):
+def finish_figure(fig, path=None):
     """Every figure's last step: lay it out, and save it as a PNG when ``path`` is given."""
     fig.tight_layout()
     if path:
@@ -110,7 +110,7 @@ def gantt(trace, iteration=-1, max_lanes=48, ranks=None, programs=None, path=Non
         names.append("not launched yet (launch skew)")
     ax.legend(handles, names, loc="upper left", bbox_to_anchor=(1.005, 1.0), fontsize=8, framealpha=0.9)
     _draw_summary(summary, ax_sum, ranks, scale, unit)
-    return finish(fig, path)
+    return finish_figure(fig, path)
 
 
 def _draw_launch_skew(ax, skew, lanes, span):
@@ -226,7 +226,7 @@ def tile_grid(trace, iteration=-1, path=None):
             ax.set_ylabel("pid_m")
     program_colorbar(fig, im0, axes[0, -1], programs_total, label="program")
     fig.suptitle(f"{m['algorithm']}: tile schedule (GROUP_SIZE_M={m['gsize_m']}, {m['num_sms']} programs)")
-    return finish(fig, path)
+    return finish_figure(fig, path)
 
 
 def ring_handoff_diagram(world_size=3, path=None):
@@ -266,4 +266,4 @@ def ring_handoff_diagram(world_size=3, path=None):
     ax.set_aspect("equal")
     ax.axis("off")
     ax.set_title("The ring's lock handoff for one tile (kernels/ring.py, steps 1-4)")
-    return finish(fig, path)
+    return finish_figure(fig, path)

@@ -38,7 +38,7 @@ def plot_schedule(m, n, BLK_M, BLK_N, gsize_m, num_sms, path=None):
     order, program = np.zeros(shape), np.zeros(shape)
     order[s["pid_m"], s["pid_n"]] = s["tile"]
     program[s["pid_m"], s["pid_n"]] = s["program"]
-    from .plots import finish, program_colorbar, program_colormap
+    from .plots import finish_figure, program_colorbar, program_colormap
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 4.2))
     program_cmap, program_norm = program_colormap(num_sms)   # the same colours as the tile grid's
@@ -57,7 +57,7 @@ def plot_schedule(m, n, BLK_M, BLK_N, gsize_m, num_sms, path=None):
             for (i, j), v in np.ndenumerate(grid):
                 ax.text(j, i, int(v), ha="center", va="center", fontsize=8, color="white")
     fig.suptitle(f"C = {m} x {n} in {BLK_M} x {BLK_N} tiles")
-    return finish(fig, path)
+    return finish_figure(fig, path)
 
 
 def plot_tile_order(computed, num_pid_m, num_pid_n, gsize_m, path=None):
@@ -67,7 +67,7 @@ def plot_tile_order(computed, num_pid_m, num_pid_n, gsize_m, path=None):
     import matplotlib.pyplot as plt
     from matplotlib.patches import Rectangle
 
-    from .plots import finish
+    from .plots import finish_figure
 
     ids = {}
     for t, i, j in zip(computed["tile"], computed["pid_m"], computed["pid_n"]):
@@ -93,4 +93,4 @@ def plot_tile_order(computed, num_pid_m, num_pid_n, gsize_m, path=None):
         ax.set_xlabel("pid_n")
         ax.set_ylabel("pid_m")
     fig.suptitle("red: a cell whose tile ids differ from the grouped order")
-    return finish(fig, path)
+    return finish_figure(fig, path)
