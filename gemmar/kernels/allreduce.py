@@ -43,8 +43,12 @@ def one_shot_reduce(out, partials, partial_ready, partials_read, watchdog, heap_
                     M, N, timeout_ns, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, COMM_SMS: tl.constexpr,
                     PEER_CACHE: tl.constexpr):
     """Every tile, on every rank: 1. wait until all W copies are published; 2. sum them in rank order into
-    this rank's ``out``; tell each peer its copy was read. 3. The last program waits until every rank has
-    read all of this rank's tiles, so that the launch ends only when ``partials`` may be overwritten."""
+    this rank's ``out``; tell each peer its copy was read. 3. Each program then waits until every rank has
+    read this rank's copies of its own tiles, so that the launch ends only when ``partials`` may be
+    overwritten. (Shared out over the programs: one program waiting for every tile, one flag after another,
+    made one-shot 2.8x slower than two-shot at 64-256 MiB on one H200. Under the interpreter program c of
+    every rank reads the copies of the tiles of program c of every rank before its waits, so the ranks
+    never wait on each other in a circle.)"""
     c = tl.program_id(0)
     total_tiles = tl.cdiv(M, BLOCK_M)
     for tile_id in range(c, total_tiles, COMM_SMS):
@@ -61,7 +65,6 @@ def one_shot_reduce(out, partials, partial_ready, partials_read, watchdog, heap_
         for step in range(world_size):
             device.atomic_add(partials_read + tile_id, 1, rank, (rank + step) % world_size, heap_bases,
                               sem="release", scope="sys")
-    last = c == COMM_SMS - 1
-    for tile_id in range(0, tl.where(last, total_tiles, 0)):
+    for tile_id in range(c, total_tiles, COMM_SMS):
         device.wait_at_least(partials_read + tile_id, world_size * (epoch + 1), timeout_ns, watchdog, rank, tile_id,
                              PARTIALS_READ_FLAG, tile_id)
