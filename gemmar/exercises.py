@@ -143,45 +143,57 @@ def check_tile_coords(cluster, my_tile_coords):
     return _say(f"right! every tile once, in grouped order, the short last group included {setting}", result)
 
 
-def check_push_partial(cluster, my_push_partial):
-    """Notebook 2's puzzle: push step ``step`` of a partial tile into one rank's C with an atomic add and
-    return that rank; run in the atomics kernel for two back-to-back launches on every rank."""
-    if cluster.world_size < 2:
-        return _say("this check needs a cluster of at least 2 ranks: with one, every push lands in its own C")
-    A, B = _integer_problem(48, 48, 64, seed=2)
-    result, failed = _run_part(cluster, "atomics", {"push_partial": my_push_partial}, A, B, BLK_M=16, BLK_N=16,
-                               BLK_K=16, num_sms=2, iterations=2)
+def _partials_puzzle(cluster, algorithm, part, fn, shape, seed, smallest, too_few, hint, right, **settings):
+    """The puzzles whose part decides which partials reach which rank's C: run ``fn`` as ``part`` in
+    ``algorithm``'s kernel for two back-to-back launches on whole-number inputs of ``shape`` (M, N, K) and
+    judge every rank's C. ``hint``, what to add to a wrong answer's table: a function (result, rank, tile), or
+    a text formatted with ``W``, ``steps`` (W - 1) and ``tile``."""
+    if cluster.world_size < smallest:
+        return _say(f"this check needs a cluster of at least {smallest} ranks: {too_few}")
+    A, B = _integer_problem(*shape, seed=seed)
+    result, failed = _run_part(cluster, algorithm, {part: fn}, A, B, BLK_M=16, BLK_N=16, BLK_K=16, num_sms=2,
+                               iterations=2, **settings)
     if failed:
         return _say(failed)
+    wrong = _judge_partials(result, A, B, lambda rank, tile: hint(result, rank, tile) if callable(hint) else
+                            hint.format(W=cluster.world_size, steps=cluster.world_size - 1, tile=tile))
+    return _say(wrong or f"right! {right}, over 2 back-to-back launches", result)
 
-    def pushes(rank, tile):
-        e = result.trace.iteration(-1)
-        e = e[(e.kind == "push") & (e["rank"] == rank) & (e.pid_m == tile[0]) & (e.pid_n == tile[1])]
-        return (f"The trace says rank {rank}'s {len(e)} pushes of that tile returned rank(s) "
-                f"{', '.join(map(str, e.sort_values('step').peer))}.")
 
-    wrong = _judge_partials(result, A, B, pushes)
-    return _say(wrong or f"right! every rank's C holds each of the {cluster.world_size} partials once, over 2 "
-                         f"back-to-back launches", result)
+def _pushes_of(result, rank, tile):
+    e = result.trace.iteration(-1)
+    e = e[(e.kind == "push") & (e["rank"] == rank) & (e.pid_m == tile[0]) & (e.pid_n == tile[1])]
+    return (f"The trace says rank {rank}'s {len(e)} pushes of that tile returned rank(s) "
+            f"{', '.join(map(str, e.sort_values('step').peer))}.")
+
+
+def check_push_partial(cluster, my_push_partial):
+    """Notebook 2's puzzle: push step ``step`` of a partial tile into one rank's C with an atomic add and
+    return that rank; run in the atomics kernel."""
+    return _partials_puzzle(cluster, "atomics", "push_partial", my_push_partial, (48, 48, 64), 2, 2,
+                            "with one, every push lands in its own C", _pushes_of,
+                            f"every rank's C holds each of the {cluster.world_size} partials once")
 
 
 def check_reduce_step(cluster, my_reduce_step):
     """Notebook 3's puzzle: step 5 of the ring, ``reduce_step(total, received) -> (total, payload)``; run in
-    the ring kernel for two back-to-back launches."""
-    if cluster.world_size < 3:
-        return _say("this check needs a cluster of at least 3 ranks: with 2 the ring has a single step, so what "
-                    "is passed on is never used")
-    A, B = _integer_problem(32, 48, 60, seed=3)
-    result, failed = _run_part(cluster, "ring", {"reduce_step": my_reduce_step}, A, B, BLK_M=16, BLK_N=16,
-                               BLK_K=16, num_sms=2, iterations=2)
-    if failed:
-        return _say(failed)
-    W = cluster.world_size
-    wrong = _judge_partials(result, A, B, lambda rank, tile: (
-        f"With {W} ranks each tile takes {W - 1} steps: at each, what arrives is the partial of one more rank back "
-        f"along the ring, and what you pass on is what the next rank adds."))
-    return _say(wrong or f"right! each rank's C holds every partial once after {W - 1} ring steps, over 2 "
-                         f"back-to-back launches", result)
+    the ring kernel."""
+    return _partials_puzzle(cluster, "ring", "reduce_step", my_reduce_step, (32, 48, 60), 3, 3,
+                            "with 2 the ring has a single step, so what is passed on is never used",
+                            "With {W} ranks each tile takes {steps} steps: at each, what arrives is the partial of "
+                            "one more rank back along the ring, and what you pass on is what the next rank adds.",
+                            f"each rank's C holds every partial once after {cluster.world_size - 1} ring steps")
+
+
+def check_sum_partials(cluster, my_sum_partials):
+    """Notebook 6's puzzle: the owner's step 5 of two_shot, ``sum_partials(slot, rank, world_size, heap_bases,
+    PEER_CACHE) -> the tile's fp32 sum of every rank's partial``; run in two_shot's reduction kernel."""
+    return _partials_puzzle(cluster, "two_shot", "sum_partials", my_sum_partials, (48, 32, 60), 4, 2,
+                            "with one, the only partial is the owner's own",
+                            "Tile {tile} is summed by one rank, its owner, which writes the sum into every rank's "
+                            "C: the owner's sum_partials must read the tile's slot in each of the {W} ranks' heaps.",
+                            f"the owners' sums hold each of the {cluster.world_size} partials once, in every rank's C",
+                            comm_sms=2)
 
 
 def check_tile_owner(my_program, my_turn, m=64, n=64, BLK=16, gsize_m=2, num_sms=3, tile=(3, 1)):
@@ -268,22 +280,3 @@ def check_worst_wait(my_answer, rows):
     if by_name[my_answer] == max(by_name.values()):
         return _say("right! and only the ring waits: its programs hand each tile on, and wait for the slot")
     return _say(f"not quite: {my_answer} waits {by_name[my_answer]:.1f} us per program; another trace waits longer")
-
-
-def check_sum_partials(cluster, my_sum_partials):
-    """Notebook 6's puzzle: the owner's step 5 of two_shot, ``sum_partials(slot, rank, world_size, heap_bases,
-    PEER_CACHE) -> the tile's fp32 sum of every rank's partial``; run in two_shot's reduction kernel for two
-    back-to-back launches."""
-    if cluster.world_size < 2:
-        return _say("this check needs a cluster of at least 2 ranks: with one, the only partial is the owner's own")
-    A, B = _integer_problem(48, 32, 60, seed=4)
-    result, failed = _run_part(cluster, "two_shot", {"sum_partials": my_sum_partials}, A, B, BLK_M=16, BLK_N=16,
-                               BLK_K=16, num_sms=2, comm_sms=2, iterations=2)
-    if failed:
-        return _say(failed)
-    W = cluster.world_size
-    wrong = _judge_partials(result, A, B, lambda rank, tile: (
-        f"Tile {tile} is summed by one rank, its owner, which writes the sum into every rank's C: the owner's "
-        f"sum_partials must read the tile's slot in each of the {W} ranks' heaps."))
-    return _say(wrong or f"right! the owners' sums hold each of the {W} partials once, in every rank's C, over 2 "
-                         f"back-to-back launches", result)
