@@ -95,7 +95,7 @@ class Cluster(EngineCluster):
         iteration. ``settings`` are RunConfig fields (``BLK_M``, ``BLK_N``, ``BLK_K``, ``gsize_m``,
         ``num_sms``, ``iterations``, ``trace``, ``timeout_s``, ...); unset ones keep RunConfig's defaults.
         ``parts`` ({name: @triton.jit function}) runs a participant's own kernel parts in place of the
-        kernel's (``runtime/parts.py``: tile_coords, push_partial, reduce_step).
+        kernel's (``runtime/parts.py``: tile_coords, push_partial, reduce_step, sum_partials).
         Returns a Result whose ``C`` is rank 0's copy (and every rank's is in ``ranks[r].C``).
         """
         for name, t in (("A", A), ("B", B)):

@@ -4,10 +4,11 @@ passes, a wrong one is told *what* is wrong without being told the answer).
 
 Each check returns the message it prints: "right! ..." or "not quite: ..." (or what to do first).
 
-The puzzles (``check_tile_coords``, ``check_push_partial``, ``check_reduce_step``) take a participant's
-``@triton.jit`` function and run it for real inside the package's kernel on the notebook's cluster
-(``runtime/parts.py``), then judge the result against a torch reference: they say which rank and tile went
-wrong and how, and return the run (``verdict.result``) for a closer look. Solutions: ``notebooks/solutions.py``.
+The puzzles (``check_tile_coords``, ``check_push_partial``, ``check_reduce_step``, ``check_sum_partials``)
+take a participant's ``@triton.jit`` function and run it for real inside the package's kernel on the
+notebook's cluster (``runtime/parts.py``), then judge the result against a torch reference: they say which
+rank and tile went wrong and how, and return the run (``verdict.result``) for a closer look. Solutions:
+``notebooks/solutions.py``.
 """
 
 import torch
@@ -56,18 +57,18 @@ def _partial_counts(result, A, B):
     W, bm, bn = cfg.world_size, cfg.BLK_M, cfg.BLK_N
     partials = [A[:, s:e].double() @ B[s:e, :].double() for s, e in (k_bounds(cfg.k, W, q) for q in range(W))]
     tiles_m, tiles_n = cfg.tiles
+    C = [out.C.double() for out in result.ranks]
     counts = {}
-    for rank in range(W):
-        C = result.ranks[rank].C.double()
-        for i in range(tiles_m):
-            for j in range(tiles_n):
-                region = (slice(i * bm, (i + 1) * bm), slice(j * bn, (j + 1) * bn))
-                X = torch.stack([p[region].flatten() for p in partials], dim=1)
-                y = C[region].flatten()
+    for i in range(tiles_m):
+        for j in range(tiles_n):
+            region = (slice(i * bm, (i + 1) * bm), slice(j * bn, (j + 1) * bn))
+            X = torch.stack([p[region].flatten() for p in partials], dim=1)   # the same for every rank
+            for rank in range(W):
+                y = C[rank][region].flatten()
                 coef = torch.linalg.lstsq(X, y[:, None]).solution[:, 0]
                 exact = bool(torch.allclose(X @ coef, y, atol=1e-6 * (1 + float(y.abs().max()))))
                 counts[rank, (i, j)] = ([round(float(c), 2) + 0.0 for c in coef], exact)   # + 0.0: no "-0"
-    return counts
+    return dict(sorted(counts.items()))   # by rank, then tile: the first wrong one is rank 0's first
 
 
 def _times(c):

@@ -17,7 +17,11 @@ import linecache
 import textwrap
 import traceback
 
+import triton
+import triton.language as tl
+
 from ..errors import UsageError
+from ..kernels import device
 
 # name -> (the algorithms whose kernel takes it, its arguments, what it returns)
 PARTS = {
@@ -68,11 +72,6 @@ _loaded = {}   # (name, source) -> the function defined from it, so a repeated r
 
 def load_parts(sources):
     """Rank side: {name: @triton.jit function} defined from :func:`part_sources`' output."""
-    import triton
-    import triton.language as tl
-
-    from ..kernels import device
-
     parts = {}
     for name, (fn_name, source) in (sources or {}).items():
         key = (name, source)

@@ -197,15 +197,15 @@ def run_gemm_all_reduce(config, inputs=None, reference=None, scale=None, mistake
     compile or run comes back as a one-line UsageError that points into their code.
     """
     config = config.validate()
-    if parts:
-        try:
-            return _run_gemm_all_reduce(config, inputs, reference, scale, mistake, return_c, validate,
-                                        load_parts(parts))
-        except (UsageError, DeadlockError):
+    try:
+        return _run_gemm_all_reduce(config, inputs, reference, scale, mistake, return_c, validate,
+                                    load_parts(parts))
+    except (UsageError, DeadlockError):
+        raise
+    except Exception as e:  # noqa: BLE001 - with parts, the participant's code failed, not gemmar: say where
+        if not parts:
             raise
-        except Exception as e:  # noqa: BLE001 - the participant's code failed, not gemmar: say where
-            raise UsageError(failure_text(e, parts)) from None
-    return _run_gemm_all_reduce(config, inputs, reference, scale, mistake, return_c, validate, None)
+        raise UsageError(failure_text(e, parts)) from None
 
 
 def _run_gemm_all_reduce(config, inputs, reference, scale, mistake, return_c, validate, parts):
