@@ -3,6 +3,8 @@ guard, so that an interrupt while the command starts is one line too, not a trac
 
 import sys
 
+from .errors import UsageError
+
 
 def main():
     try:
@@ -10,6 +12,9 @@ def main():
     except KeyboardInterrupt:
         print("gemmar: interrupted", file=sys.stderr)
         return 130
+    except UsageError as e:   # e.g. a Triton release gemmar does not accept
+        print(f"gemmar: error: {e}", file=sys.stderr)
+        return 2
     return cli_main()
 
 

@@ -1,5 +1,7 @@
 """Settings checks that need no engines."""
 
+import re
+
 import pytest
 import torch
 
@@ -44,3 +46,16 @@ def test_algorithm_auto_follows_the_measured_rule():
     # No NCCL between the ranks: the fused kernel with the same bits on every rank.
     assert choose_algorithm("cuda", 4, 1) == AUTO_RULE["shared"] == choose_algorithm("cpu", 3, 0)
     assert AUTO_RULE["shared"][0] == "two_shot"
+
+
+def test_triton_releases_outside_the_accepted_range_are_refused_in_one_line():
+    from gemmar.kernels.triton_support import check_release
+
+    for accepted in ("3.6.0", "3.7.1", "3.8.0", "3.9.0", "3.9.0+git7d1a2b"):
+        check_release(accepted)
+    for refused in ("3.5.1", "3.10.0", "2.3.1", "4.0.0"):
+        with pytest.raises(UsageError, match=rf"^Triton {re.escape(refused)} is installed; gemmar needs Triton "
+                                             r"3\.6 to 3\.9 \(pip install 'triton>=3\.6,<3\.10'\)$"):
+            check_release(refused)
+    with pytest.raises(UsageError, match="cannot read Triton's version 'nightly'"):
+        check_release("nightly")

@@ -1,0 +1,66 @@
+"""The smoke run for a Triton release other than the one the full suite runs on (see .ci/run).
+
+One cluster of two ranks: every algorithm launched and checked against torch, one puzzle check wrong and
+right, one trace drawn; then notebook 1 top to bottom. Prints one line per step and exits 1 on the first
+thing that is not as it should be.
+"""
+
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import triton
+
+import gemmar
+from gemmar import RunConfig, exercises
+from gemmar.kernels.gemm import tile_coords
+
+ROOT = Path(__file__).resolve().parent.parent
+start = time.monotonic()
+
+
+def step(what, ok, detail=""):
+    print(f"[smoke triton {triton.__version__}] {what}: {'ok' if ok else 'FAILED'} {detail}".rstrip(), flush=True)
+    if not ok:
+        sys.exit(1)
+
+
+WRONG_PART = """
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def row_major(tile_id, num_pid_m, num_pid_n, GROUP_SIZE_M: tl.constexpr):
+    return tile_id // num_pid_n, tile_id % num_pid_n
+"""
+
+
+with tempfile.TemporaryDirectory() as folder, gemmar.Cluster(world_size=2) as cluster:
+    for algorithm in ("atomics", "ring", "two_shot"):
+        result = cluster.bench(RunConfig(m=48, n=40, k=40, BLK_M=16, BLK_N=16, BLK_K=16, algorithm=algorithm,
+                                         iterations=2, trace=algorithm == "ring"), validate=True)
+        step(f"{algorithm} at world size 2", result.ok, f"max|C - ref| = {result.max_abs_diff:.3g}")
+        if algorithm == "ring":
+            png = Path(folder) / "ring.png"
+            result.trace.gantt().savefig(png)
+            step("a trace drawn", png.stat().st_size > 10_000, f"({len(result.trace.events)} events)")
+    Path(folder, "wrong_part.py").write_text(WRONG_PART)   # as a participant writes it, in a file
+    sys.path.insert(0, folder)
+    import wrong_part
+
+    said = exercises.check_tile_coords(cluster, wrong_part.row_major)
+    step("a wrong puzzle answer refused", said.startswith("not quite:"), f"({said[:60]}...)")
+    said = exercises.check_tile_coords(cluster, tile_coords)
+    step("the right puzzle answer accepted", said.startswith("right!"))
+
+import nbformat
+from nbclient import NotebookClient
+
+path = ROOT / "notebooks" / "01_persistent_gemm.ipynb"
+nb = nbformat.read(path, as_version=4)
+NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}).execute()
+errors = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"]
+step("notebook 1 top to bottom", not errors, f"({len(nb.cells)} cells)")
+print(f"[smoke triton {triton.__version__}] done in {time.monotonic() - start:.0f} s", flush=True)
