@@ -24,7 +24,8 @@ class DeadlockError(GemmarError):
     def describe(waits):
         parts = []
         for w in waits:
-            where = "at the barrier" if w["flag"] == "barrier" else f"on tile {w['tile']}"
+            where = {"barrier": "at the barrier",
+                     "results_in": f"for the tiles rank {w['index']} owns"}.get(w["flag"], f"on tile {w['tile']}")
             parts.append(f"rank {w['rank']} (program {w['program']}) waited {where} for flag "
                          f"{w['flag']}[{w['index']}] >= {w['expected']} but saw {w['seen']}")
         return "deadlock: " + "; ".join(parts)

@@ -61,7 +61,7 @@ SCRIPT = textwrap.dedent('''
                 "rank": "i32", "world_size": "i32", **{k: "i32" for k in ints[:7]}, "trace": "*i64",
                 "trace_counts": "*i64"}, dict(tiles, BLOCK_N=256, NUM_SMS=116, TMA=True))
         yield (two_shot.two_shot_reduce,
-               {"C": "*" + dtype, "partials": "*" + dtype, "partial_ready": "*i32", "result_ready": "*i32",
+               {"C": "*" + dtype, "partials": "*" + dtype, "partial_ready": "*i32", "results_in": "*i32",
                 "watchdog": "*i64", "heap_bases": "*i64", "rank": "i32", "world_size": "i32", "epoch": "i32",
                 "M": "i32", "N": "i32", "stride_cm": "i32", "stride_cn": "i32", "timeout_ns": "i64",
                 "trace": "*i64", "trace_counts": "*i64"},

@@ -106,7 +106,9 @@ def test_two_shot_trace_gemm_programs_never_wait_and_owners_wait_for_every_parti
         assert sorted(gemm_lanes.loc[gemm_lanes["kind"] == "gemm", "tile"]) == list(range(TILES))
         owned = sorted(d.loc[d["kind"] == "reduce", "tile"])
         assert owned == [t for t in range(TILES) if t % W == rank]
-        assert sorted(d.loc[d["kind"] == "result_wait", "tile"]) == [t for t in range(TILES) if t % W != rank]
+        waits = d[d["kind"] == "result_wait"]   # one per other owner, by the last communication program
+        assert sorted(waits["peer"]) == [q for q in range(W) if q != rank] and set(waits["tile"]) == {-1}
+        assert set(waits["program"]) == {gemm_programs + 2 - 1}   # (comm_sms=2)
     publish = ev[ev["kind"] == "publish"].set_index(["rank", "iteration", "tile"])
     broadcast = ev[ev["kind"] == "broadcast"].set_index(["iteration", "tile"])
     for e in ev[ev["kind"] == "partial_wait"].itertuples():
@@ -114,8 +116,9 @@ def test_two_shot_trace_gemm_programs_never_wait_and_owners_wait_for_every_parti
         for source in range(W):
             assert e.t_end_ns >= publish.loc[(source, e.iteration, e.tile), "t_start_ns"]
     for e in ev[ev["kind"] == "result_wait"].itertuples():
-        # ... and a rank's wait for a tile ends only after its owner started writing the sum.
-        assert e.t_end_ns >= broadcast.loc[(e.iteration, e.tile), "t_start_ns"]
+        # ... and a rank's wait for an owner's tiles ends only after that owner started writing each sum.
+        owner_tiles = [t for t in range(TILES) if t % W == e.peer]
+        assert e.t_end_ns >= broadcast.loc[[(e.iteration, t) for t in owner_tiles], "t_start_ns"].max()
 
 
 def test_save_load_roundtrip_and_bad_files(traces, tmp_path):
@@ -211,6 +214,17 @@ def test_replay_states_follow_the_run(traces):
     assert any(s["waiting"] for s in states)
     states = traces["atomics"].replay_states()
     assert all((g == 3).all() for g in states[-1]["tiles"]) and "data_ready" not in states[-1]
+
+
+def test_replay_explains_two_shot_waits_and_marks_every_tile_on_every_rank(live):
+    states = live["two_shot"].replay_states()
+    assert all((g == 3).all() for g in states[-1]["tiles"])     # every tile reduced on every rank
+    waits = [w for s in states for w in s["waiting"]]
+    partial = [w for w in waits if "partial_ready" in w]
+    result = [w for w in waits if "results_in" in w]
+    assert partial and all(re.search(r"tile \d+ waits for partial_ready \(all 4 ranks' partials", w) for w in partial)
+    assert all(re.search(r"waits for results_in \(every tile rank [0-3] owns", w) for w in result)
+    assert not any("slot_free" in w or "data_ready" in w for w in waits)
 
 
 def test_replay_widget_from_a_saved_trace(traces, tmp_path):

@@ -205,7 +205,9 @@ def tile_grid(trace, iteration=-1, path=None):
         finish = np.full((tm, tn), np.nan)
         for _, e in d[d["kind"] == "gemm"].iterrows():
             program[e["pid_m"], e["pid_n"]] = e["program"]
-        done = d[d["kind"].isin(DONE_KINDS.get(m["algorithm"], ()))]
+        # two_shot's owner writes every rank's C: its broadcast marks the tile on all ranks.
+        done = (df if m["algorithm"] == "two_shot" else d)
+        done = done[done["kind"].isin(DONE_KINDS.get(m["algorithm"], ()))]
         for _, e in done.iterrows():
             cur = finish[e["pid_m"], e["pid_n"]]
             finish[e["pid_m"], e["pid_n"]] = e["end_us"] if np.isnan(cur) else max(cur, e["end_us"])

@@ -32,16 +32,14 @@ class _Timeline:
         self.done = np.full((self.W, tiles), inf)
         self.coords = {}
         for e in df.itertuples():
-            self.coords[e.tile] = (e.pid_m, e.pid_n)
+            if e.tile >= 0:   # (two_shot's result_wait is for an owner's tiles, not one tile)
+                self.coords[e.tile] = (e.pid_m, e.pid_n)
             if e.kind == "gemm":
                 self.gemm_start[e.rank, e.tile], self.gemm_end[e.rank, e.tile] = e.start_us, e.end_us
             elif e.kind == "store" and m["algorithm"] == "ring":
                 self.done[e.rank, e.tile] = e.end_us
         if m["algorithm"] == "two_shot":
-            # Reduced on a rank once the owner's broadcast has written every rank's C, or, if the rank's
-            # wait for it ended first (clocks of different GPUs), once that wait ended.
-            for e in df[df["kind"] == "result_wait"].itertuples():
-                self.done[e.rank, e.tile] = e.end_us
+            # Reduced on every rank once the owner's broadcast has written every rank's C.
             for e in df[df["kind"] == "broadcast"].itertuples():
                 self.done[:, e.tile] = np.minimum(self.done[:, e.tile], e.end_us)
         if m["algorithm"] == "atomics":
@@ -77,12 +75,7 @@ class _Timeline:
         open_waits = w[(w["start_us"] <= t) & (w["end_us"] > t)]
         waiting = []
         for e in open_waits.itertuples():
-            if e.kind == "recv_wait":
-                waiting.append(f"rank {e.rank} program {e.program}: tile {e.tile} step {e.step} waits for "
-                               f"data_ready (rank {e.peer} sends)")
-            else:
-                waiting.append(f"rank {e.rank} program {e.program}: tile {e.tile} step {e.step} waits for "
-                               f"slot_free (rank {e.peer} must read its slot)")
+            waiting.append(f"rank {e.rank} program {e.program}: {wait_explanation(e, self.W)}")
         d = self.df
         happened = d[(d["end_us"] == t) | (d["start_us"] == t)]
         event = "; ".join(f"rank {e.rank} prog {e.program}: {e.kind} tile {e.tile} "
@@ -93,6 +86,19 @@ class _Timeline:
             state["data_ready"] = self._counts(self.signals, t)
             state["slot_free"] = self._counts(self.frees, t)
         return state
+
+
+def wait_explanation(e, world_size):
+    """What a wait event (a row of the trace) waits for, in words."""
+    if e.kind == "recv_wait":
+        return f"tile {e.tile} step {e.step} waits for data_ready (rank {e.peer} sends)"
+    if e.kind == "slot_wait":
+        return f"tile {e.tile} step {e.step} waits for slot_free (rank {e.peer} must read its slot)"
+    if e.kind == "partial_wait":
+        return f"tile {e.tile} waits for partial_ready (all {world_size} ranks' partials of the tile it owns)"
+    if e.kind == "result_wait":
+        return f"waits for results_in (every tile rank {e.peer} owns, written into this rank's C)"
+    return f"tile {e.tile}: {e.kind}"
 
 
 def build_states(trace, iteration=-1):

@@ -180,10 +180,15 @@ def atomic_max(ptr, value, from_rank, to_rank, heap_bases, mask=None, sem=None, 
 WATCHDOG_WORDS = 8
 
 # The flags a kernel can wait on, by the id passed to wait_at_least, named in DeadlockError.
-FLAG_NAMES = {1: "slot_free", 2: "data_ready", 3: "barrier", 4: "partial_ready", 5: "result_ready",
+FLAG_NAMES = {1: "slot_free", 2: "data_ready", 3: "barrier", 4: "partial_ready", 5: "results_in",
               6: "partials_read"}
-SLOT_FREE_FLAG, DATA_READY_FLAG, BARRIER_FLAG, PARTIAL_READY_FLAG, RESULT_READY_FLAG, PARTIALS_READ_FLAG = \
+SLOT_FREE_FLAG, DATA_READY_FLAG, BARRIER_FLAG, PARTIAL_READY_FLAG, RESULTS_IN_FLAG, PARTIALS_READ_FLAG = \
     (tl.constexpr(i) for i in range(1, 7))
+
+# Counters that several ranks update and others poll sit this many int32s apart: one 128-byte cache line
+# each, so that an update of one never invalidates the line another program is polling.
+FLAG_WORDS = 32                        # host side
+FLAG_STRIDE = tl.constexpr(FLAG_WORDS)   # kernels
 
 
 def read_watchdog(words):

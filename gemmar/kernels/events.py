@@ -30,13 +30,14 @@ KINDS = {
     9: ("publish", "store"),         # two_shot: a GEMM program stores its partial and tells the owner
     10: ("partial_wait", "wait"),    # two_shot: the owner waits for every rank's partial of a tile
     11: ("broadcast", "comm"),       # two_shot: the owner writes the sum into every rank's C
-    12: ("result_wait", "wait"),     # two_shot: a rank waits for the owner's sum of a tile it does not own
+    12: ("result_wait", "wait"),     # two_shot: a rank waits until every tile one owner (peer) owns is in its C
 }
 # The same ids as constexpr globals, the only kind of global a @triton.jit function may read.
 (GEMM, SLOT_WAIT, SEND, SIGNAL, RECV_WAIT, REDUCE, STORE, PUSH, PUBLISH, PARTIAL_WAIT, BROADCAST,
  RESULT_WAIT) = (tl.constexpr(i) for i in range(1, 13))
 # The event after which a tile holds the full sum on a rank, per algorithm (replay, tile grid).
-DONE_KINDS = {"ring": ("store",), "atomics": ("push",), "two_shot": ("broadcast", "result_wait")}
+# (two_shot: the owner's broadcast writes the tile into every rank's C, so it marks the tile on every rank.)
+DONE_KINDS = {"ring": ("store",), "atomics": ("push",), "two_shot": ("broadcast",)}
 
 
 def owned_tiles(total_tiles, world_size, rank):
@@ -55,17 +56,17 @@ def events_per_gemm_tile(algorithm, world_size):
     raise ValueError(f"no event layout for algorithm {algorithm!r}")
 
 
-def two_shot_reduce_events(total_tiles, owned, programs):
+def two_shot_reduce_events(owned, world_size, programs):
     """Events two_shot's communication programs record: partial_wait, reduce and broadcast per owned tile
-    (shared out over ``programs`` of them), and a result_wait per tile owned elsewhere (by the last one)."""
-    return 3 * -(-owned // programs) + total_tiles - owned
+    (shared out over ``programs`` of them), and a result_wait per other owner (by the last one)."""
+    return 3 * -(-owned // programs) + world_size - 1
 
 
 def events_per_program(algorithm, world_size, total_tiles, num_sms, comm_sms=0):
     """Trace room (events) each program gets, enough for the busiest one, reserved up front."""
     room = -(-total_tiles // num_sms) * events_per_gemm_tile(algorithm, world_size)
     if algorithm == "two_shot":
-        room = max([room] + [two_shot_reduce_events(total_tiles, owned_tiles(total_tiles, world_size, r), comm_sms)
+        room = max([room] + [two_shot_reduce_events(owned_tiles(total_tiles, world_size, r), world_size, comm_sms)
                              for r in range(world_size)])
     return room
 
@@ -74,7 +75,7 @@ def events_per_launch(algorithm, world_size, total_tiles, rank):
     """How many events one rank records in one launch when nothing is dropped."""
     count = total_tiles * events_per_gemm_tile(algorithm, world_size)
     if algorithm == "two_shot":
-        count += two_shot_reduce_events(total_tiles, owned_tiles(total_tiles, world_size, rank), programs=1)
+        count += two_shot_reduce_events(owned_tiles(total_tiles, world_size, rank), world_size, programs=1)
     return count
 
 

@@ -18,7 +18,7 @@ import torch
 
 from ..errors import UsageError
 from ..kernels import allreduce, two_shot
-from ..kernels.device import WATCHDOG_WORDS
+from ..kernels.device import FLAG_WORDS, WATCHDOG_WORDS
 
 SCHEMES = ("two_shot", "one_shot")
 
@@ -37,7 +37,7 @@ def all_reduce_heap_bytes(numel, dtype, device_type="cpu"):
     """Heap bytes one rank needs for a standalone all-reduce of ``numel`` values (generously aligned)."""
     block_m, block_n, _, tiles = tile_layout(numel, device_type)
     values = 2 * tiles * block_m * block_n * torch.tensor([], dtype=dtype).element_size()
-    return values + 12 * tiles + 8 * WATCHDOG_WORDS + 64 * 1024
+    return values + 12 * tiles + 4 * FLAG_WORDS * 64 + 8 * WATCHDOG_WORDS + 64 * 1024   # (64: the most ranks)
 
 
 class SymmetricAllReduce:
@@ -55,7 +55,7 @@ class SymmetricAllReduce:
         self.partials = heap.zeros((self.tiles, self.block_m * self.block_n), dtype)
         self.out = heap.zeros((self.rows, self.block_n), dtype)
         self.partial_ready = heap.zeros(self.tiles, torch.int32)
-        self.result_ready = heap.zeros(self.tiles, torch.int32)   # two-shot: the owner's sum is in
+        self.results_in = heap.zeros(heap.world_size * FLAG_WORDS, torch.int32)   # two-shot: owners' tiles in
         self.partials_read = heap.zeros(self.tiles, torch.int32)  # one-shot: how many ranks read my tile
         self.watchdog = heap.zeros(WATCHDOG_WORDS, torch.int64)
         self.no_trace = torch.zeros(1, dtype=torch.int64, device=heap.device)
@@ -77,7 +77,7 @@ class SymmetricAllReduce:
                               dict(BLOCK_M=self.block_m, BLOCK_N=self.block_n, COMM_SMS=self.comm_sms,
                                    PEER_CACHE=".cg" if gpu else "", **gpu))]
         reduce = (two_shot.two_shot_reduce, (self.comm_sms,),
-                  (self.out, self.partials, self.partial_ready, self.result_ready, self.watchdog, heap.heap_bases,
+                  (self.out, self.partials, self.partial_ready, self.results_in, self.watchdog, heap.heap_bases,
                    heap.rank, heap.world_size, self.launches, self.rows, self.block_n, self.block_n, 1,
                    self.timeout_ns, self.no_trace, self.no_trace),
                   dict(BLOCK_M=self.block_m, BLOCK_N=self.block_n, GROUP_SIZE_M=1, COMM_SMS=self.comm_sms,

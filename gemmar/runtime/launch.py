@@ -13,7 +13,7 @@ from ..config import RunConfig
 from ..errors import UsageError
 from ..kernels import atomics, events, ring, two_shot
 from ..kernels.gemm import tile_coords
-from ..kernels.device import WATCHDOG_WORDS
+from ..kernels.device import FLAG_WORDS, WATCHDOG_WORDS
 from .heap import ALIGN, HEADER_BYTES
 
 MISTAKES = {"atomics": ("none",), "ring": ring.MISTAKES, "two_shot": two_shot.MISTAKES}
@@ -29,7 +29,8 @@ def heap_bytes_needed(config):
         sizes = [config.m * config.n * 4, tiles * tile * 4, tiles * 4, tiles * 4]
     else:
         c_bytes, wire_bytes = config.c_dtype.itemsize, config.partial_dtype.itemsize
-        sizes = [config.m * config.n * c_bytes, tiles * tile * wire_bytes, tiles * 4, tiles * 4]
+        sizes = [config.m * config.n * c_bytes, tiles * tile * wire_bytes, tiles * 4,
+                 config.world_size * FLAG_WORDS * 4]
     sizes.append(WATCHDOG_WORDS * 8)
     return HEADER_BYTES + sum(-(-s // ALIGN) * ALIGN + ALIGN for s in sizes)
 
@@ -108,7 +109,7 @@ class FusedGemmAllReduce:
             self.c = heap.zeros((M, N), config.c_dtype)
             self.partials = heap.zeros((self.total_tiles, slot), config.partial_dtype)
             self.partial_ready = heap.zeros(self.total_tiles, torch.int32)
-            self.result_ready = heap.zeros(self.total_tiles, torch.int32)
+            self.results_in = heap.zeros(heap.world_size * FLAG_WORDS, torch.int32)   # per owner
         self.watchdog = heap.zeros(WATCHDOG_WORDS, torch.int64)
         # The trace buffers are local (nobody else writes them), so they need not live on the heap.
         self.trace_capacity = events.events_per_program(config.algorithm, heap.world_size, self.total_tiles,
@@ -212,7 +213,7 @@ class FusedGemmAllReduce:
             if gpu:
                 reduce_kw.update(num_warps=cfg.num_warps, num_stages=1)
             reduce = (two_shot.two_shot_reduce, (cfg.comm_sms,), (
-                self.c, self.partials, self.partial_ready, self.result_ready, self.watchdog, heap.heap_bases,
+                self.c, self.partials, self.partial_ready, self.results_in, self.watchdog, heap.heap_bases,
                 heap.rank, heap.world_size, self.launches, cfg.m, cfg.n, cfg.n, 1, timeout_ns,
                 self.trace[split:] if self.trace_capacity else self.trace, self.trace_counts[cfg.num_sms:]),
                 reduce_kw, heap.on_side_stream)
