@@ -19,6 +19,7 @@ import torch
 from ..errors import UsageError
 from ..kernels import allreduce, two_shot
 from ..kernels.device import FLAG_WORDS, WATCHDOG_WORDS
+from .compiled_launch import CompiledLaunches
 
 SCHEMES = ("two_shot", "one_shot")
 
@@ -61,6 +62,7 @@ class SymmetricAllReduce:
         self.no_trace = torch.zeros(1, dtype=torch.int64, device=heap.device)
         self.timeout_ns = int(timeout_s * 1e9)
         self.launches = 0
+        self.compiled = CompiledLaunches(heap.device.type)
 
     def _kernel_calls(self):
         heap = self.heap
@@ -102,7 +104,7 @@ class SymmetricAllReduce:
         with self.heap.on_stream():
             self.partials.view(-1)[:self.numel].copy_(x.reshape(-1))
             for kernel, grid, args, kwargs in self._kernel_calls():
-                kernel[grid](*args, **kwargs)
+                self.compiled.launch(kernel, grid, args, kwargs)
         self.launches += 1
         if wait:
             self.check()

@@ -1,0 +1,65 @@
+"""Host time of one fused launch (what makes ranks that share a GPU start hundreds of us apart), in this
+process, with no engines: the ranks of one GPU in one process, as an engine hosts them.
+
+    python3 benchmarks/launch_cost.py [--world_size 2] [--algorithm two_shot] [--profile]
+
+Per launch: the host time of ``FusedGemmAllReduce.__call__(wait=False)`` for each rank in turn (median of
+50), and with ``--profile`` where it goes (cProfile, the top entries).
+"""
+
+import argparse
+import cProfile
+import pstats
+import time
+
+import numpy as np
+import torch
+
+import gemmar
+from gemmar.config import tuned_defaults
+from gemmar.runtime import rank as rank_runtime
+from gemmar.runtime.engines import gpu_properties
+from gemmar.runtime.launch import FusedGemmAllReduce
+
+
+def main(W, algorithm, profile, m=8192, n=8192, k_per_rank=4096, launches=50):
+    rank_runtime.init_ranks(list(range(W)), W, "cuda", 1 << 30, "launch-cost", 30.0)
+    name, capability, sms = gpu_properties("cuda")
+    knobs = tuned_defaults("cuda", algorithm, name, capability, sms // W)
+    config = gemmar.RunConfig(m=m, n=n, k=k_per_rank * W, datatype="bf16", algorithm=algorithm, world_size=W,
+                              **knobs)
+    ranks = rank_runtime.local_ranks()
+    fused = [FusedGemmAllReduce(c.heap, config) for c in ranks]
+    A = [torch.randn(m, k_per_rank, device="cuda", dtype=torch.bfloat16) for _ in ranks]
+    B = [torch.randn(k_per_rank, n, device="cuda", dtype=torch.bfloat16) for _ in ranks]
+    for f, a, b in zip(fused, A, B):
+        f.prepare(a, b)
+    per_rank = np.zeros((launches, W))
+    profiler = cProfile.Profile()
+    for i in range(launches + 25):
+        torch.cuda.synchronize()
+        if profile and i == launches + 5:   # profiled launches are not timed: the profiler slows them
+            profiler.enable()
+        for r, (f, a, b) in enumerate(zip(fused, A, B)):
+            t = time.perf_counter()
+            f(a, b, wait=False)
+            if 5 <= i < launches + 5:
+                per_rank[i - 5, r] = time.perf_counter() - t
+        for f in fused:
+            f.check()
+    profiler.disable()
+    med = np.median(per_rank, axis=0) * 1e6
+    print(f"[launch] {algorithm} W={W} ({config.num_sms} + {config.comm_sms} programs): host time per launch "
+          f"by rank {', '.join(f'{x:.0f}' for x in med)} us (median of {launches}); "
+          f"{sum(f.compiled.direct for f in fused)} kernel launches skipped Triton's dispatcher", flush=True)
+    if profile:
+        pstats.Stats(profiler).sort_stats("cumulative").print_stats(25)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--world_size", type=int, default=2)
+    parser.add_argument("--algorithm", default="two_shot")
+    parser.add_argument("--profile", action="store_true")
+    args = parser.parse_args()
+    main(args.world_size, args.algorithm, args.profile)
