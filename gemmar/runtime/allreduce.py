@@ -19,7 +19,7 @@ import torch
 from ..errors import UsageError
 from ..kernels import allreduce, two_shot
 from ..kernels.device import FLAG_WORDS, WATCHDOG_WORDS
-from .compiled_launch import CompiledLaunches
+from .compiled_launch import PreparedLaunch
 
 SCHEMES = ("two_shot", "one_shot")
 
@@ -62,7 +62,7 @@ class SymmetricAllReduce:
         self.no_trace = torch.zeros(1, dtype=torch.int64, device=heap.device)
         self.timeout_ns = int(timeout_s * 1e9)
         self.launches = 0
-        self.compiled = CompiledLaunches(heap.device.type)
+        self.prepared = None   # [PreparedLaunch] of the two kernels
 
     def _kernel_calls(self):
         heap = self.heap
@@ -103,8 +103,10 @@ class SymmetricAllReduce:
                              f"{getattr(x, 'numel', lambda: '?')()} of {getattr(x, 'dtype', type(x).__name__)}")
         with self.heap.on_stream():
             self.partials.view(-1)[:self.numel].copy_(x.reshape(-1))
-            for kernel, grid, args, kwargs in self._kernel_calls():
-                self.compiled.launch(kernel, grid, args, kwargs)
+        if self.prepared is None:   # built once: per launch only the epoch changes (runtime/compiled_launch.py)
+            self.prepared = [PreparedLaunch(*call, self.heap.stream) for call in self._kernel_calls()]
+        for launch in self.prepared:
+            launch(**({"epoch": self.launches} if "epoch" in launch.index else {}))
         self.launches += 1
         if wait:
             self.check()

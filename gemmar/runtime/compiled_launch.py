@@ -1,57 +1,55 @@
-"""Launching a compiled kernel again without Triton's dispatcher, for ranks that share a GPU.
+"""A kernel launch prepared once and repeated cheaply: what keeps ranks that share a GPU starting together.
 
 Ranks that share one GPU are launched one after another by one process, so the host time of a launch is
-how far apart they start: Triton's dispatcher (binding ~30 arguments, computing the specialisation key,
-looking the kernel up) cost ~100 us per kernel on an H200's host, and a two_shot launch is two kernels.
-After the first launch of a kernel with a given set of argument values, :class:`CompiledLaunches` keeps
-the compiled kernel Triton returned and launches it directly.
+how far apart they start. Through Triton's dispatcher and torch's stream contexts a two_shot launch (two
+kernels) cost 250-400 us of host time on an H200's host, and skipping only the dispatcher saved little:
+the cost was spread over ~800 Python calls per launch (binding ~30 arguments, building the argument
+tuples and tensor descriptors again, entering streams). :class:`PreparedLaunch` does all of that once, for
+one kernel with fixed arguments; a later launch changes only the arguments the kernel does not specialise
+on (``epoch``, ``parity``: Triton compiles those as plain integers, so any value runs the same compiled
+kernel) and hands the compiled kernel its arguments on its stream directly.
 
-It is keyed on every argument's exact value (tensors by dtype and address, tensor descriptors by their
-tensor, shape and block), except the arguments the kernel was told not to specialise on (``epoch``,
-``rank``, ``timeout_ns``: Triton compiles those as plain integers, so any value reuses the kernel). Any other
-change - a new tensor, a new shape - goes through Triton again, which compiles or finds what it already
-has. The interpreter has no compiled kernels: there this always goes through Triton.
+The first launch goes through Triton as usual (which compiles, or finds the kernel it has). The interpreter
+has no compiled kernels: there every launch goes through Triton.
 """
 
+import contextlib
 import inspect
 
-import torch
 
+class PreparedLaunch:
+    """``kernel[grid](*args, **kwargs)`` on ``stream`` (a torch stream, or None on cpu), launched by
+    calling it with the per-launch values: ``prepared(epoch=3)``."""
 
-def _value_key(value):
-    if isinstance(value, torch.Tensor):
-        return ("tensor", value.dtype, value.data_ptr(), tuple(value.shape), tuple(value.stride()))
-    base = getattr(value, "base", None)
-    if isinstance(base, torch.Tensor):   # a TensorDescriptor
-        return ("descriptor", _value_key(base), tuple(value.shape), tuple(value.strides), tuple(value.block_shape),
-                getattr(value, "padding", None))
-    if isinstance(value, int) and not isinstance(value, bool):
-        return ("int", value)
-    return (type(value).__name__, id(value) if callable(value) else value)
-
-
-class CompiledLaunches:
-    """``launch(kernel, grid, args, kwargs)``: the first time through Triton, afterwards the compiled kernel."""
-
-    def __init__(self, device_type):
-        self.compiled = {} if device_type == "cuda" else None
-        self.direct = 0   # launches that skipped the dispatcher (for tests and the launch-cost benchmark)
-
-    def launch(self, kernel, grid, args, kwargs):
-        if self.compiled is None:
-            kernel[grid](*args, **kwargs)
-            return
-        names = kernel.arg_names
-        values = {p.name: p.default for p in kernel.params if p.default is not inspect.Parameter.empty}
+    def __init__(self, kernel, grid, args, kwargs, stream=None):
+        self.kernel, self.grid, self.args, self.kwargs, self.stream = kernel, tuple(grid), args, kwargs, stream
+        params = inspect.signature(kernel.fn).parameters   # (the interpreter's kernels have no .params)
+        names = self.names = list(params)
+        values = {n: p.default for n, p in params.items() if p.default is not inspect.Parameter.empty}
         values.update(zip(names, args))
-        values.update((k, v) for k, v in kwargs.items() if k in names)
-        free = {p.name for p in kernel.params if p.do_not_specialize}
-        key = (kernel, tuple(grid), tuple(kw for kw in sorted(kwargs.items()) if kw[0] not in names),
-               tuple(("free", type(values[n]).__name__) if n in free else _value_key(values[n]) for n in names))
-        compiled = self.compiled.get(key)
-        if compiled is None:
-            self.compiled[key] = kernel[grid](*args, **kwargs)
+        values.update((k, v) for k, v in kwargs.items() if k in params)
+        self.values = [values[n] for n in names]     # every parameter in order, constexprs included
+        self.index = {n: i for i, n in enumerate(names)}
+        # Under the interpreter nothing is compiled, so any argument may change.
+        self.free = {p.name for p in kernel.params if p.do_not_specialize} if hasattr(kernel, "params") else \
+            set(names)
+        self.compiled = None
+        self.launcher = None
+
+    def __call__(self, **changed):
+        for name, value in changed.items():
+            if name not in self.free:   # a specialised argument could need another compiled kernel
+                raise ValueError(f"{self.kernel.__name__}: {name} is specialised on, so it cannot change here")
+            self.values[self.index[name]] = value
+        if self.launcher is not None:
+            self.launcher(*self.values, stream=self.stream.cuda_stream)
             return
-        # Every parameter in order, constexprs included: what Triton's own dispatcher hands the launcher.
-        compiled[tuple(grid) + (1,) * (3 - len(grid))](*(values[n] for n in names))
-        self.direct += 1
+        args = self.values[:len(self.args)]
+        kwargs = {k: (self.values[self.index[k]] if k in self.index else v) for k, v in self.kwargs.items()}
+        import torch
+
+        with torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext():
+            compiled = self.kernel[self.grid](*args, **kwargs)
+        if self.stream is not None and compiled is not None:
+            # What Triton's dispatcher hands the compiled kernel: every parameter, in order.
+            self.launcher = compiled[self.grid + (1,) * (3 - len(self.grid))]

@@ -42,6 +42,9 @@ class SymmetricHeap:
     """Bookkeeping shared by all backends: allocation, the barrier, the bases."""
 
     backend = "?"
+    # This rank's streams on GPUs (torch.cuda.Stream): launches run on ``stream``, two_shot's reduction on
+    # ``side_stream``. None where there are no streams (cpu).
+    stream = side_stream = None
 
     def __init__(self, rank, world_size, arena, heap_bases, device, timeout_s):
         self.rank, self.world_size, self.device = rank, world_size, device

@@ -90,6 +90,7 @@ class CudaHeap(SymmetricHeap):
         super().__init__(*args, **kwargs)
         self.stream = torch.cuda.Stream(self.device)
         self.side_stream = torch.cuda.Stream(self.device)
+        self.side_done = torch.cuda.Event()
 
     def on_stream(self):
         return torch.cuda.stream(self.stream)
@@ -98,9 +99,8 @@ class CudaHeap(SymmetricHeap):
         return torch.cuda.stream(self.side_stream)
 
     def join_side_stream(self):
-        done = torch.cuda.Event()
-        done.record(self.side_stream)
-        self.stream.wait_event(done)
+        self.side_done.record(self.side_stream)   # (one event, recorded again each launch: the wait takes
+        self.stream.wait_event(self.side_done)    # the work recorded so far)
 
     def delay(self, seconds):
         from ...kernels.barrier import spin_kernel
