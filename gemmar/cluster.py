@@ -202,8 +202,11 @@ class Cluster(EngineCluster):
             log("-", W, f"{config.algorithm}: {config.m} x {config.n} x {config.k} {config.datatype}, blocks "
                         f"{config.BLK_M}x{config.BLK_N}x{config.BLK_K}, {programs}, {n} iteration(s), "
                         f"backend {self.backend}{shared}")
+        # Each launch reports when it ends; a rank silent for longer than this is stuck in a launch that
+        # waits on no flag (the watchdog catches those that do), and every rank is stopped.
         outs = self.run_ranks(rank_runtime.run_gemm_all_reduce, engine_args=engine_args, on_progress=progress,
-                              mistake=mistake, return_c=return_c, validate=validate, parts=sources)
+                              launch_deadline_s=2 * config.timeout_s + 10, mistake=mistake, return_c=return_c,
+                              validate=validate, parts=sources)
         RankFailure.raise_first(outs)
         result = Result(config, self.backend, outs, outs[0].C, self.info, mistake)
         if verbose and validate:

@@ -89,6 +89,11 @@ def _positive_int(name, value, largest):
         raise UsageError(f"{name}={value} is out of range: use a whole number from 1 to {largest}")
 
 
+# The shortest watchdog: under the interpreter one rank's programs run one after another, so a wait for a
+# peer's program can last that long with nothing wrong (0.001 s reported deadlocks that were not).
+MIN_TIMEOUT_S = 1.0
+
+
 @dataclass
 class RunConfig:
     """Everything that fixes one fused GEMM + all-reduce run. Names follow Iris's benchmark flags."""
@@ -166,8 +171,10 @@ class RunConfig:
         if self.num_warps & (self.num_warps - 1):
             raise UsageError(f"num_warps={self.num_warps} is not allowed: use a power of two from 1 to 32")
         _positive_int("num_stages", self.num_stages, 8)
-        if not (isinstance(self.timeout_s, (int, float)) and 0 < self.timeout_s <= 86400):
-            raise UsageError(f"timeout_s={self.timeout_s!r} is not allowed: use seconds between 0 and 86400")
+        if isinstance(self.timeout_s, bool) or not (isinstance(self.timeout_s, (int, float)) and
+                                                    MIN_TIMEOUT_S <= self.timeout_s <= 86400):
+            raise UsageError(f"timeout_s={self.timeout_s!r} is not allowed: use seconds from {MIN_TIMEOUT_S:g} to "
+                             f"86400 (a shorter wait is no sign of a hang)")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2 ** 63:
             raise UsageError(f"seed={self.seed!r} is not allowed: use a whole number from 0 to 2**63 - 1")
         return self

@@ -11,6 +11,7 @@ import atexit
 import logging
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -22,7 +23,7 @@ import weakref
 import psutil
 import torch
 
-from ..config import BACKENDS, MAX_WORLD_SIZE
+from ..config import BACKENDS, MAX_WORLD_SIZE, MIN_TIMEOUT_S
 from ..errors import ClusterError, RankDiedError, UsageError
 from . import rank as rank_runtime
 from .heap import ALIGN, DEFAULT_HEAP_BYTES, HEADER_BYTES, remove_arenas, shm_dir, size_text
@@ -89,9 +90,11 @@ class EngineCluster:
     def __init__(self, world_size=2, backend="auto", heap_size=DEFAULT_HEAP_BYTES, start_timeout_s=120.0,
                  timeout_s=60.0, start=True):
         check_world_size(world_size)
-        for name, value in (("timeout_s", timeout_s), ("start_timeout_s", start_timeout_s)):
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 86400:
-                raise UsageError(f"{name}={value!r} is not allowed: use seconds between 0 and 86400")
+        for name, value, least in (("timeout_s", timeout_s, MIN_TIMEOUT_S), ("start_timeout_s", start_timeout_s, 0)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not least <= value <= 86400 or \
+                    value == 0:
+                raise UsageError(f"{name}={value!r} is not allowed: use seconds from {least:g} to 86400"
+                                 if least else f"{name}={value!r} is not allowed: use seconds between 0 and 86400")
         self.world_size = world_size
         self.backend = resolve_backend(backend, world_size)
         # Which ranks each engine hosts: one each, or all in one engine when they share a GPU.
@@ -104,7 +107,10 @@ class EngineCluster:
         self.info = []
         self._sessions = set()
         self._stopped_during_run = threading.Event()
-        self._interrupted = self._in_run = False
+        self._restart_reason = None   # why the last run stopped the ranks; the next run starts fresh ones
+        self._in_run = False
+        self._owner_pid = os.getpid()   # only this process stops the cluster (not a forked child)
+        self._engine_processes = []
         if start:
             self.start()
 
@@ -119,7 +125,8 @@ class EngineCluster:
         if self.running:
             return self
         self.cluster_id = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        self._interrupted = False
+        self._owner_pid = os.getpid()
+        self._restart_reason = None
         self._stopped_during_run.clear()
         # A private ipyparallel profile: this cluster's logs and connection files only, removed on stop.
         self.profile_dir = tempfile.mkdtemp(prefix=f"gemmar-{self.cluster_id}-ipython-")
@@ -138,16 +145,22 @@ class EngineCluster:
             self._ipp.start_controller_sync(environment={"IPYTHONDIR": self.profile_dir})
             self._adopt([self._ipp.controller.pid])
             self._ipp.start_engines_sync(engines, environment=env)
-            self._adopt([launcher.pid for engine_set in self._ipp.engines.values()
-                         for launcher in engine_set.launchers.values()])
+            launchers = [launcher for engine_set in self._ipp.engines.values()
+                         for launcher in engine_set.launchers.values()]
+            self._adopt([launcher.pid for launcher in launchers])
+            # The engine processes (our children, so their exit codes can be read when they die).
+            self._engine_processes = [getattr(launcher, "process", None) or psutil.Process(launcher.pid)
+                                      for launcher in launchers]
+            if len(launchers) < engines:   # (ipyparallel forgets the launcher of an engine that has ended)
+                raise RankDiedError(f"an engine died while the cluster started: {len(launchers)} of {engines} "
+                                    f"engine processes are left; nothing ran", [])
             self.client = self._ipp.connect_client_sync(ipython_dir=self.profile_dir)
-            try:
-                self.client.wait_for_engines(engines, timeout=self.start_timeout_s, block=True)
-            except TimeoutError:
-                raise ClusterError(f"only {len(self.client.ids)} of {engines} engines came up within "
-                                   f"{self.start_timeout_s:g} s (start_timeout_s)") from None
+            self._wait_for_engines(engines)
             self._adopt_descendants()   # the engines' nannies, each in a session of its own
             self.engine_ids = sorted(self.client.ids)[:engines]
+            self.run(rank_runtime.watch_owner, os.getpid(), psutil.Process().create_time(), sorted(self._sessions),
+                     [os.path.join(shm_dir(), arena_prefix(self.cluster_id)) + "*"], [self.profile_dir],
+                     timeout=self.start_timeout_s)
             self.pids = [None] * self.world_size
             self.info = self.run_ranks(rank_runtime.init_ranks, engine_args=lambda e: (
                 self.engine_ranks[e], self.world_size, self.backend, self.heap_size, self.cluster_id,
@@ -158,6 +171,52 @@ class EngineCluster:
             self.stop()
             raise
         return self
+
+    def _wait_for_engines(self, engines):
+        """Wait for the engines to register; an engine that dies meanwhile is an error at once."""
+        deadline = time.monotonic() + self.start_timeout_s
+        # (Polled here: ipyparallel's wait_for_engines can block past its timeout once an engine has died.)
+        while len(self.client.ids) < engines:
+            time.sleep(0.1)
+            dead = self._dead_engines()
+            if dead:
+                raise RankDiedError(f"an engine died while the cluster started ({'; '.join(dead.values())}); "
+                                    f"nothing ran", [])
+            if time.monotonic() > deadline:
+                raise ClusterError(f"only {len(self.client.ids)} of {engines} engines came up within "
+                                   f"{self.start_timeout_s:g} s (start_timeout_s)") from None
+
+    def _dead_engines(self):
+        """{engine process index: 'engine process P was killed by SIGKILL' / '... exited with code 3'} for
+        the engine processes that have ended."""
+        dead = {}
+        for i, proc in enumerate(self._engine_processes):
+            try:
+                if proc.status() != psutil.STATUS_ZOMBIE:
+                    continue
+                code = proc.wait(timeout=0)
+            except psutil.NoSuchProcess:   # ipyparallel's launcher reaped it first, through this same object
+                code = _reaped_exit_code(proc)
+            except psutil.TimeoutExpired:
+                continue
+            dead[i] = f"engine process {proc.pid} {_exit_text(code)}"
+        return dead
+
+    def _frozen_engines(self):
+        """{engine process index: text} for engine processes that are stopped (SIGSTOP, SIGTSTP)."""
+        frozen = {}
+        for i, proc in enumerate(self._engine_processes):
+            try:
+                if proc.status() == psutil.STATUS_STOPPED:
+                    frozen[i] = f"engine process {proc.pid} is stopped (SIGSTOP or SIGTSTP): it cannot answer"
+            except psutil.NoSuchProcess:
+                pass
+        return frozen
+
+    def _ranks_of_process(self, index):
+        """The ranks engine process ``index`` hosts (known once the ranks have reported their pids)."""
+        pid = self._engine_processes[index].pid
+        return [r for r, p in enumerate(getattr(self, "pids", None) or []) if p == pid]
 
     def _start_reaper(self):
         """The process that ends this cluster if its owner (this process) dies first (see runtime/reaper.py)."""
@@ -189,7 +248,10 @@ class EngineCluster:
 
     def stop(self):
         """End every engine and the controller; leave no process and no file behind. Safe to call from
-        another thread during a run: that run then ends at once with a ClusterError that says so."""
+        another thread during a run: that run then ends at once with a ClusterError that says so. In a
+        process forked from the owner this does nothing: the cluster is the owner's."""
+        if os.getpid() != self._owner_pid:
+            return
         if self._ipp is None:
             self._release_reaper()   # a start that failed before ipyparallel was set up
             return
@@ -241,29 +303,37 @@ class EngineCluster:
         return f"{type(self).__name__}(world_size={self.world_size}, backend={self.backend!r}{shared}, {state})"
 
     # -- running on all ranks -------------------------------------------------------------------------
-    def run(self, fn, *args, engine_args=None, timeout=None, on_progress=None, **kwargs):
+    def run(self, fn, *args, engine_args=None, timeout=None, on_progress=None, launch_deadline_s=None, **kwargs):
         """Call ``fn`` on every engine at once; return the results as a list indexed by engine, which is
         by rank when each engine is one rank (when ranks share a GPU, one engine hosts them all).
 
         ``engine_args(e)`` gives per-engine positional arguments (replacing ``args``). ``on_progress(rank,
         data)`` sees what ranks publish while they run (``{rank: data}`` per engine). A rank whose
-        process dies raises RankDiedError.
+        process dies or is stopped raises RankDiedError at once; so does an engine that has reported no
+        progress for ``launch_deadline_s`` (runs of launches: each launch reports when it ends). Either way
+        every rank is stopped and the next call starts fresh ones, saying so.
         """
-        if not self.running and self._interrupted:
-            print("[gemmar] restarting the cluster: its last run was interrupted and its ranks were stopped",
-                  file=sys.stderr, flush=True)
+        if not self.running and self._restart_reason:
+            print(f"[gemmar] restarting the cluster: {self._restart_reason}", file=sys.stderr, flush=True)
             self.start()
         if not self.running:
             raise ClusterError("the cluster is not running: call start() (or restart()) first")
         self._in_run = True
         try:
-            return self._run_on_engines(fn, args, kwargs, engine_args, timeout, on_progress)
+            return self._run_on_engines(fn, args, kwargs, engine_args, timeout, on_progress, launch_deadline_s)
         except KeyboardInterrupt:
             # The ranks would go on with the interrupted work and the next call would queue behind it: stop
             # them now; the next call starts fresh ranks, and says so.
             self._in_run = False
             self.stop()
-            self._interrupted = True
+            self._restart_reason = "its last run was interrupted and its ranks were stopped"
+            raise
+        except RankDiedError as e:
+            # The other ranks may spin on flags the dead or frozen one will never set: end them all now;
+            # the next call starts fresh ranks and says so.
+            self._in_run = False
+            self.stop()
+            self._restart_reason = f"in its last run {e}"
             raise
         finally:
             self._in_run = False
@@ -273,78 +343,115 @@ class EngineCluster:
             raise ClusterError("the run was stopped by the user: stop() was called while it ran; start() or "
                                "restart() the cluster to run again")
 
-    def _run_on_engines(self, fn, args, kwargs, engine_args, timeout, on_progress):
+    def _run_on_engines(self, fn, args, kwargs, engine_args, timeout, on_progress, launch_deadline_s):
         pending = []
         for e, eid in enumerate(self.engine_ids):
             call_args = engine_args(e) if engine_args else args
             pending.append(self.client[eid].apply_async(fn, *call_args, **kwargs))
         deadline = None if timeout is None else time.monotonic() + timeout
-        seen = {}
+        seen, heard = {}, [time.monotonic()] * len(pending)   # heard: when each engine last published
+        published = [{} for _ in pending]
 
         def report_progress():
-            for ar in pending:
-                for rank, data in dict(ar.data or {}).items():
-                    if on_progress is not None and isinstance(data, dict) and seen.get(rank) != data:
-                        seen[rank] = dict(data)
-                        on_progress(rank, seen[rank])
+            for e, ar in enumerate(pending):
+                data = dict(ar.data or {})
+                if data != published[e]:
+                    published[e], heard[e] = data, time.monotonic()
+                for rank, item in data.items():   # {rank: progress}, and other keys (e.g. "prepared")
+                    if isinstance(rank, int) and isinstance(item, dict) and seen.get(rank) != item:
+                        seen[rank] = dict(item)
+                        if on_progress is not None:
+                            on_progress(rank, seen[rank])
 
         while not all(ar.ready() for ar in pending):
             self._check_not_stopped()
             report_progress()
-            dead = sorted({r for r, pid in enumerate(self.pids) if pid is not None and not _alive(pid)})
+            dead = self._dead_engines()
             if dead:
-                self._raise_rank_died(dead, pending)
+                self._raise_rank_died(dead, seen, "died")
+            frozen = self._frozen_engines()
+            if frozen:
+                self._raise_rank_died(frozen, seen, "froze")
+            for e, ar in enumerate(pending):   # an engine that died or was interrupted says so at once
+                if ar.ready() and not ar.successful():
+                    self._raise_engine_failure(e, ar, seen)
+            late = [e for e, ar in enumerate(pending) if not ar.ready()]
             if deadline is not None and time.monotonic() > deadline:
-                late = [r for e, ar in enumerate(pending) if not ar.ready() for r in self.engine_ranks[e]]
-                raise ClusterError(f"ranks {late} did not answer within {timeout:g} s; call restart()")
+                ranks = [r for e in late for r in self.engine_ranks[e]]
+                raise RankDiedError(f"ranks {ranks} did not answer within {timeout:g} s; they were stopped", ranks)
+            if launch_deadline_s is not None:
+                stuck = [e for e in late if time.monotonic() - heard[e] > launch_deadline_s]
+                if stuck:
+                    ranks = [r for e in stuck for r in self.engine_ranks[e]]
+                    raise RankDiedError(
+                        f"rank {', '.join(map(str, ranks))} finished no launch for {launch_deadline_s:g} s "
+                        f"(the client's deadline, 2 x timeout_s + 10 s: a launch that runs without waiting on "
+                        f"a flag, which the watchdog would catch){self._last_steps(ranks, seen)}; the ranks "
+                        f"were stopped", ranks)
             time.sleep(0.02)
         results = []
         for e, ar in enumerate(pending):
-            try:
-                results.append(ar.get())
-            except Exception as err:  # a bug on the engine: say which rank, keep the remote traceback
-                from ipyparallel.error import EngineError
-
-                if isinstance(err, EngineError):
-                    ranks = self.engine_ranks[e]
-                    raise RankDiedError(f"rank {', '.join(map(str, ranks))} died during the run: {err}; "
-                                        f"call restart()", ranks) from None
-                raise
+            self._raise_engine_failure(e, ar, seen)
+            results.append(ar.get())   # (a bug on the engine raises here, with its remote traceback)
         report_progress()
         return results
+
+    def _raise_engine_failure(self, e, ar, seen):
+        """Engine ``e``'s finished call: RankDiedError if its process died or was interrupted."""
+        if ar.successful():
+            return
+        try:
+            ar.get()
+        except Exception as err:  # noqa: BLE001 - what it is decides below
+            ename = getattr(err, "ename", type(err).__name__)   # ipyparallel wraps them in RemoteError
+            if ename in ("EngineError", "KeyboardInterrupt"):
+                dead = self._dead_engines() if ename == "EngineError" else {}
+                if dead:   # how it ended, from its process
+                    self._raise_rank_died(dead, seen, "died")
+                ranks = self.engine_ranks[e]
+                how = "was interrupted (SIGINT)" if ename == "KeyboardInterrupt" else "died"
+                raise RankDiedError(f"rank {', '.join(map(str, ranks))} {how} during the run"
+                                    f"{self._last_steps(ranks, seen)}", ranks) from None
 
     def run_ranks(self, fn, *args, **kwargs):
         """Like :meth:`run` for functions that return one item per hosted rank: the items, by rank."""
         return [item for items in self.run(fn, *args, **kwargs) for item in items]
 
-    def _raise_rank_died(self, dead, pending):
-        """A rank's process is gone. The others may be spinning on flags it will never set: their
-        watchdogs release them within timeout_s; wait that long (no longer) and report what they saw."""
-        deadline = time.monotonic() + self.timeout_s + 15
-        alive = [e for e, ranks in enumerate(self.engine_ranks) if not set(ranks) & set(dead)]
-        while time.monotonic() < deadline and not all(pending[e].ready() for e in alive):
-            self._check_not_stopped()   # stop() killed it: that, not a crash, is the story
-            time.sleep(0.05)
-        seen = []
-        for e in alive:
-            ranks = ", ".join(map(str, self.engine_ranks[e]))
-            if not pending[e].ready():
-                seen.append(f"rank {ranks} still busy")
-                continue
-            try:
-                out = pending[e].get()
-            except Exception as err:  # noqa: BLE001 - reported, not raised: the dead rank is the story
-                seen.append(f"rank {ranks}: {type(err).__name__}")
-                continue
-            failures = [o for o in (out if isinstance(out, list) else [out]) if isinstance(o, RankFailure)]
-            if failures:
-                seen.extend(str(f.error).replace("deadlock: ", "") for f in failures)
-            else:
-                seen.append(f"rank {ranks} finished")
-        pids = ", ".join(sorted({str(self.pids[r]) for r in dead}))
-        released = f"; the others were released: {'; '.join(seen)}" if seen else ""
-        raise RankDiedError(f"rank {', '.join(map(str, dead))} died during the run (engine process {pids} "
-                            f"exited){released}; call restart() to start fresh ranks", dead)
+    @staticmethod
+    def _last_steps(ranks, seen):
+        steps = [f"rank {r} last reported iteration {seen[r]['iteration']}" for r in ranks
+                 if isinstance(seen.get(r), dict) and "iteration" in seen[r]]
+        return f" ({'; '.join(steps)})" if steps else " (before it reported any iteration)"
+
+    def _raise_rank_died(self, processes, seen, how):
+        """An engine process is gone or frozen: say which rank, how and what it was doing, at once (the
+        caller then stops every rank: the others may be spinning on flags it will never set)."""
+        ranks = sorted(r for i in processes for r in self._ranks_of_process(i))
+        which = f"rank {', '.join(map(str, ranks))}" if ranks else "an engine"
+        raise RankDiedError(f"{which} {how} during the run: {'; '.join(processes.values())}"
+                            f"{self._last_steps(ranks, seen) if ranks else ''}", ranks)
+
+
+def _reaped_exit_code(proc, wait_s=1.0):
+    """The exit code of an engine process that ipyparallel's launcher thread has reaped with this same
+    psutil object, which keeps it (``wait()`` returns it; ``_exitcode`` tells whether it is there yet)."""
+    deadline = time.monotonic() + wait_s
+    while getattr(proc, "_exitcode", None) in (None, getattr(psutil, "_SENTINEL", object())):
+        if time.monotonic() > deadline:
+            return None
+        time.sleep(0.02)
+    return proc.wait(timeout=0)
+
+
+def _exit_text(code):
+    if code is None:
+        return "is gone"
+    if code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with code {code}"
 
 
 def _stop_at_exit(ref):
@@ -368,13 +475,6 @@ def _children(proc):
         return proc.children(recursive=True)
     except psutil.Error:
         return []
-
-
-def _alive(pid):
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
 
 
 def _kill(pid):

@@ -11,6 +11,7 @@ import dataclasses
 import functools
 import os
 import platform
+import threading
 import time
 
 import numpy as np
@@ -45,6 +46,29 @@ def current():
     if len(ranks) != 1:
         raise RuntimeError(f"this engine hosts ranks {[c.rank for c in ranks]}: use local_ranks()")
     return ranks[0]
+
+
+def watch_owner(owner_pid, owner_started, sessions, patterns, trees, every_s=0.5):
+    """The second line of defence: a thread in this engine that ends the whole cluster (reaper.end_cluster)
+    and this process when the process that owns the cluster is gone, should the reaper be gone too."""
+    import psutil
+
+    from .reaper import end_cluster
+
+    def owner_alive():
+        try:
+            owner = psutil.Process(owner_pid)
+            return owner.create_time() == owner_started and owner.status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
+
+    def watch():
+        while owner_alive():
+            time.sleep(every_s)
+        end_cluster(set(sessions), patterns, trees)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="gemmar-owner-watch", daemon=True).start()
 
 
 def init_ranks(ranks, world_size, backend, heap_size, cluster_id, timeout_s, start_timeout_s=None):
@@ -230,6 +254,7 @@ def _run_gemm_all_reduce(config, inputs, reference, scale, mistake, return_c, va
         heaps = [ctx.heap for ctx in group]
         for run in runs:   # compile and load everything before any rank's kernel can spin
             run["fused"].prepare(run["A"], run["B"])
+        _publish({"prepared": True})   # the client's per-launch deadline counts from here (not the compile)
         # Start together. The device clock as each rank leaves the barrier is its trace's time zero; traced
         # iterations start with a barrier each, and its exit times align that iteration (runtime/results.py).
         exits = [barrier_all(heaps, config.timeout_s)]

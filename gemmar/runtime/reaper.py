@@ -14,7 +14,8 @@ a pipe to the reaper's standard input. Through it the owner names what belongs t
 
 The pipe reaches end-of-file when the owner closes it (``stop()``) or when the owner's process ends, for
 any reason: the kernel closes a dead process's files. The reaper then kills every process still in those
-sessions and removes the files. It is run as a file, not as a module of the package, so that it starts
+sessions and removes the files. Should the reaper be killed first, each engine does the same on its own
+once it sees the owner gone (``rank.watch_owner``). It is run as a file, not as a module of the package, so that it starts
 in milliseconds and does not import torch.
 """
 
@@ -75,6 +76,13 @@ def main():
             patterns.append(value)
         elif word == "tree":
             trees.append(value)
+    end_cluster(sessions, patterns, trees)
+
+
+def end_cluster(sessions, patterns, trees):
+    """Kill every process of the cluster's sessions (but this one), remove its files, and wait for them.
+    The reaper does this when its pipe closes; each engine does it too when it sees that the owner is gone
+    (the second line of defence: the reaper itself may have been killed)."""
     procs = processes_in(sessions)
     for proc in procs:
         _kill(proc)
