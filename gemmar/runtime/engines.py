@@ -477,6 +477,13 @@ def _children(proc):
         return []
 
 
+def _alive(pid):
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
 def _kill(pid):
     try:
         proc = psutil.Process(pid)
