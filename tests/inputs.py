@@ -34,7 +34,8 @@ def allowed_error(result, A, B):
     for two_shot, each rank's partial to the wire dtype (the input dtype unless the run said otherwise)."""
     ref = reference(A, B)
     peak = ref.abs().max().item() if ref.numel() else 0.0
-    rounding = EPSILON[result.C.dtype]
+    interpreted = result.backend == "cpu"   # (the interpreter's conversions truncate: a whole ulp)
+    rounding = EPSILON[result.C.dtype] * (2 if interpreted else 1)
     if result.config.algorithm == "two_shot":
-        rounding += result.config.world_size * EPSILON[result.config.partial_dtype]
+        rounding += result.config.world_size * EPSILON[result.config.partial_dtype] * (2 if interpreted else 1)
     return 1e-3 * max(1.0, A.shape[1] ** 0.5) + rounding * peak

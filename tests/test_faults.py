@@ -214,3 +214,11 @@ def test_a_forked_child_that_exits_leaves_the_parents_cluster_alone(cluster):
         os.waitpid(pid, 0)
         pytest.fail("the forked child did not exit within 30 s")
     assert cluster.running and cluster.run(sum, [2, 3]) == [5, 5]
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_a_correct_result_is_not_called_wrong_where_the_interpreter_truncates(cluster, seed):
+    """fp32 partials, a bf16 C: the interpreter's conversion to bf16 truncates (a whole ulp, not half)."""
+    result = cluster.bench(gemmar.RunConfig(m=70, n=33, k=50, algorithm="two_shot", datatype="bf16",
+                                            wire_dtype="fp32", seed=seed, world_size=2))
+    assert result.ok, (result.max_abs_diff, [r.tolerance for r in result.ranks])
