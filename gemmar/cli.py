@@ -8,14 +8,18 @@ Exit codes: 0 success, 1 a check failed (C differs from the reference), 2 bad ar
 import argparse
 import datetime
 import json
+import math
 import os
 import platform
 import sys
 
+import psutil
+
 from .config import ALGORITHMS, BACKENDS, DTYPES, RunConfig, choose_algorithm, tuned_defaults
 from .errors import ClusterError, DeadlockError, GemmarError, RankDiedError, UsageError
 from .report import log, print_figures
-from .runtime.engines import check_world_size, gpu_count, gpu_properties, resolve_backend, shares_gpu
+from .runtime.engines import check_heap_fits, check_world_size, gpu_count, gpu_properties, resolve_backend, shares_gpu
+from .runtime.heap import size_text
 from .runtime.allreduce import SCHEMES
 from .runtime.launch import heap_bytes_needed
 
@@ -135,6 +139,10 @@ def cmd_bench(args):
         check_output_path("--output_file", args.output_file)
         if args.trace_tiles:
             check_output_path("--output_file", trace_path_for(args.output_file))
+    elif args.trace_tiles:
+        check_output_path("-t (the trace, with no --output_file)", DEFAULT_TRACE_FILE)
+    if args.iterations < 1:
+        raise UsageError(f"--iterations {args.iterations} is not allowed: use 1 or more launches")
     backend = resolve_backend(args.backend, args.num_ranks) if 1 <= args.num_ranks <= 64 else "cpu"
     if args.algorithm == "auto":
         args.algorithm, why = choose_algorithm(backend, args.num_ranks, gpu_count())
@@ -155,6 +163,10 @@ def cmd_bench(args):
         log("-", W, f"--total_sms means nothing for {config.algorithm}, which has no communication programs: "
                     f"ignored")
     check_memory(config, W, backend)   # before the engines start, and in words about the problem's size
+    needed = heap_bytes_needed(config)
+    if args.heap_size is not None and args.heap_size < needed:
+        raise UsageError(f"--heap_size {args.heap_size} is too small: this run needs {needed} bytes per rank "
+                         f"({size_text(needed)}); give at least that, or leave it out")
     log("-", W, starting_line(backend, W))
     figures = None
     heap_size = args.heap_size or max(256 << 20, max(heap_bytes_needed(config_from_args(args, backend, alg))
@@ -194,8 +206,8 @@ def cmd_bench(args):
             result.trace.save(path)
             log("-", W, f"wrote {path}")
     elif args.trace_tiles:
-        result.trace.save("gemmar.trace.json")
-        log("-", W, "wrote gemmar.trace.json")
+        result.trace.save(DEFAULT_TRACE_FILE)
+        log("-", W, f"wrote {DEFAULT_TRACE_FILE}")
     return 0 if success else 1
 
 
@@ -262,15 +274,34 @@ def starting_line(backend, W):
     return f"starting {W} ipyparallel engine(s) as ranks 0..{W - 1}"
 
 
+DEFAULT_TRACE_FILE = "gemmar.trace.json"   # -t without --output_file
+
+
 def check_output_path(flag, path):
-    """Refuse, before any work, a file the run could not write at the end (one line, exit 2)."""
+    """Refuse, before any work, a file the run could not write at the end (one line, exit 2): a folder, a
+    device, a FIFO or a /proc file, a missing or read-only folder. A new file is test-written (and removed
+    again), so that a full disk or a file system that refuses writes is found now, not after the work."""
     folder = os.path.dirname(os.path.abspath(path))
     if os.path.isdir(path):
         raise UsageError(f"{flag} {path} is a folder: give a file name")
+    if os.path.exists(path) and not os.path.isfile(path):
+        raise UsageError(f"{flag} {path} is not a regular file (a device, a FIFO or a socket): give a file name")
     if not os.path.isdir(folder):
         raise UsageError(f"{flag} {path}: the folder {folder} does not exist")
-    if not os.access(folder, os.W_OK):
-        raise UsageError(f"{flag} {path}: the folder {folder} is not writable")
+    if not os.access(folder, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
+        raise UsageError(f"{flag} {path}: {'the file' if os.path.exists(path) else 'the folder ' + folder} is not "
+                         f"writable")
+    if not os.path.exists(path):
+        try:
+            with open(path, "x") as probe:
+                probe.write("{}\n")
+                probe.flush()
+                os.fsync(probe.fileno())
+        except OSError as e:
+            raise UsageError(f"{flag} {path} cannot be written: {e.strerror}") from None
+        finally:
+            if os.path.isfile(path):
+                os.unlink(path)
 
 
 def _allreduce_parser(sub):
@@ -308,14 +339,27 @@ def cmd_allreduce(args):
     itemsize = DTYPES[args.datatype].itemsize
     numels = []
     for mib in sizes:
-        numel = int(mib * 2 ** 20) // itemsize
+        numel = int(mib * 2 ** 20) // itemsize if math.isfinite(mib) else 0
         if not 1 <= numel <= 2 ** 34:
-            raise UsageError(f"--sizes {mib:g}: use message sizes from {itemsize / 2 ** 20:.2g} MiB (one value) up")
+            raise UsageError(f"--sizes {mib:g}: use message sizes from {itemsize / 2 ** 20:.2g} MiB (one value) "
+                             f"to {2 ** 34 * itemsize / 2 ** 20:g} MiB")
         numels.append(numel)
+    if args.comm_sms is not None and not 1 <= args.comm_sms <= 4096:
+        raise UsageError(f"--comm_sms {args.comm_sms} is not allowed: use 1 to 4096 programs per rank")
+    if args.iterations < 1:
+        raise UsageError(f"--iterations {args.iterations} is not allowed: use 1 or more launches")
     if args.baseline and (backend != "cuda" or shares_gpu(backend, args.num_ranks)):
         raise UsageError("--baseline times NCCL between GPUs: it needs the cuda backend and one GPU per rank")
     W = args.num_ranks
     heap_size = max(256 << 20, max(all_reduce_heap_bytes(n, DTYPES[args.datatype], backend) for n in numels))
+    check_heap_fits(backend, W, heap_size)   # before the engines start (3000 MiB once tried ~19 GB)
+    if backend == "cpu":
+        # Each rank also holds its input and the float64 reference (built from every rank's input).
+        need = W * (heap_size + max(numels) * (W * itemsize + 3 * 8))
+        free = psutil.virtual_memory().available
+        if need > free:
+            raise UsageError(f"--sizes {max(sizes):g} MiB on {W} rank(s) needs about {size_text(need)} of memory; "
+                             f"this machine has {size_text(free)} available: use smaller sizes")
     timed = backend == "cuda"
     rows = []
     log("-", W, starting_line(backend, W))

@@ -114,6 +114,11 @@ class Cluster(EngineCluster):
             raise UsageError(f"A is {A.dtype} and B is {B.dtype}: use the same dtype for both")
         fixed = dict(m=A.shape[0], n=B.shape[1], k=A.shape[1], datatype=A.dtype, algorithm=algorithm,
                      world_size=self.world_size)
+        given = sorted(set(settings) & set(fixed))
+        if given:   # (they come from A, B and the cluster: a different value would be silently ignored)
+            raise UsageError(f"{', '.join(f'{k}={settings[k]!r}' for k in given)}: gemm_all_reduce takes these "
+                             f"from A, B and the cluster (m, n, k from the shapes, datatype from the dtype, "
+                             f"world_size from the cluster); leave them out")
         config = RunConfig.from_settings({"timeout_s": self.timeout_s, **settings}, **fixed)
         check_memory(config, self.world_size, self.backend, client_copy=True)
         A, B = A.detach().cpu(), B.detach().cpu()

@@ -144,9 +144,12 @@ class RunConfig:
             raise UsageError(f"algorithm {self.algorithm!r} is not known: use one of {', '.join(ALGORITHMS)}")
         for name in ("BLK_M", "BLK_N", "BLK_K"):
             value = getattr(self, name)
-            _positive_int(name, value, MAX_BLOCK)
-            if value < MIN_BLOCK or value & (value - 1):
-                raise UsageError(f"{name}={value} is not allowed: use a power of two from {MIN_BLOCK} to {MAX_BLOCK}")
+            if isinstance(value, bool) or not isinstance(value, int) or not MIN_BLOCK <= value <= MAX_BLOCK or \
+                    value & (value - 1):
+                raise UsageError(f"{name}={value!r} is not allowed: use a power of two from {MIN_BLOCK} to "
+                                 f"{MAX_BLOCK} ({', '.join(str(1 << i) for i in range(MIN_BLOCK.bit_length() - 1, MAX_BLOCK.bit_length()))})")
+        if not isinstance(self.trace, bool):
+            raise UsageError(f"trace={self.trace!r} is not allowed: use True or False")
         _positive_int("gsize_m", self.gsize_m, MAX_PROGRAMS)
         _positive_int("num_sms", self.num_sms, MAX_PROGRAMS)
         _positive_int("world_size", self.world_size, MAX_WORLD_SIZE)
