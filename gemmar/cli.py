@@ -6,6 +6,7 @@ Exit codes: 0 success, 1 a check failed (C differs from the reference), 2 bad ar
 """
 
 import argparse
+import contextlib
 import datetime
 import json
 import math
@@ -406,16 +407,28 @@ def cmd_gantt(args):
         if path:
             check_output_path(flag, path)
     trace = Trace.load(args.trace)
-    trace.gantt(iteration=args.iteration, max_lanes=args.max_lanes, path=args.output)
+    with written_to(args.output):
+        trace.gantt(iteration=args.iteration, max_lanes=args.max_lanes, path=args.output)
     print(f"[gemmar] wrote {args.output}: {trace}")
     print(trace.summary(args.iteration).round(2).to_string())
     if args.tile_grid:
-        trace.tile_grid(iteration=args.iteration, path=args.tile_grid)
+        with written_to(args.tile_grid):
+            trace.tile_grid(iteration=args.iteration, path=args.tile_grid)
         print(f"[gemmar] wrote {args.tile_grid}")
     if args.perfetto:
-        trace.to_perfetto(args.perfetto)
+        with written_to(args.perfetto):
+            trace.to_perfetto(args.perfetto)
         print(f"[gemmar] wrote {args.perfetto} (open it at ui.perfetto.dev)")
     return 0
+
+
+@contextlib.contextmanager
+def written_to(path):
+    """A write that fails after the checks (a disk that fills up meanwhile) is one line too."""
+    try:
+        yield
+    except OSError as e:
+        raise UsageError(f"could not write {path}: {e.strerror or e}") from None
 
 
 def trace_path_for(output_file):

@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 
 from ..errors import UsageError
-from ..kernels.events import COLUMNS, KINDS, events_per_launch
+from ..kernels.events import ALGORITHM_KINDS, COLUMNS, KINDS, RESULT_WAIT_ID, events_per_launch
 from .plots import PHASE_COLORS
 
 FORMAT = "gemmar-trace"
@@ -83,14 +83,27 @@ def _check_events(trace):
         return
     programs = m["num_sms"] + (m.get("comm_sms") or 0)
     columns = {name: ev[:, i] for i, name in enumerate(RAW_COLUMNS)}
+    tiles_m, tiles_n = -(-m["m"] // m["BLK_M"]), -(-m["n"] // m["BLK_N"])
+    kinds = [k for k, (name, _) in KINDS.items() if name in ALGORITHM_KINDS[m["algorithm"]]]
+    # Only two_shot's wait for an owner's tiles is about no one tile: tile, pid_m and pid_n -1 there.
+    whole = columns["kind_id"] == RESULT_WAIT_ID if m["algorithm"] == "two_shot" else np.zeros(len(ev), bool)
+    least = np.where(whole, -1, 0)
     problems = [(columns["rank"] < 0) | (columns["rank"] >= m["world_size"]), "a rank outside the world size",
                 (columns["program"] < 0) | (columns["program"] >= programs), "a program outside the launch",
                 ~np.isin(columns["kind_id"], list(KINDS)), "an unknown event kind",
+                ~np.isin(columns["kind_id"], kinds), f"an event kind that {m['algorithm']} does not record",
+                (columns["tile"] < least) | (columns["tile"] >= tiles_m * tiles_n), "a tile outside the grid",
+                (columns["pid_m"] < least) | (columns["pid_m"] >= tiles_m) | (columns["pid_n"] < least) |
+                (columns["pid_n"] >= tiles_n), "tile coordinates outside the grid",
                 columns["t_end_ns"] < columns["t_start_ns"], "an end before its start"]
     for bad, what in zip(problems[::2], problems[1::2]):
         if bad.any():
             row = int(np.flatnonzero(bad)[0])
             raise UsageError(f"event {row} has {what} ({dict(zip(RAW_COLUMNS, ev[row].tolist()))})")
+
+
+# The largest trace file read: 400k events (more than a 2 x H200 run of 8192^3 records) take ~60 MB.
+MAX_TRACE_BYTES = 512 << 20
 
 
 class Trace:
@@ -169,13 +182,20 @@ class Trace:
         """Read a file written by :meth:`save`. A missing, corrupt or foreign file is a UsageError."""
         if not os.path.exists(path):
             raise UsageError(f"trace file {path} does not exist")
+        if not os.path.isfile(path):   # a FIFO would block, a device (/dev/zero) never end
+            raise UsageError(f"trace file {path} is not a regular file")
         opener = gzip.open if str(path).endswith(".gz") else open
         try:
-            with opener(path, "rt") as f:
-                doc = json.load(f)
-        except (OSError, ValueError, EOFError) as e:
-            raise UsageError(f"trace file {path} is not a readable gemmar trace ({type(e).__name__}: "
-                             f"{str(e).splitlines()[0][:120]})") from None
+            with opener(path, "rb") as f:
+                data = f.read(MAX_TRACE_BYTES + 1)   # (gzip: the size once unpacked, so no bomb fills memory)
+            if len(data) > MAX_TRACE_BYTES:
+                raise UsageError(f"trace file {path} holds more than {MAX_TRACE_BYTES >> 20} MiB of JSON: gemmar "
+                                 f"writes far less for any run it can draw")
+            doc = json.loads(data)
+        except (OSError, ValueError, EOFError, RecursionError) as e:
+            what = "nested too deep" if isinstance(e, RecursionError) else str(e).splitlines()[0][:120]
+            raise UsageError(f"trace file {path} is not a readable gemmar trace ({type(e).__name__}: {what})") \
+                from None
         if not isinstance(doc, dict) or doc.get("format") != FORMAT:
             raise UsageError(f"{path} is not a gemmar trace (no \"format\": \"{FORMAT}\" field)")
         if doc.get("version") != VERSION:

@@ -32,6 +32,11 @@ KINDS = {
     11: ("broadcast", "comm"),       # two_shot: the owner writes the sum into every rank's C
     12: ("result_wait", "wait"),     # two_shot: a rank waits until every tile one owner (peer) owns is in its C
 }
+# The kinds each algorithm records (a trace file with others is damaged).
+ALGORITHM_KINDS = {"ring": ("gemm", "slot_wait", "send", "signal", "recv_wait", "reduce", "store"),
+                   "atomics": ("gemm", "store", "push"),
+                   "two_shot": ("gemm", "publish", "partial_wait", "reduce", "broadcast", "result_wait")}
+RESULT_WAIT_ID = 12
 # The same ids as constexpr globals, the only kind of global a @triton.jit function may read.
 (GEMM, SLOT_WAIT, SEND, SIGNAL, RECV_WAIT, REDUCE, STORE, PUSH, PUBLISH, PARTIAL_WAIT, BROADCAST,
  RESULT_WAIT) = (tl.constexpr(i) for i in range(1, 13))
