@@ -1,0 +1,39 @@
+"""The performance model (gemmar/analysis/model.py) checked against the measured 2 x H200 figures, then its
+predictions for two_shot at W = 2 and W = 8; no GPU needed.
+
+    python3 benchmarks/model.py [--two_gpu data/h200-bench.json] [--one_gpu data/h200x1-bench-2026-12-02.json]
+                                [--link_gb_s 450] [--nccl_bus_gb_s 270]
+"""
+
+import argparse
+
+from gemmar.analysis import model
+
+
+def main(args):
+    measured, machine, one_gpu = model.load_inputs(args.two_gpu, args.one_gpu)
+    machine.link_gb_s, machine.nccl_bus_gb_s = args.link_gb_s, args.nccl_bus_gb_s
+    print(f"inputs: matmul times of {args.two_gpu}, world-size-1 ratios of {args.one_gpu}; link "
+          f"{machine.link_gb_s:g} GB/s per direction, NCCL bus {machine.nccl_bus_gb_s:g} GB/s, two_shot tail "
+          f"{one_gpu.two_shot_tail_us:g} us; exposure {model.EXPOSURE}")
+    rows = model.check(measured, 2, machine, one_gpu)
+    print("| algorithm | per-rank M x N x K | measured 2 x H200 | model | error |\n|---|---|---|---|---|")
+    for alg, shape, ms, pred, err in rows:
+        print(f"| {alg} | {' x '.join(map(str, shape))} | {ms:.3f} ms | {pred:.3f} ms | {100 * err:+.1f} % |")
+    try:
+        predictions = model.predict("two_shot", list(measured), (2, 8), machine, one_gpu, rows)
+    except ValueError as e:
+        print(f"no prediction: {e}")
+        return
+    print("\n| two_shot, predicted | W | fused | sequential | fused / sequential |\n|---|---|---|---|---|")
+    for (shape, W), (fused, seq) in predictions.items():
+        print(f"| {' x '.join(map(str, shape))} | {W} | {fused:.3f} ms | {seq:.3f} ms | {fused / seq:.2f} |")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--two_gpu", default="data/h200-bench.json")
+    parser.add_argument("--one_gpu", default="data/h200x1-bench-2026-12-02.json")
+    parser.add_argument("--link_gb_s", type=float, default=model.Machine.link_gb_s)
+    parser.add_argument("--nccl_bus_gb_s", type=float, default=model.Machine.nccl_bus_gb_s)
+    main(parser.parse_args())
