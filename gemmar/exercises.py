@@ -15,7 +15,7 @@ import torch
 
 from .analysis.schedule import plot_tile_order, tile_coords, tile_schedule
 from .config import k_bounds
-from .errors import GemmarError
+from .errors import GemmarError, RankDiedError
 
 
 class Verdict(str):
@@ -33,12 +33,19 @@ def _say(message, result=None):
 
 def _run_part(cluster, algorithm, parts, A, B, **settings):
     """(the Result, None), or (None, what went wrong) when the participant's code did not run through."""
-    if not cluster.running:   # stopped, e.g. by the notebook's last cell after a Run All: start it again
-        print(f"(the cluster was stopped: starting {cluster.world_size} rank(s) again)")
+    if not cluster.running:   # stopped by the notebook's last cell after a Run All, or after a crash
+        why = "the last check's ranks crashed" if cluster.restart_reason else "the cluster was stopped"
+        print(f"({why}: starting {cluster.world_size} rank(s) again)")
         cluster.start()
     try:
         return cluster.gemm_all_reduce(A, B, algorithm=algorithm, parts=parts, trace=True, timeout_s=20,
                                        **settings), None
+    except RankDiedError as e:
+        crashed = any(f"killed by {sig}" in str(e) for sig in ("SIGSEGV", "SIGBUS"))
+        hint = (f"; a load or store of your {', '.join(parts)} reached an address outside every rank's heap: "
+                f"look at the order of from_rank and to_rank (data flows from the first to the second) and at "
+                f"translate's arguments" if crashed else "")
+        return None, f"not yet: {e}{hint}. The next check starts fresh ranks by itself"
     except GemmarError as e:
         return None, f"not yet: {e}"
 

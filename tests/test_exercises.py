@@ -3,6 +3,7 @@ and the message never gives the answer away."""
 
 import os
 import re
+import sys
 from types import SimpleNamespace
 
 import pytest
@@ -96,8 +97,6 @@ def puzzle_stub(notebook, tmp_path):
 @pytest.mark.parametrize("world_size", [3])
 @pytest.mark.parametrize("notebook", sorted(PUZZLES))
 def test_puzzle_fails_on_stub_and_passes_on_solution(clusters, world_size, notebook, tmp_path):
-    import sys
-
     check_name, solved_name, says = PUZZLES[notebook]
     check = getattr(exercises, check_name)
     cluster = clusters(world_size)
@@ -196,3 +195,37 @@ def test_a_puzzle_check_starts_a_stopped_cluster(capsys):
         assert cluster.running
     finally:
         cluster.stop()
+
+
+SWAPPED = '''
+import triton
+from gemmar.kernels import device
+
+
+@triton.jit
+def swapped_ranks(C_tile, acc, mask, step, rank, world_size, heap_bases):
+    peer = (rank + step) % world_size
+    device.atomic_add(C_tile, acc, peer, rank, heap_bases, mask=mask, sem="relaxed", scope="sys")
+    return peer
+'''
+
+
+def test_a_part_that_crashes_its_ranks_is_explained_and_the_next_check_runs(tmp_path, capsys):
+    """The classic Iris slip (from_rank and to_rank swapped): the engines crash; the participant is told the
+    likely cause, and the right answer passes next with no manual restart (a cluster of its own)."""
+    import gemmar
+
+    sys.path.insert(0, NOTEBOOKS)
+    try:
+        import solutions
+    finally:
+        sys.path.remove(NOTEBOOKS)
+    wrong = _module_from(tmp_path / "swapped.py", SWAPPED)
+    with gemmar.Cluster(world_size=3, backend=os.environ.get("GEMMAR_TEST_BACKEND", "cpu")) as cluster:
+        said = exercises.check_push_partial(cluster, wrong.swapped_ranks)
+        assert said.startswith("not yet: rank"), said
+        if "killed by SIGSEGV" in said or "killed by SIGBUS" in said:
+            assert "reached an address outside every rank's heap: look at the order of from_rank and to_rank" in said
+        assert said.endswith("The next check starts fresh ranks by itself"), said
+        assert exercises.check_push_partial(cluster, solutions.push_partial).startswith("right!")
+        assert "(the last check's ranks crashed: starting 3 rank(s) again)" in capsys.readouterr().out

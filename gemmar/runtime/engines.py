@@ -119,6 +119,12 @@ class EngineCluster:
     def running(self):
         return self.client is not None
 
+    @property
+    def restart_reason(self):
+        """Why the last run stopped every rank (a rank died, froze or was interrupted), or None; the next
+        call starts fresh ranks."""
+        return self._restart_reason
+
     def start(self):
         import ipyparallel as ipp
 
