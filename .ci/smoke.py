@@ -5,16 +5,25 @@ right, one trace drawn; then notebook 1 top to bottom. Prints one line per step 
 thing that is not as it should be.
 """
 
+import atexit
+import os
+import shutil
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-import triton
+# Nothing into the user's home (the notebook's kernel keeps IPython history, matplotlib its caches): a
+# private one, removed at the end, as the test suite does (tests/conftest.py).
+HOME = tempfile.mkdtemp(prefix="gemmar-smoke-home-")
+os.environ["HOME"] = HOME
+atexit.register(shutil.rmtree, HOME, ignore_errors=True)
 
-import gemmar
-from gemmar import RunConfig, exercises
-from gemmar.kernels.gemm import tile_coords
+import triton  # noqa: E402
+
+import gemmar  # noqa: E402
+from gemmar import RunConfig, exercises  # noqa: E402
+from gemmar.kernels.gemm import tile_coords  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 start = time.monotonic()
