@@ -39,12 +39,15 @@ def _bench_parser(sub):
     p = sub.add_parser("bench", help="run the fused GEMM + all-reduce on ipyparallel ranks, check and time it",
                        description="Run the fused GEMM + all-reduce with K split over ranks. Every rank "
                                    "builds the same seeded A (M x K) and B (K x N) and keeps its K-slice.",
-                       epilog="(Iris): a flag of Iris's GEMM + all-reduce benchmark.py, taken with Iris's meaning. "
+                       epilog="(tuned): left out, it is chosen for the device: on cpu 32/32/32 tiles and 4 "
+                              "programs; on GPUs config.GPU_TUNING's tile, one program per SM (shared out when "
+                              "ranks share a GPU). "
+                              "(Iris): a flag of Iris's GEMM + all-reduce benchmark.py, taken with Iris's meaning. "
                               "(Iris, AMD) : accepted so that Iris command lines run, and said to mean nothing "
                               "here. Differences: no int8; --output_file is off unless given (Iris: log.json); "
                               "the report holds Iris's keys and gemmar's.")
     d = RunConfig()
-    tuned = "default: tuned for the device (cpu: 32/32/32, 4 programs; GPU: see config.GPU_TUNING)"
+    tuned = "default: tuned for the device (see \"(tuned)\" below)"
     p.add_argument("-m", type=int, default=d.m, help="(Iris) rows of A and C (default %(default)s)")
     p.add_argument("-n", type=int, default=d.n, help="(Iris) columns of B and C (default %(default)s)")
     p.add_argument("-k", type=int, default=d.k,
@@ -54,14 +57,14 @@ def _bench_parser(sub):
     p.add_argument("--algorithm", choices=ALGORITHMS + ("auto",), default=d.algorithm,
                    help="how partial tiles are reduced; auto: chosen by the rule in BENCHMARKS.md (a fused kernel, "
                         "or cuBLAS + NCCL where those measured faster), saying which and why")
-    p.add_argument("--BLK_M", type=int, help="(Iris) " + tuned)
-    p.add_argument("--BLK_N", type=int, help="(Iris) " + tuned)
-    p.add_argument("--BLK_K", type=int, help="(Iris) " + tuned)
-    p.add_argument("--gsize_m", type=int, help="(Iris) GROUP_SIZE_M of the tile swizzle; " + tuned)
+    p.add_argument("--BLK_M", type=int, help="(Iris) rows of a tile: a power of two from 16 to 256; " + tuned)
+    p.add_argument("--BLK_N", type=int, help="(Iris) columns of a tile, as BLK_M")
+    p.add_argument("--BLK_K", type=int, help="(Iris) the K step of a tile's GEMM, as BLK_M")
+    p.add_argument("--gsize_m", type=int, help="(Iris) GROUP_SIZE_M of the tile swizzle (tuned)")
     p.add_argument("--num_sms", "--gemm_sms", dest="num_sms", type=int,
-                   help="(Iris: --gemm_sms) persistent GEMM programs per rank; " + tuned)
+                   help="(Iris: --gemm_sms) persistent GEMM programs per rank (tuned)")
     p.add_argument("--comm_sms", type=int, help="(Iris) two_shot: communication programs per rank, besides the "
-                                                "GEMM's; " + tuned)
+                                                "GEMM's (tuned)")
     p.add_argument("--total_sms", type=int, help="(Iris) GEMM + communication programs per rank: two_shot takes "
                                                  "comm_sms = total_sms - gemm_sms; atomics and ring have no "
                                                  "communication programs")
@@ -75,8 +78,8 @@ def _bench_parser(sub):
                                                              "which sum in C; the input dtype for two_shot)")
     p.add_argument("--wire_dtype", choices=list(DTYPES), help="two_shot: dtype of the partial tiles sent between "
                                                               "ranks (default: the input dtype)")
-    p.add_argument("--num_warps", type=int, help="(Iris) GPU only; " + tuned)
-    p.add_argument("--num_stages", type=int, help="(Iris) GPU only; " + tuned)
+    p.add_argument("--num_warps", type=int, help="(Iris) GPU only: warps per program (tuned)")
+    p.add_argument("--num_stages", type=int, help="(Iris) GPU only: software-pipeline stages (tuned)")
     p.add_argument("-r", "--num_ranks", type=int, default=2,
                    help="(Iris) ranks = ipyparallel engines; with more ranks than GPUs, one engine runs them all on GPU 0, "
                         "each on its own stream (default 2)")
@@ -97,7 +100,8 @@ def _bench_parser(sub):
     p.add_argument("--timeout", type=float, default=60.0, help="watchdog on every spin-wait, seconds")
     p.add_argument("--heap_size", type=int, help="(Iris) symmetric heap bytes per rank (default: what the run needs, "
                                                  "at least 256 MiB)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the random inputs, the same on every rank "
+                                                        "(default %(default)s)")
     p.set_defaults(func=cmd_bench)
 
 

@@ -148,11 +148,11 @@ def answer_puzzle(page, source):
 def test_participant_solves_the_swizzle_puzzle(jupyterlab):
     import sys
 
-    sys.path.insert(0, str(ROOT / "notebooks"))
+    sys.path.insert(0, str(ROOT / "instructors"))
     try:
         import solutions
     finally:
-        sys.path.remove(str(ROOT / "notebooks"))
+        sys.path.remove(str(ROOT / "instructors"))
     right = "import triton\nimport triton.language as tl\n\n\n" + inspect.getsource(solutions.tile_coords.fn) \
         .replace("def tile_coords(", "def my_tile_coords(")
     with notebook_page(jupyterlab, "01_persistent_gemm.ipynb") as page:

@@ -62,8 +62,9 @@ def test_worst_wait():
 
 
 # The puzzles: the stub in the notebook's cell (tagged "puzzle") fails its check, with a message that says
-# where and how; the solution in notebooks/solutions.py passes. Both run for real, in the kernel, on a cluster.
+# where and how; the solution in instructors/solutions.py passes. Both run for real, in the kernel, on a cluster.
 NOTEBOOKS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "notebooks")
+INSTRUCTORS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "instructors")   # solutions.py
 PUZZLES = {   # notebook -> (check, the function the solution file defines, what the stub's message must say)
     "01_persistent_gemm": ("check_tile_coords", "tile_coords",
                            "not quite: C is right (every tile once), but not in grouped order"),
@@ -103,11 +104,11 @@ def test_puzzle_fails_on_stub_and_passes_on_solution(clusters, world_size, noteb
     stub = check(cluster, puzzle_stub(notebook, tmp_path))
     assert stub.startswith("not quite:") and says in stub, stub
     assert stub.result is not None and stub.result.trace is not None   # the wrong run, for a closer look
-    sys.path.insert(0, NOTEBOOKS)
+    sys.path.insert(0, INSTRUCTORS)
     try:
         import solutions
     finally:
-        sys.path.remove(NOTEBOOKS)
+        sys.path.remove(INSTRUCTORS)
     assert check(cluster, getattr(solutions, solved_name)).startswith("right!")
 
 
@@ -215,11 +216,11 @@ def test_a_part_that_crashes_its_ranks_is_explained_and_the_next_check_runs(tmp_
     likely cause, and the right answer passes next with no manual restart (a cluster of its own)."""
     import gemmar
 
-    sys.path.insert(0, NOTEBOOKS)
+    sys.path.insert(0, INSTRUCTORS)
     try:
         import solutions
     finally:
-        sys.path.remove(NOTEBOOKS)
+        sys.path.remove(INSTRUCTORS)
     wrong = _module_from(tmp_path / "swapped.py", SWAPPED)
     with gemmar.Cluster(world_size=3, backend=os.environ.get("GEMMAR_TEST_BACKEND", "cpu")) as cluster:
         said = exercises.check_push_partial(cluster, wrong.swapped_ranks)

@@ -1,4 +1,4 @@
-"""Solutions to the notebooks' puzzles (for instructors; participants: try first!).
+"""Solutions to the notebooks' puzzles, for instructors (kept out of notebooks/, which participants browse).
 
 Each is a complete @triton.jit function that the notebook's check accepts; ``tests/test_exercises.py``
 proves that it passes and that the stub in the notebook does not.
