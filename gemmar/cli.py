@@ -169,6 +169,8 @@ def cmd_bench(args):
                     f"ignored")
     check_memory(config, W, backend)   # before the engines start, and in words about the problem's size
     needed = heap_bytes_needed(config)
+    if args.heap_size is not None:
+        check_heap_fits(backend, W, args.heap_size)   # (a size no run could use is said so first)
     if args.heap_size is not None and args.heap_size < needed:
         raise UsageError(f"--heap_size {args.heap_size} is too small: this run needs {needed} bytes per rank "
                          f"({size_text(needed)}); give at least that, or leave it out")

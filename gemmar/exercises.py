@@ -195,13 +195,43 @@ def check_reduce_step(cluster, my_reduce_step):
 
 def check_sum_partials(cluster, my_sum_partials):
     """Notebook 6's puzzle: the owner's step 5 of two_shot, ``sum_partials(slot, rank, world_size, heap_bases,
-    PEER_CACHE) -> the tile's fp32 sum of every rank's partial``; run in two_shot's reduction kernel."""
-    return _partials_puzzle(cluster, "two_shot", "sum_partials", my_sum_partials, (48, 32, 60), 4, 2,
+    PEER_CACHE) -> the tile's fp32 sum of every rank's partial``; run in two_shot's reduction kernel. Every
+    partial once (whole numbers, counted exactly), then in rank order: on inputs where the order of fp32
+    additions shows in the bits, C must equal the package's own sum bit for bit."""
+    said = _partials_puzzle(cluster, "two_shot", "sum_partials", my_sum_partials, (48, 32, 60), 4, 2,
                             "with one, the only partial is the owner's own",
                             "Tile {tile} is summed by one rank, its owner, which writes the sum into every rank's "
                             "C: the owner's sum_partials must read the tile's slot in each of the {W} ranks' heaps.",
                             f"the owners' sums hold each of the {cluster.world_size} partials once, in every rank's C",
                             comm_sms=2)
+    if not said.startswith("right!"):
+        return said
+    A, B = _order_sensitive_problem(48, 32, 60, cluster.world_size, seed=6)
+    runs = {}
+    for name, parts in (("yours", {"sum_partials": my_sum_partials}), ("rank order", None)):
+        runs[name], failed = _run_part(cluster, "two_shot", parts, A, B, BLK_M=16, BLK_N=16, BLK_K=16, num_sms=2,
+                                       comm_sms=2, iterations=1)
+        if failed:
+            return _say(failed)
+    differ = (runs["yours"].C != runs["rank order"].C).view(3, 16, 2, 16).any(3).any(1)
+    if differ.any():
+        pid_m, pid_n = (int(i) for i in differ.nonzero()[0])
+        return _say(f"not quite: every partial is in C once, but tile ({pid_m}, {pid_n}) has other bits than the sum "
+                    f"in rank order (rank 0's partial, then rank 1's, ...). fp32 addition is not associative: "
+                    f"another order rounds differently, and the ranks would not agree run after run",
+                    runs["yours"])
+    return _say(f"right! {said[len('right! '):]}; summed in rank order, bit for bit", runs["yours"])
+
+
+def _order_sensitive_problem(m, n, k, world_size, seed):
+    """fp32 inputs whose rank r's K-slice is scaled by 4096**r: the partials' magnitudes differ so much that
+    the order of their fp32 sum shows in the bits."""
+    g = torch.Generator().manual_seed(seed)
+    A, B = torch.randn(m, k, generator=g), torch.randn(k, n, generator=g)
+    for r in range(world_size):
+        start, end = k_bounds(k, world_size, r)
+        A[:, start:end] *= 4096.0 ** r
+    return A, B
 
 
 def check_tile_owner(my_program, my_turn, m=64, n=64, BLK=16, gsize_m=2, num_sms=3, tile=(3, 1)):

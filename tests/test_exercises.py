@@ -230,3 +230,27 @@ def test_a_part_that_crashes_its_ranks_is_explained_and_the_next_check_runs(tmp_
         assert said.endswith("The next check starts fresh ranks by itself"), said
         assert exercises.check_push_partial(cluster, solutions.push_partial).startswith("right!")
         assert "(the last check's ranks crashed: starting 3 rank(s) again)" in capsys.readouterr().out
+
+
+RING_ORDER = '''
+import triton
+import triton.language as tl
+from gemmar.kernels import device
+
+
+@triton.jit
+def ring_order_sum(slot, rank, world_size, heap_bases, PEER_CACHE: tl.constexpr):
+    total = tl.zeros(slot.shape, tl.float32)
+    for step in range(world_size):   # own rank first: every partial once, but not in rank order
+        source = (rank + step) % world_size
+        total += tl.load(device.translate(slot, rank, source, heap_bases), cache_modifier=PEER_CACHE).to(tl.float32)
+    return total
+'''
+
+
+@pytest.mark.parametrize("world_size", [3])
+def test_the_owners_sum_must_be_in_rank_order_bit_for_bit(clusters, world_size, tmp_path):
+    wrong = _module_from(tmp_path / "ring_order.py", RING_ORDER)
+    said = exercises.check_sum_partials(clusters(world_size), wrong.ring_order_sum)
+    assert said.startswith("not quite: every partial is in C once, but tile (") and "rank order" in said, said
+    assert "(rank + step)" not in said
