@@ -168,12 +168,12 @@ def cmd_bench(args):
         log("-", W, f"--total_sms means nothing for {config.algorithm}, which has no communication programs: "
                     f"ignored")
     check_memory(config, W, backend)   # before the engines start, and in words about the problem's size
-    needed = heap_bytes_needed(config)
     if args.heap_size is not None:
         check_heap_fits(backend, W, args.heap_size)   # (a size no run could use is said so first)
-    if args.heap_size is not None and args.heap_size < needed:
-        raise UsageError(f"--heap_size {args.heap_size} is too small: this run needs {needed} bytes per rank "
-                         f"({size_text(needed)}); give at least that, or leave it out")
+        needed = heap_bytes_needed(config)
+        if args.heap_size < needed:
+            raise UsageError(f"--heap_size {args.heap_size} is too small: this run needs {needed} bytes per rank "
+                             f"({size_text(needed)}); give at least that, or leave it out")
     log("-", W, starting_line(backend, W))
     figures = None
     heap_size = args.heap_size or max(256 << 20, max(heap_bytes_needed(config_from_args(args, backend, alg))

@@ -151,21 +151,25 @@ def check_tile_coords(cluster, my_tile_coords):
     return _say(f"right! every tile once, in grouped order, the short last group included {setting}", result)
 
 
-def _partials_puzzle(cluster, algorithm, part, fn, shape, seed, smallest, too_few, hint, right, **settings):
+def _partials_puzzle(*args, **settings):
+    return _say(*_partials_verdict(*args, **settings))
+
+
+def _partials_verdict(cluster, algorithm, part, fn, shape, seed, smallest, too_few, hint, right, **settings):
     """The puzzles whose part decides which partials reach which rank's C: run ``fn`` as ``part`` in
     ``algorithm``'s kernel for two back-to-back launches on whole-number inputs of ``shape`` (M, N, K) and
     judge every rank's C. ``hint``, what to add to a wrong answer's table: a function (result, rank, tile), or
     a text formatted with ``W``, ``steps`` (W - 1) and ``tile``."""
     if cluster.world_size < smallest:
-        return _say(f"this check needs a cluster of at least {smallest} ranks: {too_few}")
+        return f"this check needs a cluster of at least {smallest} ranks: {too_few}", None
     A, B = _integer_problem(*shape, seed=seed)
     result, failed = _run_part(cluster, algorithm, {part: fn}, A, B, BLK_M=16, BLK_N=16, BLK_K=16, num_sms=2,
                                iterations=2, **settings)
     if failed:
-        return _say(failed)
+        return failed, None
     wrong = _judge_partials(result, A, B, lambda rank, tile: hint(result, rank, tile) if callable(hint) else
                             hint.format(W=cluster.world_size, steps=cluster.world_size - 1, tile=tile))
-    return _say(wrong or f"right! {right}, over 2 back-to-back launches", result)
+    return wrong or f"right! {right}, over 2 back-to-back launches", result
 
 
 def _pushes_of(result, rank, tile):
@@ -198,22 +202,23 @@ def check_sum_partials(cluster, my_sum_partials):
     PEER_CACHE) -> the tile's fp32 sum of every rank's partial``; run in two_shot's reduction kernel. Every
     partial once (whole numbers, counted exactly), then in rank order: on inputs where the order of fp32
     additions shows in the bits, C must equal the package's own sum bit for bit."""
-    said = _partials_puzzle(cluster, "two_shot", "sum_partials", my_sum_partials, (48, 32, 60), 4, 2,
+    m, n, k, block = 48, 32, 60, 16
+    said, result = _partials_verdict(cluster, "two_shot", "sum_partials", my_sum_partials, (m, n, k), 4, 2,
                             "with one, the only partial is the owner's own",
                             "Tile {tile} is summed by one rank, its owner, which writes the sum into every rank's "
                             "C: the owner's sum_partials must read the tile's slot in each of the {W} ranks' heaps.",
                             f"the owners' sums hold each of the {cluster.world_size} partials once, in every rank's C",
                             comm_sms=2)
     if not said.startswith("right!"):
-        return said
-    A, B = _order_sensitive_problem(48, 32, 60, cluster.world_size, seed=6)
+        return _say(said, result)
+    A, B = _order_sensitive_problem(m, n, k, cluster.world_size, seed=6)
     runs = {}
     for name, parts in (("yours", {"sum_partials": my_sum_partials}), ("rank order", None)):
-        runs[name], failed = _run_part(cluster, "two_shot", parts, A, B, BLK_M=16, BLK_N=16, BLK_K=16, num_sms=2,
-                                       comm_sms=2, iterations=1)
+        runs[name], failed = _run_part(cluster, "two_shot", parts, A, B, BLK_M=block, BLK_N=block, BLK_K=block,
+                                       num_sms=2, comm_sms=2, iterations=1)
         if failed:
             return _say(failed)
-    differ = (runs["yours"].C != runs["rank order"].C).view(3, 16, 2, 16).any(3).any(1)
+    differ = (runs["yours"].C != runs["rank order"].C).view(m // block, block, n // block, block).any(3).any(1)
     if differ.any():
         pid_m, pid_n = (int(i) for i in differ.nonzero()[0])
         return _say(f"not quite: every partial is in C once, but tile ({pid_m}, {pid_n}) has other bits than the sum "

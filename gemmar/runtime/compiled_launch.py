@@ -24,7 +24,7 @@ class PreparedLaunch:
     def __init__(self, kernel, grid, args, kwargs, stream=None):
         self.kernel, self.grid, self.args, self.kwargs, self.stream = kernel, tuple(grid), args, kwargs, stream
         params = inspect.signature(kernel.fn).parameters   # (the interpreter's kernels have no .params)
-        names = self.names = list(params)
+        names = list(params)
         values = {n: p.default for n, p in params.items() if p.default is not inspect.Parameter.empty}
         values.update(zip(names, args))
         values.update((k, v) for k, v in kwargs.items() if k in params)
@@ -33,7 +33,6 @@ class PreparedLaunch:
         # Under the interpreter nothing is compiled, so any argument may change.
         self.free = {p.name for p in kernel.params if p.do_not_specialize} if hasattr(kernel, "params") else \
             set(names)
-        self.compiled = None
         self.launcher = None
 
     def __call__(self, **changed):

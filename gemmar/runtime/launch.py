@@ -154,7 +154,7 @@ class FusedGemmAllReduce:
         if self.heap.device.type != "cuda":
             return
         self.check_inputs(A, B)
-        launches, _ = self._kernel_calls(A, B)
+        launches = self._kernel_calls(A, B)
         self.kernel_resources = []
         for kernel, grid, args, kwargs, stream in launches:
             with torch.cuda.stream(stream):
@@ -175,10 +175,9 @@ class FusedGemmAllReduce:
         # (ring, two_shot) or the parity (atomics) changes.
         key = tuple((t.data_ptr(), t.dtype, tuple(t.shape), t.stride()) for t in (A, B))
         if self.prepared is None or self.prepared[0] != key:
-            launches, _ = self._kernel_calls(A, B)
-            self.prepared = (key, [PreparedLaunch(*launch) for launch in launches])
+            self.prepared = (key, [PreparedLaunch(*launch) for launch in self._kernel_calls(A, B)])
+        per_launch = {"epoch": self.launches, "parity": self.launches % 2}
         for launch in self.prepared[1]:
-            per_launch = {"epoch": self.launches, "parity": self.launches % 2}
             launch(**{name: value for name, value in per_launch.items() if name in launch.index})
         out = self.c_pair[self.launches % 2] if cfg.algorithm == "atomics" else self.c
         if len(self.prepared[1]) > 1:
@@ -194,7 +193,7 @@ class FusedGemmAllReduce:
         return out
 
     def _kernel_calls(self, A, B):
-        """([(kernel, grid, args, kwargs, stream)], C) of this rank's next launch (stream: None on cpu)."""
+        """[(kernel, grid, args, kwargs, stream)] of this rank's next launch (stream: None on cpu)."""
         cfg, heap = self.config, self.heap
         K_r, (A_ptr, B_ptr) = A.shape[1], (A, B)
         A, B, tma = gemm_operands(A, B, cfg, heap.device)
@@ -225,20 +224,19 @@ class FusedGemmAllReduce:
                 heap.rank, heap.world_size, self.launches, cfg.m, cfg.n, cfg.n, 1, timeout_ns,
                 self.trace[split:] if self.trace_capacity else self.trace, self.trace_counts[cfg.num_sms:]),
                 reduce_kw, heap.side_stream)
-            return [gemm, reduce], self.c
+            return [gemm, reduce]
         if cfg.algorithm == "atomics":
             return [(atomics.gemm_all_reduce_atomics, grid, (
                 A, B, self.c_pair, heap.heap_bases, heap.rank, heap.world_size, self.launches % 2,
                 cfg.m, cfg.n, K_r, *strides, self.trace, self.trace_counts),
                 dict(gemm_kw, TILE_COORDS=self.parts["tile_coords"], PUSH_PARTIAL=self.parts["push_partial"]),
-                heap.stream)], \
-                self.c_pair[self.launches % 2]
+                heap.stream)]
         return [(ring.gemm_all_reduce_ring, grid, (
             A, B, self.c, self.ring_buffer, self.data_ready, self.slot_free, self.watchdog, heap.heap_bases,
             heap.rank, heap.world_size, self.launches, cfg.m, cfg.n, K_r, *strides, timeout_ns,
             self.trace, self.trace_counts), dict(gemm_kw, MISTAKE=self.mistake, SLOT_CACHE=peer_cache,
                                                  TILE_COORDS=self.parts["tile_coords"],
-                                                 REDUCE_STEP=self.parts["reduce_step"]), heap.stream)], self.c
+                                                 REDUCE_STEP=self.parts["reduce_step"]), heap.stream)]
 
     def check(self):
         """Wait for this rank's work; raise DeadlockError if a wait (or the barrier) expired."""

@@ -163,12 +163,11 @@ def tolerance(config, scale=1.0, peak=None):
     return base + rounding * (peak if peak is not None else 0.0)
 
 
-def rounding_error(dtype, interpreted=None):
+def rounding_error(dtype):
     """The largest relative error of converting an fp32 value to ``dtype``: half an ulp when the conversion
     rounds to nearest (compiled kernels), a whole ulp under the Triton interpreter, whose conversion to
     bf16 and fp16 truncates (a correct two_shot run with fp32 partials and a bf16 C was called FAILED)."""
-    interpreted = os.environ.get("TRITON_INTERPRET") == "1" if interpreted is None else interpreted
-    return EPSILON[dtype] * (2 if interpreted else 1)
+    return EPSILON[dtype] * (2 if os.environ.get("TRITON_INTERPRET") == "1" else 1)
 
 
 def input_scale(A, B):
