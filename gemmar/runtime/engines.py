@@ -192,32 +192,29 @@ class EngineCluster:
                 raise ClusterError(f"only {len(self.client.ids)} of {engines} engines came up within "
                                    f"{self.start_timeout_s:g} s (start_timeout_s)") from None
 
-    def _dead_engines(self):
-        """{engine process index: 'engine process P was killed by SIGKILL' / '... exited with code 3'} for
-        the engine processes that have ended."""
-        dead = {}
+    def _lost_engines(self):
+        """{engine process index: (how, what)} for the engine processes that have ended ("died": 'engine
+        process P was killed by SIGKILL' / '... exited with code 3') or are stopped ("froze"), in one pass."""
+        lost = {}
         for i, proc in enumerate(self._engine_processes):
             try:
-                if proc.status() != psutil.STATUS_ZOMBIE:
+                status = proc.status()
+                if status == psutil.STATUS_STOPPED:
+                    lost[i] = ("froze", f"engine process {proc.pid} is stopped (SIGSTOP or SIGTSTP): it cannot "
+                                        f"answer")
+                    continue
+                if status != psutil.STATUS_ZOMBIE:
                     continue
                 code = proc.wait(timeout=0)
             except psutil.NoSuchProcess:   # ipyparallel's launcher reaped it first, through this same object
                 code = _reaped_exit_code(proc)
             except psutil.TimeoutExpired:
                 continue
-            dead[i] = f"engine process {proc.pid} {_exit_text(code)}"
-        return dead
+            lost[i] = ("died", f"engine process {proc.pid} {_exit_text(code)}")
+        return lost
 
-    def _frozen_engines(self):
-        """{engine process index: text} for engine processes that are stopped (SIGSTOP, SIGTSTP)."""
-        frozen = {}
-        for i, proc in enumerate(self._engine_processes):
-            try:
-                if proc.status() == psutil.STATUS_STOPPED:
-                    frozen[i] = f"engine process {proc.pid} is stopped (SIGSTOP or SIGTSTP): it cannot answer"
-            except psutil.NoSuchProcess:
-                pass
-        return frozen
+    def _dead_engines(self):
+        return {i: what for i, (how, what) in self._lost_engines().items() if how == "died"}
 
     def _ranks_of_process(self, index):
         """The ranks engine process ``index`` hosts (known once the ranks have reported their pids)."""
@@ -372,12 +369,10 @@ class EngineCluster:
         while not all(ar.ready() for ar in pending):
             self._check_not_stopped()
             report_progress()
-            dead = self._dead_engines()
-            if dead:
-                self._raise_rank_died(dead, seen, "died")
-            frozen = self._frozen_engines()
-            if frozen:
-                self._raise_rank_died(frozen, seen, "froze")
+            lost = self._lost_engines()
+            for how in ("died", "froze"):
+                if any(h == how for h, _ in lost.values()):
+                    self._raise_rank_died({i: what for i, (h, what) in lost.items() if h == how}, seen, how)
             for e, ar in enumerate(pending):   # an engine that died or was interrupted says so at once
                 if ar.ready() and not ar.successful():
                     self._raise_engine_failure(e, ar, seen)
