@@ -24,8 +24,8 @@ from gemmar.runtime.launch import FusedGemmAllReduce
 
 def main(W, algorithm, profile, m=8192, n=8192, k_per_rank=4096, launches=50):
     rank_runtime.init_ranks(list(range(W)), W, "cuda", 1 << 30, "launch-cost", 30.0)
-    name, capability, sms = gpu_properties("cuda")
-    knobs = tuned_defaults("cuda", algorithm, name, capability, sms // W)
+    _, capability, sms = gpu_properties("cuda")
+    knobs = tuned_defaults("cuda", algorithm, capability, sms // W)
     config = gemmar.RunConfig(m=m, n=n, k=k_per_rank * W, datatype="bf16", algorithm=algorithm, world_size=W,
                               **knobs)
     ranks = rank_runtime.local_ranks()

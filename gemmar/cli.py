@@ -16,7 +16,8 @@ import sys
 
 import psutil
 
-from .config import ALGORITHMS, BACKENDS, DTYPES, RunConfig, choose_algorithm, tuned_defaults
+from .algorithms import builtin_names, get as get_algorithm
+from .config import BACKENDS, DTYPES, RunConfig, choose_algorithm, tuned_defaults
 from .errors import ClusterError, DeadlockError, GemmarError, RankDiedError, UsageError
 from .report import log, print_figures
 from .runtime.engines import check_heap_fits, check_world_size, gpu_count, gpu_properties, resolve_backend, shares_gpu
@@ -54,7 +55,7 @@ def _bench_parser(sub):
                    help="(Iris) the reduced dimension, split over ranks (default %(default)s)")
     p.add_argument("--datatype", choices=list(DTYPES), default=d.datatype,
                    help="(Iris) input dtype; accumulation is fp32")
-    p.add_argument("--algorithm", choices=ALGORITHMS + ("auto",), default=d.algorithm,
+    p.add_argument("--algorithm", choices=builtin_names() + ("auto",), default=d.algorithm,
                    help="how partial tiles are reduced; auto: chosen by the rule in BENCHMARKS.md (a fused kernel, "
                         "or cuBLAS + NCCL where those measured faster), saying which and why")
     p.add_argument("--BLK_M", type=int, help="(Iris) rows of a tile: a power of two from 16 to 256; " + tuned)
@@ -109,12 +110,13 @@ def config_from_args(args, backend, algorithm=None):
     """The run's RunConfig; with ``algorithm`` (the --baseline comparison), the same run for that algorithm,
     leaving out the dtype flags it does not take."""
     strict, algorithm = algorithm is None, algorithm or args.algorithm
-    name, capability, sms = gpu_properties(backend)
+    _, capability, sms = gpu_properties(backend)
     if shares_gpu(backend, args.num_ranks):
         sms //= args.num_ranks   # the ranks' programs must all be resident on the one GPU at once
-    defaults = tuned_defaults(backend, algorithm, name, capability, sms)
+    defaults = tuned_defaults(backend, algorithm, capability, sms)
     knobs = {k: getattr(args, k) if getattr(args, k) is not None else v for k, v in defaults.items()}
-    if args.total_sms is not None and algorithm == "two_shot":
+    spec = get_algorithm(algorithm)
+    if args.total_sms is not None and spec.comm_programs:
         comm = args.total_sms - knobs["num_sms"]
         if args.comm_sms is not None and args.comm_sms != comm:
             raise UsageError(f"--total_sms {args.total_sms} is not --gemm_sms {knobs['num_sms']} + --comm_sms "
@@ -123,7 +125,7 @@ def config_from_args(args, backend, algorithm=None):
             raise UsageError(f"--total_sms {args.total_sms} leaves no communication program beside "
                              f"{knobs['num_sms']} GEMM programs: use more than --gemm_sms")
         knobs["comm_sms"] = comm
-    takes_dtypes = strict or algorithm == "two_shot"
+    takes_dtypes = strict or spec.wire_dtype
     return RunConfig(m=args.m, n=args.n, k=args.k, datatype=args.datatype, algorithm=algorithm,
                      world_size=args.num_ranks, iterations=args.iterations, timeout_s=args.timeout,
                      trace=args.trace_tiles, seed=args.seed, out_dtype=args.out_dtype if takes_dtypes else None,
@@ -164,7 +166,7 @@ def cmd_bench(args):
     for name in IRIS_AMD_ONLY:
         if getattr(args, name) is not None:
             log("-", W, f"--{name} is an AMD compiler setting of Iris's benchmark: it means nothing here, ignored")
-    if args.total_sms is not None and config.algorithm != "two_shot":
+    if args.total_sms is not None and not config.spec.comm_programs:
         log("-", W, f"--total_sms means nothing for {config.algorithm}, which has no communication programs: "
                     f"ignored")
     check_memory(config, W, backend)   # before the engines start, and in words about the problem's size
@@ -177,14 +179,14 @@ def cmd_bench(args):
     log("-", W, starting_line(backend, W))
     figures = None
     heap_size = args.heap_size or max(256 << 20, max(heap_bytes_needed(config_from_args(args, backend, alg))
-                                                     for alg in ALGORITHMS))
+                                                     for alg in builtin_names()))
     with Cluster(world_size=W, backend=backend, heap_size=heap_size, timeout_s=args.timeout) as cluster:
         log("-", W, f"ranks up on backend {cluster.backend}: {cluster.info[0]['device']}, "
                     f"torch {cluster.info[0]['torch']}, triton {cluster.info[0]['triton']}")
         result = cluster.bench(config, validate=args.validate, verbose=True)
         if args.baseline:
             log("-", W, f"timing every fused kernel and the unfused baseline ({args.reps} reps, median of 5)")
-            configs = {alg: config_from_args(args, backend, alg) for alg in ALGORITHMS}
+            configs = {alg: config_from_args(args, backend, alg) for alg in builtin_names()}
             figures = cluster.compare_to_unfused(configs, reps=args.reps)
             print_figures(figures, configs, W)
     seconds = result.seconds

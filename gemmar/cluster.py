@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 import psutil
 import torch
 
+from . import algorithms
 from .config import RunConfig, k_bounds
 from .errors import UsageError
 from .report import log
@@ -18,6 +19,7 @@ from .runtime.heap import size_text
 from .runtime.launch import heap_bytes_needed
 from .runtime.parts import part_sources
 from .runtime.results import RankFailure
+from .runtime.shipping import ship
 
 
 def check_memory(config, engines, backend, client_copy=False):
@@ -77,18 +79,22 @@ class Cluster(EngineCluster):
     def bench(self, config=None, validate=True, verbose=False, mistake="none", return_c=False, on_progress=None,
               parts=None, **settings):
         """Run with seeded inputs built on each rank (nothing but settings travel). Returns a Result.
+        ``algorithm`` (a setting) may be a registered name or an AlgorithmSpec (a user's own algorithm).
 
         ``on_progress(rank, {"iteration", "max_abs_diff", "seconds"})`` is called as ranks finish iterations.
         ``parts``: {name: @triton.jit function} run in place of the kernel's own (``runtime/parts.py``).
         """
         base = (config or RunConfig()).to_dict()
+        if "algorithm" in settings:
+            settings["algorithm"] = algorithms.get(settings["algorithm"]).name
         config = RunConfig.from_settings({**base, **settings}, world_size=self.world_size)
         check_memory(config, len(self.engine_ranks), self.backend)
         return self._run(config, None, validate, verbose, mistake, return_c, on_progress, parts)
 
     def gemm_all_reduce(self, A, B, algorithm="ring", validate=True, mistake="none", verbose=False, parts=None,
                         **settings):
-        """C = A @ B with K split over the ranks, reduced by ``algorithm``; checked against torch.
+        """C = A @ B with K split over the ranks, reduced by ``algorithm`` (a registered name, or a user's
+        own AlgorithmSpec: it is registered, and its source travels to the ranks); checked against torch.
 
         A is M x K and B is K x N (fp16, bf16 or fp32, same dtype). Rank r gets ``A[:, K_r]`` and
         ``B[K_r, :]``; every rank ends with all of C, checked against a float64 reference after every
@@ -112,8 +118,8 @@ class Cluster(EngineCluster):
             raise UsageError(f"A is {tuple(A.shape)} and B is {tuple(B.shape)}: A's columns must equal B's rows")
         if A.dtype != B.dtype:
             raise UsageError(f"A is {A.dtype} and B is {B.dtype}: use the same dtype for both")
-        fixed = dict(m=A.shape[0], n=B.shape[1], k=A.shape[1], datatype=A.dtype, algorithm=algorithm,
-                     world_size=self.world_size)
+        fixed = dict(m=A.shape[0], n=B.shape[1], k=A.shape[1], datatype=A.dtype,
+                     algorithm=algorithms.get(algorithm).name, world_size=self.world_size)
         given = sorted(set(settings) & set(fixed))
         if given:   # (they come from A, B and the cluster: a different value would be silently ignored)
             raise UsageError(f"{', '.join(f'{k}={settings[k]!r}' for k in given)}: gemm_all_reduce takes these "
@@ -185,7 +191,8 @@ class Cluster(EngineCluster):
 
     def _run(self, config, data, validate, verbose, mistake, return_c, on_progress=None, parts=None):
         W, n = self.world_size, config.iterations
-        sources = part_sources(parts, config.algorithm)
+        sources = part_sources(parts, config.spec)
+        shipped = ship(config.spec)
 
         def progress(r, d):
             if on_progress is not None:
@@ -201,8 +208,8 @@ class Cluster(EngineCluster):
             return (config, [inputs[r] for r in self.engine_ranks[e]], reference, scale)
 
         if verbose:
-            programs = f"{config.num_sms} programs per rank" if config.algorithm != "two_shot" else \
-                f"{config.num_sms} GEMM + {config.comm_sms} communication programs per rank"
+            programs = f"{config.num_sms} GEMM + {config.comm_sms} communication programs per rank" \
+                if config.spec.comm_programs else f"{config.num_sms} programs per rank"
             shared = f", {W} ranks sharing GPU 0" if self.shares_gpu else ""
             log("-", W, f"{config.algorithm}: {config.m} x {config.n} x {config.k} {config.datatype}, blocks "
                         f"{config.BLK_M}x{config.BLK_N}x{config.BLK_K}, {programs}, {n} iteration(s), "
@@ -211,7 +218,7 @@ class Cluster(EngineCluster):
         # waits on no flag (the watchdog catches those that do), and every rank is stopped.
         outs = self.run_ranks(rank_runtime.run_gemm_all_reduce, engine_args=engine_args, on_progress=progress,
                               launch_deadline_s=2 * config.timeout_s + 10, mistake=mistake, return_c=return_c,
-                              validate=validate, parts=sources)
+                              validate=validate, parts=sources, algorithm=shipped)
         RankFailure.raise_first(outs)
         result = Result(config, self.backend, outs, outs[0].C, self.info, mistake)
         if verbose and validate:

@@ -7,7 +7,6 @@ import torch
 from .errors import UsageError
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
-ALGORITHMS = ("atomics", "ring", "two_shot")
 BACKENDS = ("auto", "cpu", "cuda", "iris")
 
 MAX_DIM = 1 << 20            # a side longer than this is a typo, not a workload
@@ -16,16 +15,10 @@ MAX_PROGRAMS = 4096
 MIN_BLOCK, MAX_BLOCK = 16, 256   # tl.dot needs 16 on each side; 256 keeps a tile in registers
 
 
-# Per-GPU starting points: (BLK_M, BLK_N, BLK_K, num_warps, num_stages, gsize_m) per algorithm.
-GPU_TUNING = {
-    # atomics, ring: measured on 2 x H200 at 8192 x 8192 x 8192 per rank (BENCHMARKS.md, sweep).
-    # two_shot: the TMA GEMM core's tile measured on 1 x H200 (BENCHMARKS.md, "GEMM core").
-    "hopper": {"atomics": (128, 128, 64, 8, 4, 8), "ring": (128, 128, 64, 8, 4, 8),
-               "two_shot": (128, 256, 64, 8, 3, 8)},
-    "default": {"atomics": (128, 128, 32, 4, 3, 8), "ring": (128, 128, 32, 4, 3, 8),
-                "two_shot": (128, 128, 32, 4, 3, 8)},
-}
-# Communication programs of two_shot on GPUs (the rest of the SMs run the GEMM).
+# Per-GPU starting points: (BLK_M, BLK_N, BLK_K, num_warps, num_stages, gsize_m). An algorithm's spec may
+# give its own (AlgorithmSpec.gpu_tuning, measured: BENCHMARKS.md); these are for the others.
+GPU_TUNING = {"hopper": (128, 128, 64, 8, 4, 8), "default": (128, 128, 32, 4, 3, 8)}
+# Communication programs on GPUs, for an algorithm that has them (the rest of the SMs run the GEMM).
 GPU_COMM_SMS = 16
 TUNED_KNOBS = ("BLK_M", "BLK_N", "BLK_K", "num_warps", "num_stages", "gsize_m", "num_sms", "comm_sms")
 
@@ -54,17 +47,20 @@ def choose_algorithm(backend, world_size, gpus):
     return AUTO_RULE["one_gpu" if world_size == 1 else "gpus"]
 
 
-def tuned_defaults(backend, algorithm, name="", capability=(0, 0), multiprocessors=0):
+def tuned_defaults(backend, algorithm, capability=(0, 0), multiprocessors=0):
     """Settings that suit the device, for every knob the user did not set. On the cpu backend these are
-    RunConfig's own defaults; on GPUs one program per SM and the tile of GPU_TUNING.
-    ``name`` (the GPU's) is unused: capability decides the tuning row."""
+    RunConfig's own defaults; on GPUs one program per SM and the algorithm's tile for the GPU's family."""
     if backend == "cpu":
         defaults = RunConfig()
         return {knob: getattr(defaults, knob) for knob in TUNED_KNOBS}
+    from .algorithms import get
+
+    spec = get(algorithm)
     family = "hopper" if tuple(capability) >= (9, 0) else "default"
+    tile = {**GPU_TUNING, **spec.gpu_tuning}[family]
     sms = multiprocessors or 108
-    comm = GPU_COMM_SMS if algorithm == "two_shot" else 0
-    return dict(zip(TUNED_KNOBS, GPU_TUNING[family][algorithm] + (sms - comm, comm)))
+    comm = GPU_COMM_SMS if spec.comm_programs else 0
+    return dict(zip(TUNED_KNOBS, tuple(tile) + (sms - comm, comm)))
 
 
 def dtype_name(dtype):
@@ -108,7 +104,7 @@ class RunConfig:
     BLK_K: int = 32
     gsize_m: int = 4
     num_sms: int = 4            # persistent GEMM programs per rank
-    comm_sms: int = 1           # two_shot only: communication programs per rank, besides the GEMM's
+    comm_sms: int = 1           # communication programs per rank, besides the GEMM's (two_shot)
     world_size: int = 2
     iterations: int = 1
     timeout_s: float = 60.0     # watchdog on every spin-wait
@@ -140,8 +136,7 @@ class RunConfig:
         for name in ("m", "n", "k"):
             _positive_int(name, getattr(self, name), MAX_DIM)
         self.datatype = dtype_name(self.datatype)
-        if self.algorithm not in ALGORITHMS:
-            raise UsageError(f"algorithm {self.algorithm!r} is not known: use one of {', '.join(ALGORITHMS)}")
+        spec = self.spec
         for name in ("BLK_M", "BLK_N", "BLK_K"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or not MIN_BLOCK <= value <= MAX_BLOCK or \
@@ -153,17 +148,17 @@ class RunConfig:
         _positive_int("gsize_m", self.gsize_m, MAX_PROGRAMS)
         _positive_int("num_sms", self.num_sms, MAX_PROGRAMS)
         _positive_int("world_size", self.world_size, MAX_WORLD_SIZE)
-        if self.algorithm == "two_shot":
+        if spec.comm_programs:
             _positive_int("comm_sms", self.comm_sms, MAX_PROGRAMS)
         for name in ("out_dtype", "wire_dtype"):
             if getattr(self, name) is not None:
                 setattr(self, name, dtype_name(getattr(self, name)))
-        if self.algorithm != "two_shot":
-            if self.out_dtype not in (None, "fp32"):
-                raise UsageError(f"out_dtype={self.out_dtype} is not allowed with {self.algorithm}: it sums in C "
-                                 f"itself, so C is fp32 (two_shot can return {self.out_dtype})")
-            if self.wire_dtype is not None:
-                raise UsageError(f"wire_dtype applies to two_shot only; {self.algorithm} sends fp32 partials")
+        if spec.c_dtype is None and self.out_dtype not in (None, "fp32"):
+            raise UsageError(f"out_dtype={self.out_dtype} is not allowed with {self.algorithm}: it sums in C itself, "
+                             f"so C is fp32")
+        if not spec.wire_dtype and self.wire_dtype is not None:
+            raise UsageError(f"wire_dtype={self.wire_dtype} is not allowed with {self.algorithm}: its partials "
+                             f"have no dtype of their own on the wire")
         if not (isinstance(self.delay_rank, int) and -1 <= self.delay_rank < self.world_size):
             raise UsageError(f"delay_rank={self.delay_rank!r} is not allowed: use -1 (none) or a rank from 0 to "
                              f"{self.world_size - 1}")
@@ -187,26 +182,40 @@ class RunConfig:
         return DTYPES[self.datatype]
 
     @property
+    def spec(self):
+        """The algorithm's AlgorithmSpec (``gemmar/algorithms.py``)."""
+        from .algorithms import get
+
+        return get(self.algorithm)
+
+    @property
     def c_dtype(self):
-        """The dtype of the all-reduced C."""
+        """The dtype of the all-reduced C: out_dtype, else the algorithm's choice (fp32 if it sums in C)."""
         if self.out_dtype is not None:
             return DTYPES[self.out_dtype]
-        return self.torch_dtype if self.algorithm == "two_shot" else torch.float32
+        spec = self.spec
+        return spec.c_dtype(self) if spec.c_dtype is not None else torch.float32
 
     @property
     def partial_dtype(self):
-        """two_shot: the dtype partial tiles travel in (the input dtype unless wire_dtype says otherwise)."""
+        """The dtype partial tiles travel in, for an algorithm that has one (the input dtype unless wire_dtype
+        says otherwise)."""
         return DTYPES[self.wire_dtype] if self.wire_dtype is not None else self.torch_dtype
 
     @property
     def programs(self):
-        """Programs launched per rank: the GEMM's, and two_shot's communication programs after them."""
-        return self.num_sms + (self.comm_sms if self.algorithm == "two_shot" else 0)
+        """Programs launched per rank: the GEMM's, and the communication programs after them."""
+        return self.num_sms + (self.comm_sms if self.spec.comm_programs else 0)
 
     @property
     def tiles(self):
         """(tiles along M, tiles along N)."""
         return -(-self.m // self.BLK_M), -(-self.n // self.BLK_N)
+
+    @property
+    def tile_count(self):
+        tiles_m, tiles_n = self.tiles
+        return tiles_m * tiles_n
 
     def to_dict(self):
         return asdict(self)

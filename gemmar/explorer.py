@@ -15,7 +15,8 @@ import threading
 import time
 
 from .cluster import Cluster
-from .config import ALGORITHMS, DTYPES, RunConfig
+from .algorithms import names as algorithm_names
+from .config import DTYPES, RunConfig
 from .errors import ClusterError, GemmarError
 
 
@@ -44,7 +45,7 @@ class Explorer:
         self.group = w.BoundedIntText(value=gsize_m, min=1, max=16, description="gsize_m")
         self.programs = w.BoundedIntText(value=num_sms, min=1, max=16, description="num_sms")
         self.world = w.BoundedIntText(value=world_size, min=1, max=5, description="world size")
-        self.algorithm = w.Dropdown(options=list(ALGORITHMS), value=algorithm, description="algorithm")
+        self.algorithm = w.Dropdown(options=list(algorithm_names()), value=algorithm, description="algorithm")
         self.datatype = w.Dropdown(options=list(DTYPES), value=datatype, description="dtype")
         self.iterations = w.BoundedIntText(value=iterations, min=1, max=20, description="iterations")
         self.button = w.Button(description="Run", button_style="primary", icon="play")

@@ -168,17 +168,19 @@ def test_puzzle_checks_say_what_is_wrong(clusters, world_size, tmp_path):
 
 
 def test_parts_are_checked_before_anything_runs():
+    from gemmar.algorithms import get
     from gemmar.errors import UsageError
     from gemmar.kernels.ring import reduce_step
     from gemmar.runtime.parts import part_sources
 
-    with pytest.raises(UsageError, match="there is no kernel part 'swizzle': use one of tile_coords, push_partial"):
-        part_sources({"swizzle": reduce_step}, "ring")
-    with pytest.raises(UsageError, match="the atomics kernel has no part 'reduce_step': it is in ring"):
-        part_sources({"reduce_step": reduce_step}, "atomics")
+    with pytest.raises(UsageError, match="the ring kernel has no part 'swizzle': its parts are tile_coords, reduce_step"):
+        part_sources({"swizzle": reduce_step}, get("ring"))
+    with pytest.raises(UsageError, match="the atomics kernel has no part 'reduce_step': its parts are tile_coords, "
+                                         "push_partial"):
+        part_sources({"reduce_step": reduce_step}, get("atomics"))
     with pytest.raises(UsageError, match="parts must be a dict"):
-        part_sources([reduce_step], "ring")
-    name, source = part_sources({"reduce_step": reduce_step}, "ring")["reduce_step"]
+        part_sources([reduce_step], get("ring"))
+    name, source = part_sources({"reduce_step": reduce_step}, get("ring"))["reduce_step"]
     assert name == "reduce_step" and source.startswith("@triton.jit\ndef reduce_step(total, received):")
 
 

@@ -156,7 +156,9 @@ def test_save_load_roundtrip_and_bad_files(traces, tmp_path):
     (lambda d: d["meta"].pop("world_size"), "its meta lacks world_size"),
     (lambda d: d["events"][3].__setitem__(0, 9), "event 3 has a rank outside the world size"),
     (lambda d: d["events"][5].__setitem__(2, 99), "event 5 has a program outside the launch"),
-    (lambda d: d["events"][0].__setitem__(3, 77), "event 0 has an unknown event kind"),
+    (lambda d: d["events"][0].__setitem__(3, 77), "event 0 has an event kind that ring does not record"),
+    (lambda d: d["meta"].update(protocol={"phases": [{"name": "gemm"}]}), "its meta names algorithm .ring. and carries no readable protocol"),
+    (lambda d: d["meta"].update(algorithm="mine", protocol=None), "its meta names algorithm .mine. and carries no readable protocol"),
 ])
 def test_a_damaged_trace_is_refused_whole_on_load(traces, tmp_path, damage, needle):
     # Checked on load, not when a figure meets the bad value half-way through drawing it.
@@ -207,13 +209,13 @@ def test_replay_states_follow_the_run(traces):
     first, last = states[0], states[-1]
     assert all((g <= 1).all() for g in first["tiles"])          # nothing reduced at the start
     assert all((g == 3).all() for g in last["tiles"])           # everything reduced at the end
-    assert (last["data_ready"] == 3).all() and (last["slot_free"] == 3).all()
+    assert (last["flags"]["data_ready"] == 3).all() and (last["flags"]["slot_free"] == 3).all()
     # Tile states never go backwards.
     for a, b in zip(states, states[1:]):
         assert all((gb >= ga).all() for ga, gb in zip(a["tiles"], b["tiles"]))
     assert any(s["waiting"] for s in states)
     states = traces["atomics"].replay_states()
-    assert all((g == 3).all() for g in states[-1]["tiles"]) and "data_ready" not in states[-1]
+    assert all((g == 3).all() for g in states[-1]["tiles"]) and states[-1]["flags"] == {}
 
 
 def test_replay_explains_two_shot_waits_and_marks_every_tile_on_every_rank(live):
@@ -275,10 +277,10 @@ def test_per_device_clocks_are_aligned_at_every_iteration():
     """Ranks on different GPUs read different clocks, which drift: each iteration is aligned on the barrier
     before it. Here rank 1's clock is 5 s ahead and gains 1 ms between the iterations' barriers."""
     from gemmar import Result, RunConfig
-    from gemmar.kernels.events import KINDS
+    from gemmar.kernels.gemm import GEMM_PHASE
     from gemmar.runtime.results import RankResult
 
-    gemm = next(k for k, (name, _) in KINDS.items() if name == "gemm")
+    gemm = GEMM_PHASE.kind_id
     config = RunConfig(m=16, n=16, k=16, BLK_M=16, BLK_N=16, BLK_K=16, num_sms=1, world_size=2, iterations=2,
                        trace=True, algorithm="ring")
 

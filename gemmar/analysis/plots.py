@@ -4,18 +4,16 @@ per-rank summary table under it, and the tile-grid heat maps."""
 import numpy as np
 
 from ..errors import UsageError
-from ..kernels.events import DONE_KINDS
 
 PHASE_COLORS = {"gemm": "#4C72B0", "wait": "#DD8452", "comm": "#55A868", "reduce": "#8172B3", "store": "#937860"}
 PHASE_LABELS = {"gemm": "GEMM", "wait": "waiting", "comm": "communicating", "reduce": "reducing",
                 "store": "storing C"}
 
 
-def phase_labels(algorithm):
-    """What each phase means in this algorithm's Gantt (the 'store' phase is a different act in each)."""
-    store = {"atomics": "zeroing the next launch's C", "two_shot": "storing a partial, counting it in",
-             "ring": "storing C"}.get(algorithm, "storing C")
-    return dict(PHASE_LABELS, store=store)
+def phase_labels(protocol):
+    """What each colour means in this algorithm's Gantt: the spec's own words where a group is a different act
+    in it (atomics' 'store' zeroes the next launch's C)."""
+    return {**PHASE_LABELS, **protocol.get("labels", {})}
 
 
 def program_colormap(num_programs):
@@ -101,7 +99,7 @@ def gantt(trace, iteration=-1, max_lanes=48, ranks=None, programs=None, path=Non
     summary = trace.summary(iteration)   # the table below, and the launch skew drawn in the lanes
     skewed = not aggregate and _draw_launch_skew(ax, summary["launch_skew_us"] / scale, lanes, span)
     # Only the phases this chart shows, named for this algorithm, outside the data.
-    labels = phase_labels(m.get("algorithm"))
+    labels = phase_labels(trace.protocol)
     shown = [p for p in PHASE_COLORS if (df["phase"] == p).any()]
     handles = [plt.Rectangle((0, 0), 1, 1, color=PHASE_COLORS[p]) for p in shown]
     names = [labels[p] for p in shown]
@@ -218,9 +216,11 @@ def tile_grid(trace, iteration=-1, path=None):
         finish = np.full((tm, tn), np.nan)
         for _, e in d[d["kind"] == "gemm"].iterrows():
             program[e["pid_m"], e["pid_n"]] = e["program"]
-        # two_shot's owner writes every rank's C: its broadcast marks the tile on all ranks.
-        done = (df if m["algorithm"] == "two_shot" else d)
-        done = done[done["kind"].isin(DONE_KINDS.get(m["algorithm"], ()))]
+        # The spec's done rule: an owner that writes every rank's C marks the tile on all ranks; "peer": the
+        # pushes into this rank's copy (by every rank).
+        rule = trace.protocol["done"]
+        done = {"rank": d, "every_rank": df, "peer": df[df["peer"] == rank]}[rule["where"]]
+        done = done[(done["kind"] == rule["kind"]) & (done["tile"] >= 0)]
         for _, e in done.iterrows():
             cur = finish[e["pid_m"], e["pid_n"]]
             finish[e["pid_m"], e["pid_n"]] = e["end_us"] if np.isnan(cur) else max(cur, e["end_us"])

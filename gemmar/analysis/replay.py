@@ -3,11 +3,13 @@
 The state at time t is computed from the events alone (no cluster needed):
 
 - a tile on rank r is *in GEMM* between its gemm event's start and end, *partial* from then until it is
-  reduced, and *reduced* once rank r holds the full sum: for the ring, when r's final store of the tile
-  ends; for atomics, when the last of the world_size pushes into r's copy of the tile ends;
-- ring flags, counted within the iteration: ``data_ready[r][tile]`` = signals rank r has received for the
-  tile, ``slot_free[r][tile]`` = times r's next rank has handed r's slot back (its reduce event);
-- a program is *waiting* while one of its slot_wait / recv_wait events is open.
+  reduced, and *reduced* once rank r holds the full sum, by the algorithm's done rule (its spec's
+  ``done``): for the ring, when r's final store of the tile ends; for atomics, when the last of the
+  world_size pushes into r's copy of the tile ends; for two_shot, when the owner's broadcast ends;
+- flags the spec names (``flags``: the ring's data_ready and slot_free), counted within the iteration:
+  ``flags[name][r][tile]`` = how many of the events that raise it have reached rank r (their peer);
+- a program is *waiting* while one of its wait events is open, and the line says what for (the phase's
+  ``waits_for``).
 """
 
 import numpy as np
@@ -31,24 +33,27 @@ class _Timeline:
         self.gemm_end = np.full((self.W, tiles), inf)
         self.done = np.full((self.W, tiles), inf)
         self.coords = {}
+        protocol = trace.protocol
         for e in df.itertuples():
-            if e.tile >= 0:   # (two_shot's result_wait is for an owner's tiles, not one tile)
+            if e.tile >= 0:   # (a whole-launch event, like two_shot's result_wait, is about no one tile)
                 self.coords[e.tile] = (e.pid_m, e.pid_n)
             if e.kind == "gemm":
                 self.gemm_start[e.rank, e.tile], self.gemm_end[e.rank, e.tile] = e.start_us, e.end_us
-            elif e.kind == "store" and m["algorithm"] == "ring":
-                self.done[e.rank, e.tile] = e.end_us
-        if m["algorithm"] == "two_shot":
-            # Reduced on every rank once the owner's broadcast has written every rank's C.
-            for e in df[df["kind"] == "broadcast"].itertuples():
+        done = protocol["done"]
+        finals = df[(df["kind"] == done["kind"]) & (df["tile"] >= 0)]
+        if done["where"] == "rank":
+            for e in finals.itertuples():
+                self.done[e.rank, e.tile] = min(self.done[e.rank, e.tile], e.end_us)
+        elif done["where"] == "every_rank":   # an owner writes every rank's C
+            for e in finals.itertuples():
                 self.done[:, e.tile] = np.minimum(self.done[:, e.tile], e.end_us)
-        if m["algorithm"] == "atomics":
-            pushes = df[df["kind"] == "push"]
-            for (peer, tile), p in pushes.groupby(["peer", "tile"]):
-                if len(p) == self.W:
+        else:   # "peer": once every rank's event for that peer and tile has ended
+            for (peer, tile), p in finals.groupby(["peer", "tile"]):
+                if p["rank"].nunique() == self.W:
                     self.done[peer, tile] = p["end_us"].max()
-        self.signals = df[df["kind"] == "signal"][["peer", "tile", "end_us"]].to_numpy()
-        self.frees = df[df["kind"] == "reduce"][["peer", "tile", "end_us"]].to_numpy()
+        self.flags = {flag: df[df["kind"] == kind][["peer", "tile", "end_us"]].to_numpy()
+                      for flag, kind in protocol.get("flags", {}).items()}
+        self.waits_for = {p["name"]: p.get("waits_for", "") for p in protocol["phases"]}
         self.waits = df[df["phase"] == "wait"]
         self.times = np.unique(np.concatenate([df["start_us"].to_numpy(), df["end_us"].to_numpy()]))
 
@@ -75,30 +80,29 @@ class _Timeline:
         open_waits = w[(w["start_us"] <= t) & (w["end_us"] > t)]
         waiting = []
         for e in open_waits.itertuples():
-            waiting.append(f"rank {e.rank} program {e.program}: {wait_explanation(e, self.W)}")
+            waiting.append(f"rank {e.rank} program {e.program}: {wait_explanation(e, self.W, self.waits_for)}")
         d = self.df
         happened = d[(d["end_us"] == t) | (d["start_us"] == t)]
         event = "; ".join(f"rank {e.rank} prog {e.program}: {e.kind} tile {e.tile} "
                           f"{'ends' if e.end_us == t else 'starts'}" for e in happened.head(4).itertuples())
         state = dict(step=step, time_us=float(t), event=event, waiting=waiting,
                      tiles=[self._grid(status[r]) for r in range(self.W)])
-        if self.meta["algorithm"] == "ring":
-            state["data_ready"] = self._counts(self.signals, t)
-            state["slot_free"] = self._counts(self.frees, t)
+        state["flags"] = {flag: self._counts(rows, t) for flag, rows in self.flags.items()}
         return state
 
 
-def wait_explanation(e, world_size):
-    """What a wait event (a row of the trace) waits for, in words."""
-    if e.kind == "recv_wait":
-        return f"tile {e.tile} step {e.step} waits for data_ready (rank {e.peer} sends)"
-    if e.kind == "slot_wait":
-        return f"tile {e.tile} step {e.step} waits for slot_free (rank {e.peer} must read its slot)"
-    if e.kind == "partial_wait":
-        return f"tile {e.tile} waits for partial_ready (all {world_size} ranks' partials of the tile it owns)"
-    if e.kind == "result_wait":
-        return f"waits for results_in (every tile rank {e.peer} owns, written into this rank's C)"
-    return f"tile {e.tile}: {e.kind}"
+def wait_explanation(e, world_size, waits_for):
+    """What a wait event (a row of the trace) waits for, in words: its phase's ``waits_for`` text (from the
+    algorithm's spec) filled in with the event's fields."""
+    text = waits_for.get(e.kind, "")
+    if not text:
+        return f"tile {e.tile}: {e.kind}"
+    fields = dict(tile=e.tile, step=e.step, peer=e.peer, pid_m=e.pid_m, pid_n=e.pid_n, rank=e.rank,
+                  world_size=world_size)
+    try:
+        return text.format(**fields)
+    except (KeyError, IndexError, ValueError):   # a user's text with other fields: shown as written
+        return f"tile {e.tile}: {e.kind} ({text})"
 
 
 def build_states(trace, iteration=-1):
@@ -143,19 +147,17 @@ class ReplayWidget:
                 ax.set_title(f"rank {r}", fontsize=9)
                 ax.set_xticks([])
                 ax.set_yticks([])
-                if "data_ready" in state and self.timeline.tm * self.timeline.tn <= 36:
+                if self.timeline.tm * self.timeline.tn <= 36:
                     for tile, (pm, pn) in self.timeline.coords.items():
-                        ax.text(pn, pm, f"tile {tile}\n{state['data_ready'][r, tile]}/{state['slot_free'][r, tile]}",
-                                ha="center", va="center", fontsize=7)
-                elif self.timeline.tm * self.timeline.tn <= 36:
-                    for tile, (pm, pn) in self.timeline.coords.items():
-                        ax.text(pn, pm, f"tile {tile}", ha="center", va="center", fontsize=7)
+                        counts = "/".join(str(c[r, tile]) for c in state["flags"].values())
+                        ax.text(pn, pm, f"tile {tile}" + (f"\n{counts}" if counts else ""), ha="center",
+                                va="center", fontsize=7)
             handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in STATE_COLORS]
             fig.legend(handles, STATE_NAMES, loc="lower center", ncol=4, fontsize=8)
             fig.tight_layout(rect=(0, 0.12, 1, 1))
             display(fig)
             plt.close(fig)
-        flags = " (under each tile id: its data_ready/slot_free counters)" if "data_ready" in state else ""
+        flags = f" (under each tile id: its {'/'.join(state['flags'])} counters)" if state["flags"] else ""
         waits = "<br>".join(state["waiting"]) or "nobody is waiting"
         scale, unit = time_unit(self.span_us)
         self.text.value = (f"<b>t = {state['time_us'] / scale:.1f} {unit}</b>{flags}<br>{state['event']}<br>"

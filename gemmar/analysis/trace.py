@@ -1,8 +1,10 @@
 """Host side of the trace: every rank's per-tile events on one time axis, saved, drawn and replayed.
 
-Each kernel records complete events (``events.py``): a kind (gemm, slot_wait, send, signal, recv_wait,
-reduce, store, push), the tile and its (pid_m, pid_n), the ring step, the peer rank, and start and end
-times from ``device.now()``.
+Each kernel records complete events (``events.py``): a kind (its algorithm's phases: gemm, slot_wait,
+send, ...), the tile and its (pid_m, pid_n), the step, the peer rank, and start and end times from
+``device.now()``. A trace carries its algorithm's protocol (``AlgorithmSpec.describe()``: the phases,
+what each wait waits for, when a tile is done) in its meta, so a user's algorithm's trace reads, draws
+and replays anywhere, without its spec.
 
 **Time alignment.** Before the first launch every rank passes a barrier, and the barrier kernel stamps
 ``now()`` as the rank leaves it. On CPU, ``now()`` is the machine's CLOCK_MONOTONIC, one clock for every
@@ -20,7 +22,7 @@ import numpy as np
 import pandas as pd
 
 from ..errors import UsageError
-from ..kernels.events import ALGORITHM_KINDS, COLUMNS, KINDS, RESULT_WAIT_ID, events_per_launch
+from ..kernels.events import COLUMNS
 from .plots import PHASE_COLORS
 
 FORMAT = "gemmar-trace"
@@ -58,6 +60,16 @@ def _overlap(a, b):
     return total
 
 
+def protocol(meta):
+    """The algorithm's protocol (phases, done rule, flags, labels) a trace's meta carries; for traces written
+    before it carried one (the files in data/), the built-in algorithm's."""
+    if isinstance(meta.get("protocol"), dict):
+        return meta["protocol"]
+    from ..algorithms import get
+
+    return get(meta.get("algorithm")).describe()
+
+
 def _checked_meta(meta):
     """The run description a trace file carries, checked as the run's own settings were (a bad one would
     crash a figure later, after the PNG was half written)."""
@@ -67,12 +79,21 @@ def _checked_meta(meta):
         raise UsageError(f"its meta is {type(meta).__name__}, not a dict of run settings")
     names = ("algorithm", "m", "n", "k", "datatype", "BLK_M", "BLK_N", "BLK_K", "gsize_m", "num_sms", "world_size",
              "iterations")
-    names += ("comm_sms",) if meta.get("algorithm") == "two_shot" else ()
     missing = [name for name in names if name not in meta]
     if missing:
         raise UsageError(f"its meta lacks {', '.join(missing)}")
-    settings = {name: meta[name] for name in names}
-    RunConfig(**settings).validate()
+    try:
+        phases = protocol(meta)["phases"]
+        if not all(isinstance(p, dict) and {"kind_id", "name", "group"} <= set(p) for p in phases):
+            raise TypeError("a phase without kind_id, name or group")
+    except (UsageError, KeyError, TypeError) as e:
+        raise UsageError(f"its meta names algorithm {meta.get('algorithm')!r} and carries no readable protocol "
+                         f"({str(e)[:80]})") from None
+    comm = meta.get("comm_sms") or 0
+    if isinstance(comm, bool) or not isinstance(comm, int) or not 0 <= comm <= 4096:
+        raise UsageError(f"its meta's comm_sms is {comm!r}, not a number of programs")
+    # The sizes, checked as a run's are (the algorithm, maybe a user's, need not be registered here).
+    RunConfig(**{name: meta[name] for name in names if name != "algorithm"}).validate()
     return meta
 
 
@@ -84,13 +105,13 @@ def _check_events(trace):
     programs = m["num_sms"] + (m.get("comm_sms") or 0)
     columns = {name: ev[:, i] for i, name in enumerate(RAW_COLUMNS)}
     tiles_m, tiles_n = -(-m["m"] // m["BLK_M"]), -(-m["n"] // m["BLK_N"])
-    kinds = [k for k, (name, _) in KINDS.items() if name in ALGORITHM_KINDS[m["algorithm"]]]
-    # Only two_shot's wait for an owner's tiles is about no one tile: tile, pid_m and pid_n -1 there.
-    whole = columns["kind_id"] == RESULT_WAIT_ID if m["algorithm"] == "two_shot" else np.zeros(len(ev), bool)
+    phases = protocol(m)["phases"]
+    kinds = [p["kind_id"] for p in phases]
+    # A phase about no one tile (two_shot's wait for an owner's tiles) has tile, pid_m and pid_n -1.
+    whole = np.isin(columns["kind_id"], [p["kind_id"] for p in phases if p.get("whole_launch")])
     least = np.where(whole, -1, 0)
     problems = [(columns["rank"] < 0) | (columns["rank"] >= m["world_size"]), "a rank outside the world size",
                 (columns["program"] < 0) | (columns["program"] >= programs), "a program outside the launch",
-                ~np.isin(columns["kind_id"], list(KINDS)), "an unknown event kind",
                 ~np.isin(columns["kind_id"], kinds), f"an event kind that {m['algorithm']} does not record",
                 (columns["tile"] < least) | (columns["tile"] >= tiles_m * tiles_n), "a tile outside the grid",
                 (columns["pid_m"] < least) | (columns["pid_m"] >= tiles_m) | (columns["pid_n"] < least) |
@@ -114,9 +135,10 @@ class Trace:
     def __init__(self, raw, meta):
         raw = np.asarray(raw, dtype=np.int64).reshape(-1, len(RAW_COLUMNS))
         self.meta = dict(meta)
+        kinds = {p["kind_id"]: (p["name"], p["group"]) for p in self.protocol["phases"]}
         df = pd.DataFrame(raw, columns=RAW_COLUMNS)
-        df["kind"] = df["kind_id"].map(lambda k: KINDS.get(int(k), ("?", "?"))[0])
-        df["phase"] = df["kind_id"].map(lambda k: KINDS.get(int(k), ("?", "?"))[1])
+        df["kind"] = df["kind_id"].map(lambda k: kinds.get(int(k), ("?", "?"))[0])
+        df["phase"] = df["kind_id"].map(lambda k: kinds.get(int(k), ("?", "?"))[1])
         df["start_us"] = df["t_start_ns"] / 1e3
         df["end_us"] = df["t_end_ns"] / 1e3
         df["duration_us"] = df["end_us"] - df["start_us"]
@@ -140,9 +162,12 @@ class Trace:
                 block[:, -2:] -= cls._clock_offsets(result, out)[block[:, RAW_COLUMNS.index("iteration")]][:, None]
             blocks.append(block)
         info = result.info or [{}] * cfg.world_size
-        meta = dict(algorithm=cfg.algorithm, m=cfg.m, n=cfg.n, k=cfg.k, datatype=cfg.datatype,
+        spec = cfg.spec
+        meta = dict(algorithm=cfg.algorithm, protocol=spec.describe(),
+                    expected_events=[spec.expected_events(cfg, cfg.world_size, r) for r in range(cfg.world_size)],
+                    m=cfg.m, n=cfg.n, k=cfg.k, datatype=cfg.datatype,
                     BLK_M=cfg.BLK_M, BLK_N=cfg.BLK_N, BLK_K=cfg.BLK_K, gsize_m=cfg.gsize_m, num_sms=cfg.num_sms,
-                    comm_sms=cfg.comm_sms if cfg.algorithm == "two_shot" else 0,
+                    comm_sms=cfg.comm_sms if spec.comm_programs else 0,
                     world_size=cfg.world_size, iterations=cfg.iterations, backend=result.backend,
                     mistake=result.mistake,
                     clock="shared" if shared_clock else "per-device, aligned at the barrier before each iteration",
@@ -237,12 +262,25 @@ class Trace:
         m = self.meta
         return -(-m["m"] // m["BLK_M"]), -(-m["n"] // m["BLK_N"])
 
+    @property
+    def protocol(self):
+        """The algorithm's phases, done rule, flags and legend labels (``AlgorithmSpec.describe()``)."""
+        return protocol(self.meta)
+
     def expected_event_count(self, rank=None):
-        """How many events a complete trace of one iteration has: on ``rank``, or on all ranks together."""
-        tiles_m, tiles_n = self.tiles
+        """How many events a complete trace of one iteration has: on ``rank``, or on all ranks together
+        (None when the algorithm's spec does not say)."""
         W = self.meta["world_size"]
+        counts = self.meta.get("expected_events")
+        if counts is None:   # a file from before traces carried the count: a built-in algorithm
+            from ..algorithms import get
+            from ..config import RunConfig
+
+            config = RunConfig(**{k: self.meta[k] for k in ("algorithm", "m", "n", "k", "BLK_M", "BLK_N", "num_sms",
+                                                            "world_size")}, comm_sms=self.meta.get("comm_sms") or 1)
+            counts = [get(self.meta["algorithm"]).expected_events(config, W, r) for r in range(W)]
         ranks = range(W) if rank is None else [rank]
-        return sum(events_per_launch(self.meta["algorithm"], W, tiles_m * tiles_n, r) for r in ranks)
+        return None if any(counts[r] is None for r in ranks) else sum(counts[r] for r in ranks)
 
     def summary(self, iteration=-1):
         """Per rank: the launch skew (its first event after the first rank's, µs), GEMM, waiting,

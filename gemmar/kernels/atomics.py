@@ -19,12 +19,19 @@ One push is :func:`push_partial`, passed to the kernel as ``PUSH_PARTIAL`` so th
 run a participant's own version of it inside this kernel (and ``TILE_COORDS`` likewise for notebook 1's).
 """
 
+from dataclasses import dataclass
+
+import torch
 import triton
 import triton.language as tl
 
 from . import device
-from .events import PUSH, STORE, finish_trace, record, stamp
-from .gemm import tile_offsets, traced_gemm_tile
+from .events import event, finish_trace
+from .gemm import GEMM_PHASE, STORE, STORE_PHASE, TILE_COORDS_PART, tile_offsets, traced_gemm_tile
+from .spec import AlgorithmSpec, Done, Launch, Part, Phase
+
+PUSH_PHASE = Phase(8, "push", "comm")
+PUSH = tl.constexpr(PUSH_PHASE.kind_id)
 
 
 @triton.jit
@@ -54,22 +61,54 @@ def gemm_all_reduce_atomics(
     C_next = C_pair + (1 - parity) * plane
     n_events = tl.zeros((), tl.int32)
     for tile_id in range(pid, num_pid_m * num_pid_n, NUM_SMS):
-        acc, pid_m, pid_n, n_events = traced_gemm_tile(
+        # 1. This rank's partial of the tile.
+        acc, pid_m, pid_n, n_events, t = traced_gemm_tile(
             A, B, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, tile_id, num_pid_m, num_pid_n, trace,
             n_events, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_SIZE_M, DOT_PRECISION, EVEN_K, TMA, TRACE_CAPACITY,
             TILE_COORDS)
-        t1 = stamp(TRACE_CAPACITY)
         offsets, mask = tile_offsets(pid_m, pid_n, M, N, stride_cm, stride_cn, BLOCK_M, BLOCK_N)
-
-        # Ready the next launch's output: this tile of our own C_next, which no rank touches this launch.
+        # 2. Ready the next launch's output: this tile of our own C_next, which no rank touches this launch.
         tl.store(C_next + offsets, tl.zeros((BLOCK_M, BLOCK_N), tl.float32), mask=mask)
-        t2 = stamp(TRACE_CAPACITY)
-        n_events = record(trace, n_events, STORE, tile_id, pid_m, pid_n, 0, rank, t1, t2, TRACE_CAPACITY)
-
-        # Push the partial into every rank's C, one rank per step.
+        n_events, t = event(trace, n_events, t, STORE, tile_id, pid_m, pid_n, 0, rank, TRACE_CAPACITY)
+        # 3. Push the partial into every rank's C, one rank per step.
         for step in range(world_size):
-            t_push = stamp(TRACE_CAPACITY)
             peer = PUSH_PARTIAL(C + offsets, acc, mask, step, rank, world_size, heap_bases)
-            n_events = record(trace, n_events, PUSH, tile_id, pid_m, pid_n, step, peer, t_push,
-                              stamp(TRACE_CAPACITY), TRACE_CAPACITY)
+            n_events, t = event(trace, n_events, t, PUSH, tile_id, pid_m, pid_n, step, peer, TRACE_CAPACITY)
     finish_trace(trace_counts, n_events, TRACE_CAPACITY)
+
+
+# -- the spec: what the launcher, the trace and the figures need to know of this algorithm -----------------
+@dataclass
+class AtomicsBuffers:
+    C_pair: object      # [2, M, N] fp32: launch i adds into C_pair[i % 2] and zeroes C_pair[(i + 1) % 2]
+
+
+def buffers(alloc, config, world_size):
+    return AtomicsBuffers(C_pair=alloc((2, config.m, config.n), torch.float32))
+
+
+def launches(ctx):
+    cfg = ctx.config
+    return [Launch(gemm_all_reduce_atomics, (cfg.num_sms,), ctx.tuning(
+        A=ctx.A, B=ctx.B, C_pair=ctx.buffers.C_pair, heap_bases=ctx.heap.heap_bases, rank=ctx.rank,
+        world_size=ctx.world_size, parity=0, M=cfg.m, N=cfg.n, K=ctx.K, **ctx.strides, stride_cm=cfg.n,
+        stride_cn=1, trace=ctx.trace, trace_counts=ctx.trace_counts, **ctx.gemm,
+        TILE_COORDS=ctx.parts["tile_coords"], PUSH_PARTIAL=ctx.parts["push_partial"]), per_launch=("parity",))]
+
+
+def events_per_tile(world_size):
+    return 2 + world_size   # gemm, zeroing the next launch's tile, a push to each rank
+
+
+SPEC = AlgorithmSpec(
+    name="atomics", summary="each finished partial tile is pushed into every rank's C with remote fp32 atomic adds",
+    buffers=buffers, launches=launches, output=lambda buffers, epoch: buffers.C_pair[epoch % 2],
+    phases=(GEMM_PHASE, STORE_PHASE, PUSH_PHASE), labels={"store": "zeroing the next launch's C"},
+    done=Done("push", where="peer"),
+    events_per_program=lambda cfg, W: -(-cfg.tile_count // cfg.num_sms) * events_per_tile(W),
+    events_per_launch=lambda cfg, W, rank: cfg.tile_count * events_per_tile(W),
+    parts={"tile_coords": TILE_COORDS_PART, "push_partial": Part(push_partial, "the rank pushed to")},
+    barrier_after_launch=True,
+    # measured on 2 x H200 at 8192 x 8192 x 8192 per rank (BENCHMARKS.md, sweep)
+    gpu_tuning={"hopper": (128, 128, 64, 8, 4, 8)},
+    builtin=True)

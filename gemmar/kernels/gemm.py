@@ -1,4 +1,4 @@
-"""A persistent GEMM: the building block both all-reduce kernels share.
+"""A persistent GEMM: the building block every fused GEMM + all-reduce kernel shares.
 
 The output C (M x N) is cut into BLOCK_M x BLOCK_N tiles, numbered 0 .. total_tiles-1. Instead of one
 program per tile, a *persistent* kernel starts a fixed number of programs (``NUM_SMS``, one per
@@ -19,7 +19,12 @@ import triton
 import triton.language as tl
 
 from .device import INTERPRETER
-from .events import GEMM, STORE, finish_trace, record, stamp
+from .events import event, finish_trace, stamp
+from .spec import Part, Phase
+
+# The phases every algorithm shares: a tile's GEMM, and storing a tile (C, or whatever the algorithm stores).
+GEMM_PHASE, STORE_PHASE = Phase(1, "gemm", "gemm"), Phase(7, "store", "store")
+GEMM, STORE = tl.constexpr(GEMM_PHASE.kind_id), tl.constexpr(STORE_PHASE.kind_id)
 
 
 @triton.jit
@@ -31,6 +36,9 @@ def tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_SIZE_M: tl.constexpr):
     rows_in_group = tl.minimum(num_pid_m - first_pid_m, GROUP_SIZE_M)  # the last group may be short
     within = tile_id % tiles_per_group
     return first_pid_m + within % rows_in_group, within // rows_in_group
+
+
+TILE_COORDS_PART = Part(tile_coords, "(pid_m, pid_n)")   # notebook 1's puzzle, in every kernel that takes TILE_COORDS
 
 
 @triton.jit
@@ -82,17 +90,16 @@ def traced_gemm_tile(A, B, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, 
                      GROUP_SIZE_M: tl.constexpr, DOT_PRECISION: tl.constexpr, EVEN_K: tl.constexpr,
                      TMA: tl.constexpr, TRACE_CAPACITY: tl.constexpr, TILE_COORDS: tl.constexpr):
     """The step every kernel starts a tile with: where the tile is, its partial product, and a ``gemm``
-    trace event. Returns (acc, pid_m, pid_n, n_events).
+    trace event. Returns (acc, pid_m, pid_n, n_events, t): ``t``, the GEMM's end, starts the next phase.
 
     ``TILE_COORDS`` is the tile-id -> (pid_m, pid_n) function: :func:`tile_coords`, or a participant's own
     (notebook 1's puzzle, through the kernels' ``TILE_COORDS`` argument)."""
     pid_m, pid_n = TILE_COORDS(tile_id, num_pid_m, num_pid_n, GROUP_SIZE_M)
-    t0 = stamp(TRACE_CAPACITY)
+    t = stamp(TRACE_CAPACITY)
     acc = gemm_tile(A, B, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, pid_m, pid_n,
                     BLOCK_M, BLOCK_N, BLOCK_K, DOT_PRECISION, EVEN_K, TMA)
-    n_events = record(trace, n_events, GEMM, tile_id, pid_m, pid_n, 0, -1, t0, stamp(TRACE_CAPACITY),
-                      TRACE_CAPACITY)
-    return acc, pid_m, pid_n, n_events
+    n_events, t = event(trace, n_events, t, GEMM, tile_id, pid_m, pid_n, 0, -1, TRACE_CAPACITY)
+    return acc, pid_m, pid_n, n_events, t
 
 
 @triton.jit
@@ -121,13 +128,11 @@ def persistent_gemm(A, B, C, M, N, K, stride_am, stride_ak, stride_bk, stride_bn
     num_pid_n = tl.cdiv(N, BLOCK_N)
     n_events = tl.zeros((), tl.int32)
     for tile_id in tl.range(pid, num_pid_m * num_pid_n, NUM_SMS, flatten=FLATTEN):
-        acc, pid_m, pid_n, n_events = traced_gemm_tile(
+        acc, pid_m, pid_n, n_events, t = traced_gemm_tile(
             A, B, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, tile_id, num_pid_m, num_pid_n, trace,
             n_events, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_SIZE_M, DOT_PRECISION, EVEN_K, TMA, TRACE_CAPACITY,
             tile_coords)
-        t1 = stamp(TRACE_CAPACITY)
         offsets, mask = tile_offsets(pid_m, pid_n, M, N, stride_cm, stride_cn, BLOCK_M, BLOCK_N)
         tl.store(C + offsets, acc.to(C.dtype.element_ty), mask=mask)
-        n_events = record(trace, n_events, STORE, tile_id, pid_m, pid_n, 0, -1, t1, stamp(TRACE_CAPACITY),
-                          TRACE_CAPACITY)
+        n_events, t = event(trace, n_events, t, STORE, tile_id, pid_m, pid_n, 0, -1, TRACE_CAPACITY)
     finish_trace(trace_counts, n_events, TRACE_CAPACITY)

@@ -34,16 +34,27 @@ launcher passes :func:`forward_running_sum` as ``REDUCE_STEP``), 2 skips the slo
 message that is never sent (a hang, caught by the watchdog).
 """
 
+from dataclasses import dataclass
+
+import torch
 import triton
 import triton.language as tl
 
 from . import device
 from .device import DATA_READY_FLAG, SLOT_FREE_FLAG
-from .events import RECV_WAIT, REDUCE, SEND, SIGNAL, SLOT_WAIT, STORE, finish_trace, record, stamp
-from .gemm import tile_offsets, traced_gemm_tile
+from .events import event, finish_trace
+from .gemm import GEMM_PHASE, STORE, STORE_PHASE, TILE_COORDS_PART, tile_offsets, traced_gemm_tile
+from .spec import AlgorithmSpec, Done, Launch, Part, Phase
+
+PHASES = (GEMM_PHASE,
+          Phase(2, "slot_wait", "wait", "tile {tile} step {step} waits for slot_free (rank {peer} must read its slot)"),
+          Phase(3, "send", "comm"), Phase(4, "signal", "comm"),
+          Phase(5, "recv_wait", "wait", "tile {tile} step {step} waits for data_ready (rank {peer} sends)"),
+          Phase(6, "reduce", "reduce"), STORE_PHASE)
+SLOT_WAIT, SEND, SIGNAL, RECV_WAIT, REDUCE = (tl.constexpr(p.kind_id) for p in PHASES[1:6])
 
 MISTAKES = ("none", "forward_accumulator", "skip_slot_free_wait", "wait_for_missing_message")
-NO_MISTAKE, FORWARD_ACCUMULATOR, SKIP_SLOT_FREE_WAIT, WAIT_FOR_MISSING_MESSAGE = (tl.constexpr(i) for i in range(4))
+SKIP_SLOT_FREE_WAIT, WAIT_FOR_MISSING_MESSAGE = tl.constexpr(2), tl.constexpr(3)   # (indices into MISTAKES)
 
 
 @triton.jit
@@ -78,36 +89,26 @@ def gemm_all_reduce_ring(
     slot_offsets = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
     n_events = tl.zeros((), tl.int32)
     for tile_id in range(pid, num_pid_m * num_pid_n, NUM_SMS):
-        acc, pid_m, pid_n, n_events = traced_gemm_tile(
+        acc, pid_m, pid_n, n_events, t = traced_gemm_tile(
             A, B, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, tile_id, num_pid_m, num_pid_n, trace,
             n_events, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_SIZE_M, DOT_PRECISION, EVEN_K, TMA, TRACE_CAPACITY,
             TILE_COORDS)
-
         slot = ring_buffer + tile_id * (BLOCK_M * BLOCK_N) + slot_offsets
         total = acc
         payload = acc
         for step in range(world_size - 1):
             msg = epoch * (world_size - 1) + step
-
             # 1. Wait until the next rank has emptied its slot of the previous message.
-            t_wait = stamp(TRACE_CAPACITY)
             if MISTAKE != SKIP_SLOT_FREE_WAIT:
                 device.wait_at_least(slot_free + tile_id, msg, timeout_ns, watchdog, rank, tile_id,
                                      SLOT_FREE_FLAG, tile_id)
-            t_send = stamp(TRACE_CAPACITY)
-            n_events = record(trace, n_events, SLOT_WAIT, tile_id, pid_m, pid_n, step, next_rank, t_wait, t_send,
-                              TRACE_CAPACITY)
-
-            # 2. Put the payload in the next rank's slot.  3. Release-signal that it is there.
+            n_events, t = event(trace, n_events, t, SLOT_WAIT, tile_id, pid_m, pid_n, step, next_rank, TRACE_CAPACITY)
+            # 2. Put the payload in the next rank's slot.
             device.store(slot, payload, rank, next_rank, heap_bases)
-            t_signal = stamp(TRACE_CAPACITY)
-            n_events = record(trace, n_events, SEND, tile_id, pid_m, pid_n, step, next_rank, t_send, t_signal,
-                              TRACE_CAPACITY)
+            n_events, t = event(trace, n_events, t, SEND, tile_id, pid_m, pid_n, step, next_rank, TRACE_CAPACITY)
+            # 3. Release-signal that it is there.
             device.signal(data_ready + tile_id, msg + 1, rank, next_rank, heap_bases)
-            t_recv = stamp(TRACE_CAPACITY)
-            n_events = record(trace, n_events, SIGNAL, tile_id, pid_m, pid_n, step, next_rank, t_signal, t_recv,
-                              TRACE_CAPACITY)
-
+            n_events, t = event(trace, n_events, t, SIGNAL, tile_id, pid_m, pid_n, step, next_rank, TRACE_CAPACITY)
             # 4. Acquire-wait for the previous rank's message, read it, hand the slot back.
             expected = msg + 1
             if MISTAKE == WAIT_FOR_MISSING_MESSAGE:
@@ -115,20 +116,57 @@ def gemm_all_reduce_ring(
             device.wait_at_least(data_ready + tile_id, expected, timeout_ns, watchdog, rank, tile_id,
                                  DATA_READY_FLAG, tile_id)
             tl.debug_barrier()  # every thread reads the slot only after the acquire above
-            t_reduce = stamp(TRACE_CAPACITY)
-            n_events = record(trace, n_events, RECV_WAIT, tile_id, pid_m, pid_n, step, prev_rank, t_recv, t_reduce,
-                              TRACE_CAPACITY)
+            n_events, t = event(trace, n_events, t, RECV_WAIT, tile_id, pid_m, pid_n, step, prev_rank, TRACE_CAPACITY)
             received = tl.load(slot, cache_modifier=SLOT_CACHE)
             device.signal(slot_free + tile_id, msg + 1, rank, prev_rank, heap_bases)
-
             # 5. Reduce, and forward what we received (not our sum).
             total, payload = REDUCE_STEP(total, received)
-            n_events = record(trace, n_events, REDUCE, tile_id, pid_m, pid_n, step, prev_rank, t_reduce,
-                              stamp(TRACE_CAPACITY), TRACE_CAPACITY)
-
-        t_store = stamp(TRACE_CAPACITY)
+            n_events, t = event(trace, n_events, t, REDUCE, tile_id, pid_m, pid_n, step, prev_rank, TRACE_CAPACITY)
+        # 6. Our C holds the full sum.
         offsets, mask = tile_offsets(pid_m, pid_n, M, N, stride_cm, stride_cn, BLOCK_M, BLOCK_N)
         tl.store(C + offsets, total, mask=mask)
-        n_events = record(trace, n_events, STORE, tile_id, pid_m, pid_n, world_size - 1, rank, t_store,
-                          stamp(TRACE_CAPACITY), TRACE_CAPACITY)
+        n_events, t = event(trace, n_events, t, STORE, tile_id, pid_m, pid_n, world_size - 1, rank, TRACE_CAPACITY)
     finish_trace(trace_counts, n_events, TRACE_CAPACITY)
+
+
+# -- the spec --------------------------------------------------------------------------------------------
+@dataclass
+class RingBuffers:
+    C: object            # M x N fp32: each rank's sum, stored by its own programs
+    ring_buffer: object  # one BLOCK_M x BLOCK_N fp32 slot per tile: what the previous rank sent
+    data_ready: object   # per tile: messages the previous rank has put in our slot
+    slot_free: object    # per tile: messages the next rank has taken out of its slot
+
+
+def buffers(alloc, config, world_size):
+    tiles = config.tile_count
+    return RingBuffers(C=alloc((config.m, config.n), torch.float32),
+                       ring_buffer=alloc((tiles, config.BLK_M * config.BLK_N), torch.float32),
+                       data_ready=alloc(tiles, torch.int32), slot_free=alloc(tiles, torch.int32))
+
+
+def launches(ctx):
+    cfg, buf = ctx.config, ctx.buffers
+    return [Launch(gemm_all_reduce_ring, (cfg.num_sms,), ctx.tuning(
+        A=ctx.A, B=ctx.B, C=buf.C, ring_buffer=buf.ring_buffer, data_ready=buf.data_ready, slot_free=buf.slot_free,
+        watchdog=ctx.watchdog, heap_bases=ctx.heap.heap_bases, rank=ctx.rank, world_size=ctx.world_size, epoch=0,
+        M=cfg.m, N=cfg.n, K=ctx.K, **ctx.strides, stride_cm=cfg.n, stride_cn=1, timeout_ns=ctx.timeout_ns,
+        trace=ctx.trace, trace_counts=ctx.trace_counts, **ctx.gemm, MISTAKE=ctx.mistake, SLOT_CACHE=ctx.peer_cache,
+        TILE_COORDS=ctx.parts["tile_coords"], REDUCE_STEP=ctx.parts["reduce_step"]), per_launch=("epoch",))]
+
+
+def events_per_tile(world_size):
+    return 2 + 5 * (world_size - 1)   # gemm, store, and per step: slot_wait, send, signal, recv_wait, reduce
+
+
+SPEC = AlgorithmSpec(
+    name="ring", summary="each finished tile travels around the ring of ranks, handed over slot by slot with "
+                         "per-tile flags",
+    buffers=buffers, launches=launches, output=lambda buffers, epoch: buffers.C, phases=PHASES,
+    done=Done("store"), flags={"data_ready": "signal", "slot_free": "reduce"},
+    events_per_program=lambda cfg, W: -(-cfg.tile_count // cfg.num_sms) * events_per_tile(W),
+    events_per_launch=lambda cfg, W, rank: cfg.tile_count * events_per_tile(W),
+    parts={"tile_coords": TILE_COORDS_PART, "reduce_step": Part(reduce_step, "(total, payload)")},
+    mistakes=MISTAKES, mistake_parts={"forward_accumulator": {"reduce_step": forward_running_sum}},
+    gpu_tuning={"hopper": (128, 128, 64, 8, 4, 8)},   # measured as atomics' (BENCHMARKS.md, sweep)
+    builtin=True)

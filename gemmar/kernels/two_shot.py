@@ -51,16 +51,30 @@ late rank's partial is read before it is written. Step 5 is :func:`sum_partials`
 kernel as ``SUM_PARTIALS`` so that notebook 6's puzzle can run a participant's own version of it.
 """
 
+from dataclasses import dataclass
+
+import torch
 import triton
 import triton.language as tl
 
 from . import device
-from .device import FLAG_STRIDE, PARTIAL_READY_FLAG, RESULTS_IN_FLAG
-from .events import BROADCAST, PARTIAL_WAIT, PUBLISH, REDUCE, RESULT_WAIT, finish_trace, record, stamp
-from .gemm import tile_coords, tile_offsets, traced_gemm_tile
+from .device import FLAG_STRIDE, FLAG_WORDS, PARTIAL_READY_FLAG, RESULTS_IN_FLAG
+from .events import event, finish_trace, stamp
+from .gemm import GEMM_PHASE, tile_coords, tile_offsets, traced_gemm_tile
+from .spec import AlgorithmSpec, Done, Launch, Part, Phase
+
+PHASES = (GEMM_PHASE,
+          Phase(9, "publish", "store"),        # a GEMM program stores its partial and tells the owner
+          Phase(10, "partial_wait", "wait", "tile {tile} waits for partial_ready (all {world_size} ranks' partials "
+                                            "of the tile it owns)"),
+          Phase(6, "reduce", "reduce"),
+          Phase(11, "broadcast", "comm"),      # the owner writes the sum into every rank's C
+          Phase(12, "result_wait", "wait", "waits for results_in (every tile rank {peer} owns, written into this "
+                                           "rank's C)", whole_launch=True))
+PUBLISH, PARTIAL_WAIT, REDUCE, BROADCAST, RESULT_WAIT = (tl.constexpr(p.kind_id) for p in PHASES[1:])
 
 MISTAKES = ("none", "skip_partial_wait")
-NO_MISTAKE, SKIP_PARTIAL_WAIT = (tl.constexpr(i) for i in range(2))
+SKIP_PARTIAL_WAIT = tl.constexpr(MISTAKES.index("skip_partial_wait"))
 
 
 @triton.jit
@@ -101,19 +115,18 @@ def two_shot_gemm(
     num_pid_n = tl.cdiv(N, BLOCK_N)
     n_events = tl.zeros((), tl.int32)
     for tile_id in range(pid, num_pid_m * num_pid_n, NUM_SMS):
-        acc, pid_m, pid_n, n_events = traced_gemm_tile(
+        # 1. Our partial of the tile.
+        acc, pid_m, pid_n, n_events, t = traced_gemm_tile(
             A, B, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, tile_id, num_pid_m, num_pid_n, trace,
             n_events, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_SIZE_M, DOT_PRECISION, EVEN_K, TMA, TRACE_CAPACITY,
             tile_coords)
-        t_publish = stamp(TRACE_CAPACITY)
         owner = tile_id % world_size
         # 2. Our partial of this tile, into our own heap.
         tl.store(slot_pointers(partials, tile_id, BLOCK_M, BLOCK_N), acc.to(partials.dtype.element_ty))
         # 3. Count it in at the owner: release, after every thread's store.
         tl.debug_barrier()
         device.atomic_add(partial_ready + tile_id, 1, rank, owner, heap_bases, sem="release", scope="sys")
-        n_events = record(trace, n_events, PUBLISH, tile_id, pid_m, pid_n, 0, owner, t_publish,
-                          stamp(TRACE_CAPACITY), TRACE_CAPACITY)
+        n_events, t = event(trace, n_events, t, PUBLISH, tile_id, pid_m, pid_n, 0, owner, TRACE_CAPACITY)
     finish_trace(trace_counts, n_events, TRACE_CAPACITY)
 
 
@@ -137,20 +150,16 @@ def two_shot_reduce(
         tile_id = rank + j * world_size
         pid_m, pid_n = tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_SIZE_M)
         # 4. Every rank's partial of launch `epoch` is in.
-        t_wait = stamp(TRACE_CAPACITY)
+        t = stamp(TRACE_CAPACITY)
         if MISTAKE != SKIP_PARTIAL_WAIT:
             device.wait_at_least(partial_ready + tile_id, world_size * (epoch + 1), timeout_ns, watchdog,
                                  rank, tile_id, PARTIAL_READY_FLAG, tile_id)
         tl.debug_barrier()  # every thread reads the partials only after the acquire above
-        t_reduce = stamp(TRACE_CAPACITY)
-        n_events = record(trace, n_events, PARTIAL_WAIT, tile_id, pid_m, pid_n, 0, -1, t_wait, t_reduce,
-                          TRACE_CAPACITY)
+        n_events, t = event(trace, n_events, t, PARTIAL_WAIT, tile_id, pid_m, pid_n, 0, -1, TRACE_CAPACITY)
         # 5. Sum the partials in rank order, in fp32.
         total = SUM_PARTIALS(slot_pointers(partials, tile_id, BLOCK_M, BLOCK_N), rank, world_size, heap_bases,
                              PEER_CACHE)
-        t_send = stamp(TRACE_CAPACITY)
-        n_events = record(trace, n_events, REDUCE, tile_id, pid_m, pid_n, 0, -1, t_reduce, t_send,
-                          TRACE_CAPACITY)
+        n_events, t = event(trace, n_events, t, REDUCE, tile_id, pid_m, pid_n, 0, -1, TRACE_CAPACITY)
         # 6. The sum, in C's dtype, into every rank's C (ours first); then count it in at each peer.
         offsets, mask = tile_offsets(pid_m, pid_n, M, N, stride_cm, stride_cn, BLOCK_M, BLOCK_N)
         result = total.to(C.dtype.element_ty)
@@ -160,18 +169,84 @@ def two_shot_reduce(
         for step in range(1, world_size):
             device.atomic_add(results_in + rank * FLAG_STRIDE, 1, rank, (rank + step) % world_size, heap_bases,
                               sem="release", scope="sys")
-        n_events = record(trace, n_events, BROADCAST, tile_id, pid_m, pid_n, 0, -1, t_send,
-                          stamp(TRACE_CAPACITY), TRACE_CAPACITY)
+        n_events, t = event(trace, n_events, t, BROADCAST, tile_id, pid_m, pid_n, 0, -1, TRACE_CAPACITY)
     # 7. Every other owner's tiles: the last communication program waits for each owner's count, after its
     # own reductions. (Under the interpreter every reduction of this rank has then run before any of its
     # waits, which is what keeps the ranks from waiting on each other in a circle there.)
     last = c == COMM_SMS - 1
+    t = stamp(TRACE_CAPACITY)
     for step in range(1, tl.where(last, world_size, 1)):
         owner = (rank + step) % world_size
         target = (tl.maximum(total_tiles - owner + world_size - 1, 0) // world_size) * (epoch + 1)
-        t_wait = stamp(TRACE_CAPACITY)
         device.wait_at_least(results_in + owner * FLAG_STRIDE, target, timeout_ns, watchdog, rank, -1,
                              RESULTS_IN_FLAG, owner)
-        n_events = record(trace, n_events, RESULT_WAIT, -1, -1, -1, 0, owner, t_wait, stamp(TRACE_CAPACITY),
-                          TRACE_CAPACITY)
+        n_events, t = event(trace, n_events, t, RESULT_WAIT, -1, -1, -1, 0, owner, TRACE_CAPACITY)
     finish_trace(trace_counts, n_events, TRACE_CAPACITY)
+
+
+# -- the spec --------------------------------------------------------------------------------------------
+@dataclass
+class TwoShotBuffers:
+    C: object              # M x N in C's dtype: every owner writes its tiles' sums here
+    partials: object       # one BLOCK_M x BLOCK_N slot per tile, in the wire dtype: this rank's partials
+    partial_ready: object  # per tile (at its owner): partials counted in, W per launch
+    results_in: object     # per owner, a cache line each: that owner's tiles written into our C
+
+
+def buffers(alloc, config, world_size):
+    tiles = config.tile_count
+    return TwoShotBuffers(C=alloc((config.m, config.n), config.c_dtype),
+                          partials=alloc((tiles, config.BLK_M * config.BLK_N), config.partial_dtype),
+                          partial_ready=alloc(tiles, torch.int32),
+                          results_in=alloc(world_size * FLAG_WORDS, torch.int32))
+
+
+def launches(ctx):
+    """Two kernels on two streams: the GEMM on the rank's, the reduction on its side stream (the rank's
+    next launch waits for it). The reduction records into the trace buffer after the GEMM programs'."""
+    cfg, buf = ctx.config, ctx.buffers
+    gemm = Launch(two_shot_gemm, (cfg.num_sms,), ctx.tuning(
+        A=ctx.A, B=ctx.B, partials=buf.partials, partial_ready=buf.partial_ready, heap_bases=ctx.heap.heap_bases,
+        rank=ctx.rank, world_size=ctx.world_size, M=cfg.m, N=cfg.n, K=ctx.K, **ctx.strides, trace=ctx.trace,
+        trace_counts=ctx.trace_counts, **ctx.gemm))
+    trace, trace_counts = ctx.trace_region(cfg.num_sms, cfg.comm_sms)
+    reduce = Launch(two_shot_reduce, (cfg.comm_sms,), ctx.tuning(
+        C=buf.C, partials=buf.partials, partial_ready=buf.partial_ready, results_in=buf.results_in,
+        watchdog=ctx.watchdog, heap_bases=ctx.heap.heap_bases, rank=ctx.rank, world_size=ctx.world_size, epoch=0,
+        M=cfg.m, N=cfg.n, stride_cm=cfg.n, stride_cn=1, timeout_ns=ctx.timeout_ns, trace=trace,
+        trace_counts=trace_counts, BLOCK_M=cfg.BLK_M, BLOCK_N=cfg.BLK_N, GROUP_SIZE_M=cfg.gsize_m,
+        COMM_SMS=cfg.comm_sms, TRACE_CAPACITY=ctx.gemm["TRACE_CAPACITY"], MISTAKE=ctx.mistake,
+        PEER_CACHE=ctx.peer_cache, SUM_PARTIALS=ctx.parts["sum_partials"], num_stages=1),
+        stream="side", per_launch=("epoch",))
+    return [gemm, reduce]
+
+
+def owned_tiles(total_tiles, world_size, rank):
+    """How many tiles rank owns (tile t belongs to rank t % world_size)."""
+    return max(0, -(-(total_tiles - rank) // world_size))
+
+
+def reduce_events(owned, world_size, programs):
+    """Events the communication programs record: partial_wait, reduce and broadcast per owned tile (shared
+    out over ``programs`` of them), and a result_wait per other owner (by the last one)."""
+    return 3 * -(-owned // programs) + world_size - 1
+
+
+def events_per_program(config, world_size):
+    gemm = -(-config.tile_count // config.num_sms) * 2   # gemm, publish
+    return max([gemm] + [reduce_events(owned_tiles(config.tile_count, world_size, r), world_size, config.comm_sms)
+                         for r in range(world_size)])
+
+
+SPEC = AlgorithmSpec(
+    name="two_shot", summary="GEMM programs publish each partial tile and never wait; communication programs "
+                             "sum the tiles their rank owns and write the sum into every rank's C",
+    buffers=buffers, launches=launches, output=lambda buffers, epoch: buffers.C, phases=PHASES,
+    labels={"store": "storing a partial, counting it in"}, done=Done("broadcast", where="every_rank"),
+    c_dtype=lambda config: config.torch_dtype, events_per_program=events_per_program,
+    events_per_launch=lambda cfg, W, rank: cfg.tile_count * 2 + reduce_events(
+        owned_tiles(cfg.tile_count, W, rank), W, programs=1),
+    parts={"sum_partials": Part(sum_partials, "the tile's fp32 sum")}, mistakes=MISTAKES,
+    comm_programs=True, wire_dtype=True,
+    gpu_tuning={"hopper": (128, 256, 64, 8, 3, 8)},   # the TMA GEMM core's tile on 1 x H200 (BENCHMARKS.md)
+    builtin=True)

@@ -21,8 +21,9 @@ class PreparedLaunch:
     """``kernel[grid](*args, **kwargs)`` on ``stream`` (a torch stream, or None on cpu), launched by
     calling it with the per-launch values: ``prepared(epoch=3)``."""
 
-    def __init__(self, kernel, grid, args, kwargs, stream=None):
+    def __init__(self, kernel, grid, args, kwargs, stream=None, per_launch=()):
         self.kernel, self.grid, self.args, self.kwargs, self.stream = kernel, tuple(grid), args, kwargs, stream
+        self.per_launch = tuple(per_launch)   # the arguments that change from one launch to the next
         params = inspect.signature(kernel.fn).parameters   # (the interpreter's kernels have no .params)
         names = list(params)
         values = {n: p.default for n, p in params.items() if p.default is not inspect.Parameter.empty}

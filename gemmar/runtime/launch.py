@@ -11,29 +11,20 @@ import torch
 
 from ..config import RunConfig
 from ..errors import UsageError
-from ..kernels import atomics, events, ring, two_shot
-from ..kernels.gemm import tile_coords
-from ..kernels.device import FLAG_WORDS, WATCHDOG_WORDS
+from ..kernels import events
+from ..kernels.device import WATCHDOG_WORDS
+from ..kernels.spec import CountingAllocator, LaunchContext
 from .compiled_launch import PreparedLaunch
 from .heap import ALIGN, HEADER_BYTES
 
-MISTAKES = {"atomics": ("none",), "ring": ring.MISTAKES, "two_shot": two_shot.MISTAKES}
-
 
 def heap_bytes_needed(config):
-    """Symmetric heap bytes one rank needs for ``config`` (what FusedGemmAllReduce allocates, aligned)."""
-    tiles_m, tiles_n = config.tiles
-    tiles, tile = tiles_m * tiles_n, config.BLK_M * config.BLK_N
-    if config.algorithm == "atomics":
-        sizes = [2 * config.m * config.n * 4]
-    elif config.algorithm == "ring":
-        sizes = [config.m * config.n * 4, tiles * tile * 4, tiles * 4, tiles * 4]
-    else:
-        c_bytes, wire_bytes = config.c_dtype.itemsize, config.partial_dtype.itemsize
-        sizes = [config.m * config.n * c_bytes, tiles * tile * wire_bytes, tiles * 4,
-                 config.world_size * FLAG_WORDS * 4]
-    sizes.append(WATCHDOG_WORDS * 8)
-    return HEADER_BYTES + sum(-(-s // ALIGN) * ALIGN + ALIGN for s in sizes)
+    """Symmetric heap bytes one rank needs for ``config``: the algorithm's own ``buffers`` called with an
+    allocator that only counts, plus the watchdog - what FusedGemmAllReduce allocates, aligned."""
+    count = CountingAllocator(ALIGN, HEADER_BYTES)
+    config.spec.buffers(count, config, config.world_size)
+    count((WATCHDOG_WORDS,), torch.int64)
+    return count.bytes
 
 
 def gemm_operands(A, B, config, device):
@@ -82,39 +73,15 @@ class FusedGemmAllReduce:
         config.validate()
         if config.world_size != heap.world_size:
             raise UsageError(f"world_size={config.world_size} does not match the heap's {heap.world_size} ranks")
-        known = MISTAKES[config.algorithm]
-        if mistake not in known:
-            every = sorted({m for names in MISTAKES.values() for m in names})
-            if mistake in every:
-                raise UsageError(f"mistake {mistake!r} does not exist in {config.algorithm!r}: use one of "
-                                 f"{', '.join(known)}")
-            raise UsageError(f"mistake {mistake!r} is not known: use one of {', '.join(every)}")
-        self.heap, self.config, self.mistake = heap, config, known.index(mistake)
+        self.spec = spec = config.spec
+        self.heap, self.config, self.mistake = heap, config, spec.mistake_index(mistake)
         # The kernel's swappable functions: its own, a mistake's, or a participant's (runtime/parts.py).
-        own = dict(tile_coords=tile_coords, push_partial=atomics.push_partial, sum_partials=two_shot.sum_partials,
-                   reduce_step=ring.forward_running_sum if mistake == "forward_accumulator" else ring.reduce_step)
-        self.parts = {**own, **(parts or {})}
-        M, N = config.m, config.n
-        tiles_m, tiles_n = config.tiles
-        self.total_tiles = tiles_m * tiles_n
-        self.launches = 0
-        slot = config.BLK_M * config.BLK_N
-        if config.algorithm == "atomics":
-            self.c_pair = heap.zeros((2, M, N), torch.float32)
-        elif config.algorithm == "ring":
-            self.c = heap.zeros((M, N), torch.float32)
-            self.ring_buffer = heap.zeros((self.total_tiles, slot), torch.float32)
-            self.data_ready = heap.zeros(self.total_tiles, torch.int32)
-            self.slot_free = heap.zeros(self.total_tiles, torch.int32)
-        else:
-            self.c = heap.zeros((M, N), config.c_dtype)
-            self.partials = heap.zeros((self.total_tiles, slot), config.partial_dtype)
-            self.partial_ready = heap.zeros(self.total_tiles, torch.int32)
-            self.results_in = heap.zeros(heap.world_size * FLAG_WORDS, torch.int32)   # per owner
+        self.parts = spec.parts_for(mistake, parts)
+        self.launches = 0   # launches so far: the next one's epoch
+        self.buffers = spec.buffers(heap.zeros, config, heap.world_size)
         self.watchdog = heap.zeros(WATCHDOG_WORDS, torch.int64)
         # The trace buffers are local (nobody else writes them), so they need not live on the heap.
-        self.trace_capacity = events.events_per_program(config.algorithm, heap.world_size, self.total_tiles,
-                                                        config.num_sms, config.comm_sms) if config.trace else 0
+        self.trace_capacity = spec.trace_room(config, heap.world_size) if config.trace else 0
         self.trace = torch.zeros(max(1, config.programs * self.trace_capacity * events.EVENT_WORDS),
                                  dtype=torch.int64, device=heap.device)
         self.trace_counts = torch.zeros(config.programs, dtype=torch.int64, device=heap.device)
@@ -156,13 +123,13 @@ class FusedGemmAllReduce:
         self.check_inputs(A, B)
         launches = self._kernel_calls(A, B)
         self.kernel_resources = []
-        for kernel, grid, args, kwargs, stream in launches:
-            with torch.cuda.stream(stream):
-                compiled = kernel.warmup(*args, grid=grid, **kwargs)
+        for launch in launches:
+            with torch.cuda.stream(self._stream(launch)):
+                compiled = launch.kernel.warmup(grid=launch.grid, **launch.kwargs)
                 compiled._init_handles()
-                self.kernel_resources.append(dict(kernel=kernel.__name__, registers=int(compiled.n_regs),
+                self.kernel_resources.append(dict(kernel=launch.kernel.__name__, registers=int(compiled.n_regs),
                                                   spills=int(compiled.n_spills)))
-                if self.heap.ranks_on_device > 1 and kernel is launches[0][0]:
+                if self.heap.ranks_on_device > 1 and launch is launches[0]:
                     check_co_resident(compiled, self.config, self.heap)
         if self.config.delay_rank == self.heap.rank and self.config.delay_us > 0:
             self.heap.delay(0)
@@ -171,72 +138,47 @@ class FusedGemmAllReduce:
         cfg, heap = self.config, self.heap
         if cfg.delay_rank == heap.rank and cfg.delay_us > 0:
             heap.delay(self.delays.uniform(0.5, 1.0) * cfg.delay_us * 1e-6)
-        # Prepared once per pair of input tensors (runtime/compiled_launch.py); per launch only the epoch
-        # (ring, two_shot) or the parity (atomics) changes.
+        # Prepared once per pair of input tensors (runtime/compiled_launch.py); per launch only the
+        # arguments the spec names in Launch.per_launch change.
         key = tuple((t.data_ptr(), t.dtype, tuple(t.shape), t.stride()) for t in (A, B))
         if self.prepared is None or self.prepared[0] != key:
-            self.prepared = (key, [PreparedLaunch(*launch) for launch in self._kernel_calls(A, B)])
+            launches = self._kernel_calls(A, B)
+            self.joins_side_stream = any(launch.stream == "side" for launch in launches)
+            self.prepared = (key, [PreparedLaunch(launch.kernel, launch.grid, (), launch.kwargs, self._stream(launch),
+                                                  launch.per_launch) for launch in launches])
         per_launch = {"epoch": self.launches, "parity": self.launches % 2}
         for launch in self.prepared[1]:
-            launch(**{name: value for name, value in per_launch.items() if name in launch.index})
-        out = self.c_pair[self.launches % 2] if cfg.algorithm == "atomics" else self.c
-        if len(self.prepared[1]) > 1:
-            # two_shot: whatever this rank runs next (its next GEMM overwrites the partials) waits for
-            # this launch's reduction, which ends only when every owner has read them.
+            launch(**{name: value for name, value in per_launch.items() if name in launch.per_launch})
+        out = self.spec.output(self.buffers, self.launches)
+        if self.joins_side_stream:
+            # Whatever this rank runs next waits for the side stream's kernels (two_shot: its next GEMM
+            # overwrites the partials, which the reduction reads until every owner has them).
             heap.join_side_stream()
         self.launches += 1
-        if cfg.algorithm == "atomics":
-            # Remote adds into our C may still be in flight from other ranks until all have finished.
+        if self.spec.barrier_after_launch:
+            # Remote writes into our C may still be in flight from other ranks until all have finished.
             heap.barrier(cfg.timeout_s, wait=wait)
         if wait:
             self.check()
         return out
 
+    def _stream(self, launch):
+        return self.heap.side_stream if launch.stream == "side" else self.heap.stream
+
     def _kernel_calls(self, A, B):
-        """[(kernel, grid, args, kwargs, stream)] of this rank's next launch (stream: None on cpu)."""
+        """This rank's launch, as the spec builds it: [Launch] with every argument by keyword."""
         cfg, heap = self.config, self.heap
         K_r, (A_ptr, B_ptr) = A.shape[1], (A, B)
         A, B, tma = gemm_operands(A, B, cfg, heap.device)
-        gemm_kw = dict(BLOCK_M=cfg.BLK_M, BLOCK_N=cfg.BLK_N, BLOCK_K=cfg.BLK_K, GROUP_SIZE_M=cfg.gsize_m,
-                       NUM_SMS=cfg.num_sms, DOT_PRECISION="ieee" if cfg.datatype == "fp32" else "tf32",
-                       TRACE_CAPACITY=self.trace_capacity, EVEN_K=K_r % cfg.BLK_K == 0, TMA=tma)
-        gpu = heap.device.type == "cuda"
-        if gpu:
-            gemm_kw.update(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-        a_b_strides = (A_ptr.stride(0), A_ptr.stride(1), B_ptr.stride(0), B_ptr.stride(1))
-        strides = a_b_strides + (cfg.n, 1)
-        peer_cache = ".cg" if gpu else ""  # read what peers wrote from L2, not L1
-        timeout_ns = int(cfg.timeout_s * 1e9)
-        grid = (cfg.num_sms,)
-        if cfg.algorithm == "two_shot":
-            split = cfg.num_sms * self.trace_capacity * events.EVENT_WORDS   # the reduce kernel's trace region
-            gemm = (two_shot.two_shot_gemm, grid, (
-                A, B, self.partials, self.partial_ready, heap.heap_bases, heap.rank, heap.world_size, cfg.m, cfg.n,
-                K_r, *a_b_strides, self.trace, self.trace_counts),
-                gemm_kw, heap.stream)
-            reduce_kw = dict(BLOCK_M=cfg.BLK_M, BLOCK_N=cfg.BLK_N, GROUP_SIZE_M=cfg.gsize_m, COMM_SMS=cfg.comm_sms,
-                             TRACE_CAPACITY=self.trace_capacity, MISTAKE=self.mistake, PEER_CACHE=peer_cache,
-                             SUM_PARTIALS=self.parts["sum_partials"])
-            if gpu:
-                reduce_kw.update(num_warps=cfg.num_warps, num_stages=1)
-            reduce = (two_shot.two_shot_reduce, (cfg.comm_sms,), (
-                self.c, self.partials, self.partial_ready, self.results_in, self.watchdog, heap.heap_bases,
-                heap.rank, heap.world_size, self.launches, cfg.m, cfg.n, cfg.n, 1, timeout_ns,
-                self.trace[split:] if self.trace_capacity else self.trace, self.trace_counts[cfg.num_sms:]),
-                reduce_kw, heap.side_stream)
-            return [gemm, reduce]
-        if cfg.algorithm == "atomics":
-            return [(atomics.gemm_all_reduce_atomics, grid, (
-                A, B, self.c_pair, heap.heap_bases, heap.rank, heap.world_size, self.launches % 2,
-                cfg.m, cfg.n, K_r, *strides, self.trace, self.trace_counts),
-                dict(gemm_kw, TILE_COORDS=self.parts["tile_coords"], PUSH_PARTIAL=self.parts["push_partial"]),
-                heap.stream)]
-        return [(ring.gemm_all_reduce_ring, grid, (
-            A, B, self.c, self.ring_buffer, self.data_ready, self.slot_free, self.watchdog, heap.heap_bases,
-            heap.rank, heap.world_size, self.launches, cfg.m, cfg.n, K_r, *strides, timeout_ns,
-            self.trace, self.trace_counts), dict(gemm_kw, MISTAKE=self.mistake, SLOT_CACHE=peer_cache,
-                                                 TILE_COORDS=self.parts["tile_coords"],
-                                                 REDUCE_STEP=self.parts["reduce_step"]), heap.stream)]
+        gemm = dict(BLOCK_M=cfg.BLK_M, BLOCK_N=cfg.BLK_N, BLOCK_K=cfg.BLK_K, GROUP_SIZE_M=cfg.gsize_m,
+                    NUM_SMS=cfg.num_sms, DOT_PRECISION="ieee" if cfg.datatype == "fp32" else "tf32",
+                    TRACE_CAPACITY=self.trace_capacity, EVEN_K=K_r % cfg.BLK_K == 0, TMA=tma)
+        strides = dict(stride_am=A_ptr.stride(0), stride_ak=A_ptr.stride(1), stride_bk=B_ptr.stride(0),
+                       stride_bn=B_ptr.stride(1))
+        ctx = LaunchContext(config=cfg, heap=heap, buffers=self.buffers, A=A, B=B, K=K_r, strides=strides, gemm=gemm,
+                            trace=self.trace, trace_counts=self.trace_counts, parts=self.parts,
+                            mistake=self.mistake, watchdog=self.watchdog, gpu=heap.device.type == "cuda")
+        return self.spec.launches(ctx)
 
     def check(self):
         """Wait for this rank's work; raise DeadlockError if a wait (or the barrier) expired."""

@@ -1,7 +1,7 @@
 """Kernel parts: one ``@triton.jit`` function of a package kernel, swapped for a participant's own.
 
 The notebooks' puzzles ask for a piece of real kernel code (the tile order, one push of the atomics
-kernel, the ring's reduction step) and run it inside the package's kernel, on the cluster. The kernel takes
+kernel, the ring's reduction step, two_shot's sum; each algorithm's spec lists its parts) and run it inside the package's kernel, on the cluster. The kernel takes
 the piece as a constexpr argument, and Triton compiles (or interprets) it like any function it calls.
 
 The participant's function is defined in the notebook's process, and the ranks are other processes. So
@@ -23,48 +23,26 @@ import triton.language as tl
 from ..errors import UsageError
 from ..kernels import device
 
-# name -> (the algorithms whose kernel takes it, its arguments, what it returns)
-PARTS = {
-    "tile_coords": (("atomics", "ring"), ("tile_id", "num_pid_m", "num_pid_n", "GROUP_SIZE_M"), "(pid_m, pid_n)"),
-    "push_partial": (("atomics",), ("C_tile", "acc", "mask", "step", "rank", "world_size", "heap_bases"),
-                     "the rank pushed to"),
-    "reduce_step": (("ring",), ("total", "received"), "(total, payload)"),
-    "sum_partials": (("two_shot",), ("slot", "rank", "world_size", "heap_bases", "PEER_CACHE"),
-                     "the tile's fp32 sum"),
-}
 SOURCE_PREFIX = "<gemmar part "
 
 
-def part_sources(parts, algorithm):
-    """Client side: check ``parts`` ({name: @triton.jit function}) against ``algorithm``'s kernel and
-    return {name: (function name, source)}, ready to ship to the ranks."""
+def part_sources(parts, spec):
+    """Client side: check ``parts`` ({name: @triton.jit function}) against the algorithm's replaceable
+    parts (``spec.parts``: the kernel's own functions, whose signatures they must match) and return
+    {name: (function name, source)}, ready to ship to the ranks."""
     if not parts:
         return {}
-    if not isinstance(parts, dict):
-        raise UsageError(f"parts must be a dict {{name: @triton.jit function}}, got {type(parts).__name__}")
-    sources = {}
-    for name, fn in parts.items():
-        if name not in PARTS:
-            raise UsageError(f"there is no kernel part {name!r}: use one of {', '.join(PARTS)}")
-        algorithms, arguments, returns = PARTS[name]
-        if algorithm not in algorithms:
-            raise UsageError(f"the {algorithm} kernel has no part {name!r}: it is in {' and '.join(algorithms)}")
-        python_fn = getattr(fn, "fn", None)
-        if not inspect.isfunction(python_fn):
-            what = "a plain Python function" if inspect.isfunction(fn) else type(fn).__name__
-            raise UsageError(f"{name} must be a @triton.jit function, got {what}: put @triton.jit on the line "
-                             f"above its def")
-        given = list(inspect.signature(python_fn).parameters)
-        if len(given) != len(arguments):
-            raise UsageError(f"{name} takes {len(arguments)} arguments ({', '.join(arguments)}) and returns "
-                             f"{returns}; {python_fn.__name__} takes {len(given)} ({', '.join(given)})")
-        try:
-            source = textwrap.dedent(inspect.getsource(python_fn))
-        except (OSError, TypeError) as e:
-            raise UsageError(f"the source of {python_fn.__name__} cannot be read ({e}): define it in a notebook "
-                             f"cell or a .py file") from None
-        sources[name] = (python_fn.__name__, source)
-    return sources
+    spec.check_parts(parts)
+    return {name: (fn.fn.__name__, function_source(fn.fn)) for name, fn in parts.items()}
+
+
+def function_source(python_fn):
+    """The source of a function defined in a notebook cell or a .py file, dedented; one line if it has none."""
+    try:
+        return textwrap.dedent(inspect.getsource(python_fn))
+    except (OSError, TypeError) as e:
+        raise UsageError(f"the source of {python_fn.__name__} cannot be read ({e}): define it in a notebook "
+                         f"cell or a .py file") from None
 
 
 _loaded = {}   # (name, source) -> the function defined from it, so a repeated run compiles nothing again

@@ -23,6 +23,7 @@ from .heap import barrier_all, create_heap
 from .allreduce import SymmetricAllReduce
 from .launch import FusedGemmAllReduce
 from .parts import failure_text, load_parts
+from .shipping import unship
 from .results import RankFailure, RankResult
 
 _ranks = []   # the RankContexts this engine hosts: one, or every rank when they share a GPU
@@ -148,18 +149,20 @@ def rank_slice(A, B, config, rank, device):
 EPSILON = {torch.float16: 2.0 ** -11, torch.bfloat16: 2.0 ** -8, torch.float32: 0.0}
 
 
-def tolerance(config, scale=1.0, peak=None):
+def tolerance(config, scale=1.0, peak=None, c_dtype=None, wire_dtype=None):
     """Allowed max |C - reference|, for inputs whose products |a| |b| average ``scale`` and a reference
     whose largest |value| is ``peak``.
 
     fp32 accumulation error grows with K (fp32 inputs use ieee dots); rounding C to its dtype costs half
-    an ulp of C; rounding each rank's partial to the wire dtype (two_shot) costs that again per rank.
-    Scaling by the inputs' magnitude keeps a correct result with large inputs from being rejected.
+    an ulp of C; rounding each rank's partial to the wire dtype (an algorithm whose partials travel in a
+    dtype of their own) costs that again per rank. Scaling by the inputs' magnitude keeps a correct result
+    with large inputs from being rejected. ``c_dtype`` and ``wire_dtype`` default to the config's.
     """
     base = (1e-3 * max(1.0, config.k ** 0.5) + 1e-4 * config.world_size) * max(scale, 1e-30)
-    rounding = rounding_error(config.c_dtype)
-    if config.algorithm == "two_shot":
-        rounding += config.world_size * rounding_error(config.partial_dtype)
+    rounding = rounding_error(c_dtype or config.c_dtype)
+    wire_dtype = wire_dtype or (config.partial_dtype if config.spec.wire_dtype else None)
+    if wire_dtype is not None:
+        rounding += config.world_size * rounding_error(wire_dtype)
     return base + rounding * (peak if peak is not None else 0.0)
 
 
@@ -216,7 +219,7 @@ def _errors_as_results(fn):
 
 @_errors_as_results
 def run_gemm_all_reduce(config, inputs=None, reference=None, scale=None, mistake="none", return_c=False,
-                        validate=True, parts=None):
+                        validate=True, parts=None, algorithm=None):
     """Run ``iterations`` back-to-back launches on this engine's ranks; check C after each one.
 
     ``inputs`` is one (A_r, B_r) per hosted rank, ``scale`` the global inputs' ``input_scale`` (for the
@@ -225,8 +228,10 @@ def run_gemm_all_reduce(config, inputs=None, reference=None, scale=None, mistake
     between client and engines. All hosted ranks launch before any of them is waited for.
 
     ``parts``: a participant's kernel parts as source (``runtime/parts.py``); an error raised while they
-    compile or run comes back as a one-line UsageError that points into their code.
+    compile or run comes back as a one-line UsageError that points into their code. ``algorithm``: a
+    user's algorithm as shipped (``runtime/shipping.py``), defined here before the config is checked.
     """
+    unship(algorithm)
     config = config.validate()
     try:
         return _run_gemm_all_reduce(config, inputs, reference, scale, mistake, return_c, validate,
@@ -386,9 +391,8 @@ def benchmark_rank(configs, reps=20, warmup=5, baseline=True, problem=None):
         out["allreduce_ms"] = _median_ms(lambda: dist.all_reduce(C), reps)
         out["sequential_ms"] = _median_ms(lambda: (torch.matmul(A, B, out=C), dist.all_reduce(C)), reps)
         out.update(_best_overlap(A, B, C, inputs[0][2], reps, warmup))
-        # cuBLAS returns C in the input dtype, summed by NCCL in it: judged as two_shot's C is.
-        out["overlap_tolerance"] = tolerance(dataclasses.replace(base, algorithm="two_shot", out_dtype=None,
-                                                                 wire_dtype=None), scale, peak)
+        # cuBLAS returns C in the input dtype, and NCCL sums the ranks' Cs in it.
+        out["overlap_tolerance"] = tolerance(base, scale, peak, c_dtype=base.torch_dtype, wire_dtype=base.torch_dtype)
     return outs
 
 
