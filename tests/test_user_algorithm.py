@@ -35,7 +35,8 @@ def test_a_users_algorithm_runs_checked_and_traced(clusters, world_size, tmp_pat
     loaded = gemmar.Trace.load(path)
     assert list(loaded.events["kind"]) == list(trace.events["kind"])
     loaded.gantt(path=tmp_path / "gantt.png")
-    perfetto = json.loads(open(loaded.to_perfetto(tmp_path / "p.json")).read())
+    loaded.to_perfetto(tmp_path / "p.json")
+    perfetto = json.loads((tmp_path / "p.json").read_text())
     assert any(e.get("name", "").startswith("arrival_wait") for e in perfetto["traceEvents"])
 
 
