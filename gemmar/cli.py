@@ -1,28 +1,23 @@
-"""``gemmar`` command line. ``gemmar gantt`` draws a saved trace. ``gemmar bench`` takes the flags of Iris's GEMM + all-reduce benchmark.py where
-the meaning is the same, plus ``--algorithm``, ``--backend``, ``--iterations`` and ``-t/--trace_tiles``.
+"""``gemmar`` command line: ``main`` and ``gemmar bench``, which takes the flags of Iris's GEMM + all-reduce
+benchmark.py where the meaning is the same, plus ``--algorithm``, ``--backend``, ``--iterations`` and
+``-t/--trace_tiles``. ``gemmar allreduce`` and ``gemmar gantt`` are in ``cli_tools.py``, what the commands
+write in ``outputs.py``.
 
 Exit codes: 0 success, 1 a check failed (C differs from the reference), 2 bad arguments,
 3 a deadlock or a dead rank.
 """
 
 import argparse
-import contextlib
-import datetime
-import json
-import math
-import os
-import platform
 import sys
 
-import psutil
-
 from .algorithms import builtin_names, get as get_algorithm
+from .cli_tools import _allreduce_parser, _gantt_parser, starting_line
 from .config import BACKENDS, DTYPES, RunConfig, choose_algorithm, tuned_defaults
 from .errors import ClusterError, DeadlockError, GemmarError, RankDiedError, UsageError
+from .outputs import DEFAULT_TRACE_FILE, check_output_path, iris_report, trace_path_for, write_report
 from .report import log, print_figures
-from .runtime.engines import check_heap_fits, check_world_size, gpu_count, gpu_properties, resolve_backend, shares_gpu
+from .runtime.engines import check_heap_fits, gpu_count, gpu_properties, resolve_backend, shares_gpu
 from .runtime.heap import size_text
-from .runtime.allreduce import SCHEMES
 from .runtime.launch import heap_bytes_needed
 
 
@@ -240,208 +235,6 @@ def run_unfused(args, backend):
     if args.output_file:
         write_report(args, W, success=success, timings_ms=figures, config=problem.to_dict())
     return 0 if success else 1
-
-
-def arguments(args):
-    """The command line as parsed, for a report."""
-    return {k: v for k, v in vars(args).items() if k != "func"}
-
-
-def write_report(args, W, first=None, **fields):
-    """The JSON report at --output_file: ``first`` (Iris's flat keys, which gemmar's then override), the
-    arguments, ``fields``, and when and where it ran."""
-    report = {**(first or {}), **dict(args=arguments(args), **fields,
-                                      date=datetime.datetime.now().isoformat(timespec="seconds"), host=platform.node())}
-    with open(args.output_file, "w") as f:
-        json.dump(report, f, indent=2)
-    log("-", W, f"wrote {args.output_file}")
-
-
-def iris_report(args, config, median_ms, iterations, success, kernels):
-    """The keys of Iris's benchmark report, with Iris's meaning: every argument flat (``k`` per rank, ``K``
-    global, as Iris rewrites them), ``world_size``, ``gemm_sms``, ``success``, and with -b ``tflops`` /
-    ``total_ms`` (Iris's ring benchmark), ``triton_tflops`` / ``triton_ms`` (its atomics benchmark) and
-    ``gemm_ms`` / ``gemm_experiments``; on GPUs ``gemm_registers`` / ``gemm_spills``."""
-    W = config.world_size
-    flat = arguments(args)
-    out = dict(flat, world_size=W, M=config.m, N=config.n, K=config.k, k=-(-config.k // W),
-               gemm_sms=config.num_sms)
-    if args.validate:
-        out["success"] = success
-    if args.benchmark:
-        tflops = 2 * config.m * config.n * config.k * 1e-12 / (median_ms * 1e-3)
-        out.update(tflops=tflops, total_ms=median_ms, triton_tflops=tflops, triton_ms=median_ms, gemm_ms=median_ms,
-                   gemm_experiments=iterations)
-    if kernels:
-        out.update(gemm_registers=kernels[0]["registers"], gemm_spills=kernels[0]["spills"])
-    return out
-
-
-def starting_line(backend, W):
-    if shares_gpu(backend, W):
-        return f"starting ranks 0..{W - 1} in one ipyparallel engine, sharing GPU 0 (fewer GPUs than ranks)"
-    return f"starting {W} ipyparallel engine(s) as ranks 0..{W - 1}"
-
-
-DEFAULT_TRACE_FILE = "gemmar.trace.json"   # -t without --output_file
-
-
-def check_output_path(flag, path):
-    """Refuse, before any work, a file the run could not write at the end (one line, exit 2): a folder, a
-    device, a FIFO or a /proc file, a missing or read-only folder. A new file is test-written (and removed
-    again), so that a full disk or a file system that refuses writes is found now, not after the work."""
-    folder = os.path.dirname(os.path.abspath(path))
-    if os.path.isdir(path):
-        raise UsageError(f"{flag} {path} is a folder: give a file name")
-    if os.path.exists(path) and not os.path.isfile(path):
-        raise UsageError(f"{flag} {path} is not a regular file (a device, a FIFO or a socket): give a file name")
-    if not os.path.isdir(folder):
-        raise UsageError(f"{flag} {path}: the folder {folder} does not exist")
-    if not os.access(folder, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
-        raise UsageError(f"{flag} {path}: {'the file' if os.path.exists(path) else 'the folder ' + folder} is not "
-                         f"writable")
-    if not os.path.exists(path):
-        try:
-            with open(path, "x") as probe:
-                probe.write("{}\n")
-                probe.flush()
-                os.fsync(probe.fileno())
-        except OSError as e:
-            raise UsageError(f"{flag} {path} cannot be written: {e.strerror}") from None
-        finally:
-            if os.path.isfile(path):
-                os.unlink(path)
-
-
-def _allreduce_parser(sub):
-    p = sub.add_parser("allreduce", help="the standalone all-reduce on the symmetric heap, checked and timed",
-                       description="All-reduce (sum) of seeded values on every rank by the two-shot tile-owner "
-                                   "scheme of two_shot (runtime/allreduce.py); every rank's result checked "
-                                   "against the float64 sum and compared bit for bit across ranks. On GPUs it is "
-                                   "timed, and with --baseline NCCL is timed on the same values.")
-    p.add_argument("-r", "--num_ranks", type=int, default=2, help="ranks (default %(default)s)")
-    p.add_argument("--backend", choices=BACKENDS, default="auto", help="cpu (interpreter), cuda, iris, auto")
-    p.add_argument("--datatype", choices=list(DTYPES), default="bf16", help="dtype of the values (default %(default)s)")
-    p.add_argument("--sizes", type=float, nargs="+", help="message sizes in MiB per rank (default: cpu 0.0625 "
-                                                          "0.25 1; GPU 1 4 16 64 256)")
-    p.add_argument("--comm_sms", type=int, help="programs per rank (default: cpu 2, GPU 16)")
-    p.add_argument("--schemes", nargs="+", choices=SCHEMES, default=list(SCHEMES),
-                   help="two_shot (by tile owner) and/or one_shot (every rank sums everything); default both")
-    p.add_argument("--iterations", type=int, default=3, help="checked launches per size (default %(default)s)")
-    p.add_argument("--reps", type=int, default=20, help="GPU: launches per timing, median of 5 (default %(default)s)")
-    p.add_argument("-b", "--baseline", action="store_true", help="GPU, one per rank: also time NCCL's all_reduce "
-                                                                 "(and torch's symmetric-memory two-shot)")
-    p.add_argument("--timeout", type=float, default=60.0, help="seconds before a wait counts as a hang")
-    p.add_argument("--output_file", help="write the figures as JSON here")
-    p.set_defaults(func=cmd_allreduce)
-
-
-def cmd_allreduce(args):
-    from .cluster import Cluster
-    from .runtime.allreduce import all_reduce_heap_bytes
-
-    if args.output_file:
-        check_output_path("--output_file", args.output_file)
-    check_world_size(args.num_ranks)
-    backend = resolve_backend(args.backend, args.num_ranks)
-    sizes = args.sizes or ([1, 4, 16, 64, 256] if backend == "cuda" else [0.0625, 0.25, 1])
-    itemsize = DTYPES[args.datatype].itemsize
-    numels = []
-    for mib in sizes:
-        numel = int(mib * 2 ** 20) // itemsize if math.isfinite(mib) else 0
-        if not 1 <= numel <= 2 ** 34:
-            raise UsageError(f"--sizes {mib:g}: use message sizes from {itemsize / 2 ** 20:.2g} MiB (one value) "
-                             f"to {2 ** 34 * itemsize / 2 ** 20:g} MiB")
-        numels.append(numel)
-    if args.comm_sms is not None and not 1 <= args.comm_sms <= 4096:
-        raise UsageError(f"--comm_sms {args.comm_sms} is not allowed: use 1 to 4096 programs per rank")
-    if args.iterations < 1:
-        raise UsageError(f"--iterations {args.iterations} is not allowed: use 1 or more launches")
-    if args.baseline and (backend != "cuda" or shares_gpu(backend, args.num_ranks)):
-        raise UsageError("--baseline times NCCL between GPUs: it needs the cuda backend and one GPU per rank")
-    W = args.num_ranks
-    heap_size = max(256 << 20, max(all_reduce_heap_bytes(n, DTYPES[args.datatype], backend) for n in numels))
-    check_heap_fits(backend, W, heap_size)   # before the engines start (3000 MiB once tried ~19 GB)
-    if backend == "cpu":
-        # Each rank also holds its input and the float64 reference (built from every rank's input).
-        need = W * (heap_size + max(numels) * (W * itemsize + 3 * 8))
-        free = psutil.virtual_memory().available
-        if need > free:
-            raise UsageError(f"--sizes {max(sizes):g} MiB on {W} rank(s) needs about {size_text(need)} of memory; "
-                             f"this machine has {size_text(free)} available: use smaller sizes")
-    timed = backend == "cuda"
-    rows = []
-    log("-", W, starting_line(backend, W))
-    with Cluster(world_size=W, backend=backend, heap_size=heap_size, timeout_s=args.timeout) as cluster:
-        for (mib, numel), scheme in ((size, scheme) for size in zip(sizes, numels) for scheme in args.schemes):
-            f = cluster.all_reduce(numel, args.datatype, args.comm_sms, args.iterations, reps=args.reps if timed else 0,
-                                   baseline=args.baseline and scheme == args.schemes[0], scheme=scheme)
-            line = (f"{mib:g} MiB {args.datatype} x {W} ranks, {scheme}: {'PASSED' if f['ok'] else 'FAILED'} max|out - sum| "
-                    f"{f['max_abs_diff']:.3g} (tolerance {f['tolerance']:.3g}), same bits on every rank: "
-                    f"{'yes' if f['identical'] else 'NO'}")
-            bus = 2 * (W - 1) / W * numel * itemsize / 1e6   # bus bytes per rank, in MB: GB/s = MB / ms
-            for key, name in (("gemmar_ms", f"gemmar {scheme}"), ("nccl_ms", "NCCL"),
-                              ("torch_symm_mem_ms", "torch symm_mem two-shot")):
-                if key in f:
-                    line += f" | {name} {f[key]:.3f} ms ({bus / f[key]:.0f} GB/s bus)"
-            log("-", W, line)
-            rows.append(dict(mib=mib, **f))
-    if args.output_file:
-        write_report(args, W, backend=backend, results=rows)
-    return 0 if all(r["ok"] for r in rows) else 1
-
-
-def _gantt_parser(sub):
-    p = sub.add_parser("gantt", help="draw a saved trace: Gantt chart, tile grid, Perfetto JSON",
-                       description="Draw a trace written by gemmar bench -t (or Trace.save).")
-    p.add_argument("trace", help="a .trace.json (or .trace.json.gz) file")
-    p.add_argument("-o", "--output", default="gantt.png", help="Gantt chart image, .png or .svg (default %(default)s)")
-    p.add_argument("--perfetto", help="also write a Chrome/Perfetto trace JSON here (open at ui.perfetto.dev)")
-    p.add_argument("--tile_grid", help="also draw the per-rank tile-grid heat maps here")
-    p.add_argument("--iteration", type=int, default=-1, help="which iteration to draw (default: the last)")
-    p.add_argument("--max_lanes", type=int, default=48, help="above this many lanes, draw per-rank aggregates")
-    p.set_defaults(func=cmd_gantt)
-
-
-def cmd_gantt(args):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    from .analysis.trace import Trace
-
-    if not args.output.lower().endswith((".png", ".svg")):
-        raise UsageError(f"--output {args.output} must end in .png or .svg")
-    for flag, path in (("--output", args.output), ("--perfetto", args.perfetto), ("--tile_grid", args.tile_grid)):
-        if path:
-            check_output_path(flag, path)
-    trace = Trace.load(args.trace)
-    with written_to(args.output):
-        trace.gantt(iteration=args.iteration, max_lanes=args.max_lanes, path=args.output)
-    print(f"[gemmar] wrote {args.output}: {trace}")
-    print(trace.summary(args.iteration).round(2).to_string())
-    if args.tile_grid:
-        with written_to(args.tile_grid):
-            trace.tile_grid(iteration=args.iteration, path=args.tile_grid)
-        print(f"[gemmar] wrote {args.tile_grid}")
-    if args.perfetto:
-        with written_to(args.perfetto):
-            trace.to_perfetto(args.perfetto)
-        print(f"[gemmar] wrote {args.perfetto} (open it at ui.perfetto.dev)")
-    return 0
-
-
-@contextlib.contextmanager
-def written_to(path):
-    """A write that fails after the checks (a disk that fills up meanwhile) is one line too."""
-    try:
-        yield
-    except OSError as e:
-        raise UsageError(f"could not write {path}: {e.strerror or e}") from None
-
-
-def trace_path_for(output_file):
-    stem = output_file[:-5] if output_file.endswith(".json") else output_file
-    return stem + ".trace.json"
 
 
 def main(argv=None):

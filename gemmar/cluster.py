@@ -14,6 +14,9 @@ from .config import RunConfig, k_bounds
 from .errors import UsageError
 from .report import log
 from .runtime import rank as rank_runtime
+from .runtime.allreduce import run_all_reduce
+from .runtime.problem import input_scale
+from .runtime.timing import benchmark_rank
 from .runtime.engines import EngineCluster
 from .runtime.heap import size_text
 from .runtime.launch import heap_bytes_needed
@@ -131,7 +134,7 @@ class Cluster(EngineCluster):
         reference = A.double() @ B.double()
         slices = [k_bounds(config.k, self.world_size, r) for r in range(self.world_size)]
         inputs = [(A[:, s:e].contiguous(), B[s:e, :].contiguous()) for s, e in slices]
-        return self._run(config, (inputs, reference, rank_runtime.input_scale(A, B)), validate, verbose, mistake,
+        return self._run(config, (inputs, reference, input_scale(A, B)), validate, verbose, mistake,
                          True, parts=parts)
 
     def compare_to_unfused(self, configs, reps=20, warmup=5, baseline=True, problem=None):
@@ -147,7 +150,7 @@ class Cluster(EngineCluster):
         shapes = {(c.m, c.n, c.k, c.datatype, c.seed) for c in list(configs.values()) + [problem] if c is not None}
         if len(shapes) != 1:
             raise UsageError(f"configs to compare must share one shape, dtype and seed; got {sorted(shapes)}")
-        outs = self.run_ranks(rank_runtime.benchmark_rank, configs, reps, warmup, baseline, problem)
+        outs = self.run_ranks(benchmark_rank, configs, reps, warmup, baseline, problem)
         RankFailure.raise_first(outs)
         figures = {f"{alg}_ms": max(o["fused_ms"][alg] for o in outs) for alg in configs}
         figures.update({f"{alg}_max_abs_diff": max(o["max_abs_diff"][alg] for o in outs) for alg in configs})
@@ -176,7 +179,7 @@ class Cluster(EngineCluster):
         for name, value, smallest in (("numel", numel, 1), ("iterations", iterations, 1), ("reps", reps, 0)):
             if isinstance(value, bool) or not isinstance(value, int) or not smallest <= value <= 2 ** 40:
                 raise UsageError(f"{name}={value!r} is not allowed: use a whole number from {smallest} up")
-        outs = self.run_ranks(rank_runtime.run_all_reduce, numel, datatype, comm_sms, iterations, seed, self.timeout_s,
+        outs = self.run_ranks(run_all_reduce, numel, datatype, comm_sms, iterations, seed, self.timeout_s,
                               reps, baseline, scheme)
         RankFailure.raise_first(outs)
         figures = dict(numel=numel, datatype=datatype, scheme=scheme, comm_sms=comm_sms, world_size=self.world_size,

@@ -14,12 +14,19 @@ and no barrier: a rank's next copy waits, on its stream, for its last reduction,
 rank needs its partials any more.
 """
 
+import contextlib
+import hashlib
+
 import torch
 
 from ..errors import UsageError
 from ..kernels import allreduce, two_shot
 from ..kernels.device import FLAG_WORDS, WATCHDOG_WORDS
 from .compiled_launch import PreparedLaunch
+from .heap import barrier_all
+from .problem import EPSILON
+from .rank import check_all, errors_as_results, local_ranks
+from .timing import median_ms, symm_mem_two_shot_ms
 
 SCHEMES = ("two_shot", "one_shot")
 
@@ -115,3 +122,67 @@ class SymmetricAllReduce:
     def check(self):
         self.heap.synchronize()
         self.heap.raise_if_expired(self.watchdog)
+
+
+# -- the rank side: what each engine runs for Cluster.all_reduce -----------------------------------------
+def all_reduce_input(numel, dtype, seed, rank, device):
+    """Rank ``rank``'s values for the all-reduce benchmark: the same on every engine that builds them."""
+    gen = torch.Generator().manual_seed(seed * 1_000_003 + rank)
+    return torch.randn(numel, generator=gen).to(dtype).to(device)
+
+
+@errors_as_results
+def run_all_reduce(numel, datatype, comm_sms, iterations, seed=0, timeout_s=60.0, reps=0, baseline=False,
+                   scheme="two_shot"):
+    """The standalone all-reduce on this engine's ranks: ``iterations`` checked launches (every rank's
+    result against the float64 sum of every rank's input; a digest of its bits, to compare across ranks);
+    on GPUs, with ``reps``, the median time of back-to-back launches, and with ``baseline`` NCCL's
+    all_reduce of the same values (and torch's symmetric-memory two-shot all-reduce where there is one)."""
+    from ..config import DTYPES, dtype_name
+
+    dtype = DTYPES[dtype_name(datatype)]
+    group = local_ranks()
+    heaps = [ctx.heap for ctx in group]
+    device, W = heaps[0].device, heaps[0].world_size
+    timed = bool(reps) and device.type == "cuda"
+    if timed and baseline and len(group) > 1:   # refused before any work, not after it
+        raise UsageError("the NCCL baseline needs one GPU per rank; these ranks share a GPU")
+    reference = sum(all_reduce_input(numel, dtype, seed, r, "cpu").double() for r in range(W))
+    # One ulp of the result's dtype at the largest value (Triton's interpreter rounds toward zero), and
+    # fp32 summation of W values.
+    peak = float(reference.abs().max())
+    allowed = 2 * EPSILON[dtype] * peak + 1e-6 * W * peak
+    inputs = [all_reduce_input(numel, dtype, seed, ctx.rank, device) for ctx in group]
+    outs = [dict(rank=ctx.rank, max_abs_diff=[], tolerance=allowed, digest=None) for ctx in group]
+    with contextlib.ExitStack() as scopes:
+        ops = [SymmetricAllReduce(scopes.enter_context(h.scope()), numel, dtype, comm_sms, timeout_s, scheme)
+               for h in heaps]
+        for op in ops:
+            op.prepare()
+        barrier_all(heaps, timeout_s)
+
+        def launch_all():
+            return [op(x, wait=False) for op, x in zip(ops, inputs)]
+
+        for _ in range(iterations):
+            results = launch_all()
+            check_all(ops)
+            for out, result in zip(outs, results):
+                out["max_abs_diff"].append(float((result.double().cpu() - reference).abs().max()))
+                raw = result.detach().cpu().contiguous().reshape(-1).view(torch.uint8)
+                out["digest"] = hashlib.sha1(raw.numpy().tobytes()).hexdigest()   # the bits, to compare ranks
+        if timed:
+            for _ in range(3):
+                launch_all()
+            ms = median_ms(launch_all, reps, [h.stream for h in heaps], one_process=len(group) > 1)
+            check_all(ops)
+            for out in outs:
+                out["gemmar_ms"] = ms
+        barrier_all(heaps, timeout_s)
+    if timed and baseline:
+        import torch.distributed as dist
+
+        y = inputs[0].clone()
+        outs[0]["nccl_ms"] = median_ms(lambda: dist.all_reduce(y), reps)
+        outs[0].update(symm_mem_two_shot_ms(inputs[0], reps))
+    return outs

@@ -1,17 +1,17 @@
 """ipyparallel engines acting as ranks: start, stop, restart, run a function on every rank, notice deaths.
 
 ``EngineCluster(world_size=3)`` starts a controller and ``world_size`` local engines; engine ids sorted give
-ranks 0..W-1. Each engine builds its symmetric heap (``runtime.rank.init_rank``) and meets the others.
+ranks 0..W-1. Each engine builds its symmetric heap (``runtime.rank.init_ranks``) and meets the others.
 Calls run on every rank at the same time and come back as a list indexed by rank. ``stop()`` ends the
 engines and removes any heap file a dead rank may have left in /dev/shm; a stopped cluster can be started
-again. The GEMM API on top of this is ``gemmar.Cluster``.
+again. The GEMM API on top of this is ``gemmar.Cluster``. Which backend and how many GPUs: ``backends.py``;
+process helpers (exit codes, sessions): ``processes.py``.
 """
 
 import atexit
 import logging
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -21,69 +21,16 @@ import uuid
 import weakref
 
 import psutil
-import torch
 
-from ..config import BACKENDS, MAX_WORLD_SIZE, MIN_TIMEOUT_S
+from ..config import MIN_TIMEOUT_S
 from ..errors import ClusterError, RankDiedError, UsageError
 from . import rank as rank_runtime
-from .heap import ALIGN, DEFAULT_HEAP_BYTES, HEADER_BYTES, remove_arenas, shm_dir, size_text
+from .heap import DEFAULT_HEAP_BYTES, remove_arenas, shm_dir
 from .heap.cpu import arena_prefix
+from .backends import check_heap_fits, check_world_size, gpu_count, gpu_properties, resolve_backend, shares_gpu  # noqa: F401 (re-exported)
+from .processes import _alive, _children, _exit_text, _kill, _reaped_exit_code, _session  # noqa: F401 (tests use _alive)
 from .reaper import end_sessions
 from .results import RankFailure
-
-
-def gpu_properties(backend):
-    """(name, compute capability, multiprocessors) of GPU 0 as the client sees it; blanks off the GPU."""
-    if backend != "cuda":
-        return "", (0, 0), 0
-    props = torch.cuda.get_device_properties(0)
-    return props.name, (props.major, props.minor), props.multi_processor_count
-
-
-def gpu_count():
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
-
-
-def shares_gpu(backend, world_size):
-    """True when the ranks share GPU 0 (cuda with more ranks than GPUs): one engine then hosts them all."""
-    return backend == "cuda" and world_size > gpu_count()
-
-
-def resolve_backend(backend, world_size):
-    """'auto' -> cuda on an NVIDIA GPU (ranks share it when there are more ranks than GPUs), else cpu.
-    Checks that the choice can run here."""
-    if backend not in BACKENDS:
-        raise UsageError(f"backend {backend!r} is not known: use one of {', '.join(BACKENDS)}")
-    gpus = gpu_count()
-    if backend == "auto":
-        backend = "cuda" if gpus >= 1 and torch.version.hip is None else "cpu"
-    if backend == "cuda" and gpus == 0:
-        raise UsageError("backend 'cuda' needs an NVIDIA GPU; this machine has none: use backend='cpu'")
-    if backend == "iris":
-        try:
-            import iris  # noqa: F401
-        except ImportError:
-            raise UsageError("backend 'iris' needs Iris installed (import iris failed): use cpu or cuda") from None
-    return backend
-
-
-def check_world_size(world_size):
-    if isinstance(world_size, bool) or not isinstance(world_size, int) or not 1 <= world_size <= MAX_WORLD_SIZE:
-        raise UsageError(f"world_size={world_size!r} is not allowed: use a whole number from 1 to {MAX_WORLD_SIZE}")
-
-
-def check_heap_fits(backend, world_size, heap_size):
-    """Before anything is allocated: a heap too small to hold anything, or (cpu) arenas that /dev/shm could
-    not hold all at once (they are sparse files: a write past the free space kills the rank with SIGBUS)."""
-    smallest = HEADER_BYTES + ALIGN
-    if isinstance(heap_size, bool) or not isinstance(heap_size, int) or heap_size < smallest:
-        raise UsageError(f"heap_size={heap_size!r} is not allowed: use whole bytes per rank, at least {smallest}")
-    if backend == "cpu":
-        free = shutil.disk_usage(shm_dir()).free
-        if heap_size * world_size > free:
-            raise UsageError(f"heap_size={heap_size} ({size_text(heap_size)}) x {world_size} ranks needs "
-                             f"{size_text(heap_size * world_size)} of shared memory; {shm_dir()} has "
-                             f"{size_text(free)} free: use a smaller heap_size")
 
 
 class EngineCluster:
@@ -433,28 +380,6 @@ class EngineCluster:
                             f"{self._last_steps(ranks, seen) if ranks else ''}", ranks)
 
 
-def _reaped_exit_code(proc, wait_s=1.0):
-    """The exit code of an engine process that ipyparallel's launcher thread has reaped with this same
-    psutil object, which keeps it (``wait()`` returns it; ``_exitcode`` tells whether it is there yet)."""
-    deadline = time.monotonic() + wait_s
-    while getattr(proc, "_exitcode", None) in (None, getattr(psutil, "_SENTINEL", object())):
-        if time.monotonic() > deadline:
-            return None
-        time.sleep(0.02)
-    return proc.wait(timeout=0)
-
-
-def _exit_text(code):
-    if code is None:
-        return "is gone"
-    if code < 0:
-        try:
-            return f"was killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"was killed by signal {-code}"
-    return f"exited with code {code}"
-
-
 def _stop_at_exit(ref):
     cluster = ref()
     if cluster is not None:
@@ -464,31 +389,3 @@ def _stop_at_exit(ref):
             pass
 
 
-def _session(pid):
-    try:
-        return os.getsid(pid) if pid is not None else None
-    except OSError:
-        return None
-
-
-def _children(proc):
-    try:
-        return proc.children(recursive=True)
-    except psutil.Error:
-        return []
-
-
-def _alive(pid):
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
-
-
-def _kill(pid):
-    try:
-        proc = psutil.Process(pid)
-        proc.kill()
-        proc.wait(5)
-    except (psutil.NoSuchProcess, psutil.TimeoutExpired):
-        pass

@@ -1,0 +1,137 @@
+"""``gemmar allreduce`` (the standalone all-reduce, checked and timed) and ``gemmar gantt`` (draw a saved
+trace): the command line's two smaller commands. ``cli.py`` holds ``main`` and ``gemmar bench``."""
+
+import math
+
+import psutil
+
+from .config import BACKENDS, DTYPES
+from .errors import UsageError
+from .outputs import check_output_path, write_report, written_to
+from .report import log
+from .runtime.allreduce import SCHEMES
+from .runtime.engines import check_heap_fits, check_world_size, resolve_backend, shares_gpu
+from .runtime.heap import size_text
+
+
+def starting_line(backend, W):
+    if shares_gpu(backend, W):
+        return f"starting ranks 0..{W - 1} in one ipyparallel engine, sharing GPU 0 (fewer GPUs than ranks)"
+    return f"starting {W} ipyparallel engine(s) as ranks 0..{W - 1}"
+
+
+def _allreduce_parser(sub):
+    p = sub.add_parser("allreduce", help="the standalone all-reduce on the symmetric heap, checked and timed",
+                       description="All-reduce (sum) of seeded values on every rank by the two-shot tile-owner "
+                                   "scheme of two_shot (runtime/allreduce.py); every rank's result checked "
+                                   "against the float64 sum and compared bit for bit across ranks. On GPUs it is "
+                                   "timed, and with --baseline NCCL is timed on the same values.")
+    p.add_argument("-r", "--num_ranks", type=int, default=2, help="ranks (default %(default)s)")
+    p.add_argument("--backend", choices=BACKENDS, default="auto", help="cpu (interpreter), cuda, iris, auto")
+    p.add_argument("--datatype", choices=list(DTYPES), default="bf16", help="dtype of the values (default %(default)s)")
+    p.add_argument("--sizes", type=float, nargs="+", help="message sizes in MiB per rank (default: cpu 0.0625 "
+                                                          "0.25 1; GPU 1 4 16 64 256)")
+    p.add_argument("--comm_sms", type=int, help="programs per rank (default: cpu 2, GPU 16)")
+    p.add_argument("--schemes", nargs="+", choices=SCHEMES, default=list(SCHEMES),
+                   help="two_shot (by tile owner) and/or one_shot (every rank sums everything); default both")
+    p.add_argument("--iterations", type=int, default=3, help="checked launches per size (default %(default)s)")
+    p.add_argument("--reps", type=int, default=20, help="GPU: launches per timing, median of 5 (default %(default)s)")
+    p.add_argument("-b", "--baseline", action="store_true", help="GPU, one per rank: also time NCCL's all_reduce "
+                                                                 "(and torch's symmetric-memory two-shot)")
+    p.add_argument("--timeout", type=float, default=60.0, help="seconds before a wait counts as a hang")
+    p.add_argument("--output_file", help="write the figures as JSON here")
+    p.set_defaults(func=cmd_allreduce)
+
+
+def cmd_allreduce(args):
+    from .cluster import Cluster
+    from .runtime.allreduce import all_reduce_heap_bytes
+
+    if args.output_file:
+        check_output_path("--output_file", args.output_file)
+    check_world_size(args.num_ranks)
+    backend = resolve_backend(args.backend, args.num_ranks)
+    sizes = args.sizes or ([1, 4, 16, 64, 256] if backend == "cuda" else [0.0625, 0.25, 1])
+    itemsize = DTYPES[args.datatype].itemsize
+    numels = []
+    for mib in sizes:
+        numel = int(mib * 2 ** 20) // itemsize if math.isfinite(mib) else 0
+        if not 1 <= numel <= 2 ** 34:
+            raise UsageError(f"--sizes {mib:g}: use message sizes from {itemsize / 2 ** 20:.2g} MiB (one value) "
+                             f"to {2 ** 34 * itemsize / 2 ** 20:g} MiB")
+        numels.append(numel)
+    if args.comm_sms is not None and not 1 <= args.comm_sms <= 4096:
+        raise UsageError(f"--comm_sms {args.comm_sms} is not allowed: use 1 to 4096 programs per rank")
+    if args.iterations < 1:
+        raise UsageError(f"--iterations {args.iterations} is not allowed: use 1 or more launches")
+    if args.baseline and (backend != "cuda" or shares_gpu(backend, args.num_ranks)):
+        raise UsageError("--baseline times NCCL between GPUs: it needs the cuda backend and one GPU per rank")
+    W = args.num_ranks
+    heap_size = max(256 << 20, max(all_reduce_heap_bytes(n, DTYPES[args.datatype], backend) for n in numels))
+    check_heap_fits(backend, W, heap_size)   # before the engines start (3000 MiB once tried ~19 GB)
+    if backend == "cpu":
+        # Each rank also holds its input and the float64 reference (built from every rank's input).
+        need = W * (heap_size + max(numels) * (W * itemsize + 3 * 8))
+        free = psutil.virtual_memory().available
+        if need > free:
+            raise UsageError(f"--sizes {max(sizes):g} MiB on {W} rank(s) needs about {size_text(need)} of memory; "
+                             f"this machine has {size_text(free)} available: use smaller sizes")
+    timed = backend == "cuda"
+    rows = []
+    log("-", W, starting_line(backend, W))
+    with Cluster(world_size=W, backend=backend, heap_size=heap_size, timeout_s=args.timeout) as cluster:
+        for (mib, numel), scheme in ((size, scheme) for size in zip(sizes, numels) for scheme in args.schemes):
+            f = cluster.all_reduce(numel, args.datatype, args.comm_sms, args.iterations, reps=args.reps if timed else 0,
+                                   baseline=args.baseline and scheme == args.schemes[0], scheme=scheme)
+            line = (f"{mib:g} MiB {args.datatype} x {W} ranks, {scheme}: {'PASSED' if f['ok'] else 'FAILED'} max|out - sum| "
+                    f"{f['max_abs_diff']:.3g} (tolerance {f['tolerance']:.3g}), same bits on every rank: "
+                    f"{'yes' if f['identical'] else 'NO'}")
+            bus = 2 * (W - 1) / W * numel * itemsize / 1e6   # bus bytes per rank, in MB: GB/s = MB / ms
+            for key, name in (("gemmar_ms", f"gemmar {scheme}"), ("nccl_ms", "NCCL"),
+                              ("torch_symm_mem_ms", "torch symm_mem two-shot")):
+                if key in f:
+                    line += f" | {name} {f[key]:.3f} ms ({bus / f[key]:.0f} GB/s bus)"
+            log("-", W, line)
+            rows.append(dict(mib=mib, **f))
+    if args.output_file:
+        write_report(args, W, backend=backend, results=rows)
+    return 0 if all(r["ok"] for r in rows) else 1
+
+
+def _gantt_parser(sub):
+    p = sub.add_parser("gantt", help="draw a saved trace: Gantt chart, tile grid, Perfetto JSON",
+                       description="Draw a trace written by gemmar bench -t (or Trace.save).")
+    p.add_argument("trace", help="a .trace.json (or .trace.json.gz) file")
+    p.add_argument("-o", "--output", default="gantt.png", help="Gantt chart image, .png or .svg (default %(default)s)")
+    p.add_argument("--perfetto", help="also write a Chrome/Perfetto trace JSON here (open at ui.perfetto.dev)")
+    p.add_argument("--tile_grid", help="also draw the per-rank tile-grid heat maps here")
+    p.add_argument("--iteration", type=int, default=-1, help="which iteration to draw (default: the last)")
+    p.add_argument("--max_lanes", type=int, default=48, help="above this many lanes, draw per-rank aggregates")
+    p.set_defaults(func=cmd_gantt)
+
+
+def cmd_gantt(args):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from .analysis.trace import Trace
+
+    if not args.output.lower().endswith((".png", ".svg")):
+        raise UsageError(f"--output {args.output} must end in .png or .svg")
+    for flag, path in (("--output", args.output), ("--perfetto", args.perfetto), ("--tile_grid", args.tile_grid)):
+        if path:
+            check_output_path(flag, path)
+    trace = Trace.load(args.trace)
+    with written_to(args.output):
+        trace.gantt(iteration=args.iteration, max_lanes=args.max_lanes, path=args.output)
+    print(f"[gemmar] wrote {args.output}: {trace}")
+    print(trace.summary(args.iteration).round(2).to_string())
+    if args.tile_grid:
+        with written_to(args.tile_grid):
+            trace.tile_grid(iteration=args.iteration, path=args.tile_grid)
+        print(f"[gemmar] wrote {args.tile_grid}")
+    if args.perfetto:
+        with written_to(args.perfetto):
+            trace.to_perfetto(args.perfetto)
+        print(f"[gemmar] wrote {args.perfetto} (open it at ui.perfetto.dev)")
+    return 0

@@ -1,0 +1,70 @@
+"""The problem a run solves and how right its answer must be: the seeded global inputs, each rank's K-slice,
+the reference C and the tolerance. The same on every engine that builds them."""
+
+import os
+
+import torch
+
+from ..config import k_bounds
+
+
+def seeded_problem(config, device):
+    """The global A (M x K) and B (K x N) that ``config.seed`` stands for (the same on every rank), the
+    reference C and the inputs' ``input_scale``: built once per engine, however many ranks it hosts.
+
+    On a GPU the reference and the scale are fp32 products there (tf32 off): fast, and far more precise than
+    the tolerance; on cpu the reference is fp64."""
+    gen = torch.Generator().manual_seed(config.seed)
+    A = torch.randn(config.m, config.k, generator=gen).to(config.torch_dtype)
+    B = torch.randn(config.k, config.n, generator=gen).to(config.torch_dtype)
+    if device.type == "cuda":
+        A_full, B_full = A.to(device, torch.float32), B.to(device, torch.float32)
+        allow_tf32 = torch.backends.cuda.matmul.allow_tf32
+        torch.backends.cuda.matmul.allow_tf32 = False
+        reference, scale = A_full @ B_full, input_scale(A_full, B_full)
+        torch.backends.cuda.matmul.allow_tf32 = allow_tf32
+        del A_full, B_full
+    else:
+        reference, scale = A.double() @ B.double(), input_scale(A, B)
+    return A, B, reference, scale
+
+
+def rank_slice(A, B, config, rank, device):
+    """Rank ``rank``'s K-slice of the global A and B, on ``device``."""
+    start, end = k_bounds(config.k, config.world_size, rank)
+    return A[:, start:end].contiguous().to(device), B[start:end, :].contiguous().to(device)
+
+
+EPSILON = {torch.float16: 2.0 ** -11, torch.bfloat16: 2.0 ** -8, torch.float32: 0.0}
+
+
+def tolerance(config, scale=1.0, peak=None, c_dtype=None, wire_dtype=None):
+    """Allowed max |C - reference|, for inputs whose products |a| |b| average ``scale`` and a reference
+    whose largest |value| is ``peak``.
+
+    fp32 accumulation error grows with K (fp32 inputs use ieee dots); rounding C to its dtype costs half
+    an ulp of C; rounding each rank's partial to the wire dtype (an algorithm whose partials travel in a
+    dtype of their own) costs that again per rank. Scaling by the inputs' magnitude keeps a correct result
+    with large inputs from being rejected. ``c_dtype`` and ``wire_dtype`` default to the config's.
+    """
+    base = (1e-3 * max(1.0, config.k ** 0.5) + 1e-4 * config.world_size) * max(scale, 1e-30)
+    rounding = rounding_error(c_dtype or config.c_dtype)
+    wire_dtype = wire_dtype or (config.partial_dtype if config.spec.wire_dtype else None)
+    if wire_dtype is not None:
+        rounding += config.world_size * rounding_error(wire_dtype)
+    return base + rounding * (peak if peak is not None else 0.0)
+
+
+def rounding_error(dtype):
+    """The largest relative error of converting an fp32 value to ``dtype``: half an ulp when the conversion
+    rounds to nearest (compiled kernels), a whole ulp under the Triton interpreter, whose conversion to
+    bf16 and fp16 truncates (a correct two_shot run with fp32 partials and a bf16 C was called FAILED)."""
+    return EPSILON[dtype] * (2 if os.environ.get("TRITON_INTERPRET") == "1" else 1)
+
+
+def input_scale(A, B):
+    """The largest mean |a| |b| over K of any element of C: sum_k |a_ik| |b_kj| / K, at most. About 0.64 for
+    unit normals; it grows with the inputs' magnitude, and so does the tolerance."""
+    if A.numel() == 0 or B.numel() == 0:
+        return 1.0
+    return float((A.abs().float() @ B.abs().float()).max()) / A.shape[1]
