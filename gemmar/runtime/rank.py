@@ -143,6 +143,9 @@ def errors_as_results(fn):
         except (UsageError, DeadlockError) as e:
             return [RankFailure(c.rank, e) for c in _ranks]
 
+    # ipyparallel ships a function's code and runs it in the globals of its __module__ on the engine:
+    # the wrapper's code needs this module's (functools.wraps copied the wrapped function's module).
+    wrapper.__module__ = __name__
     return wrapper
 
 
