@@ -19,7 +19,7 @@ import triton
 
 import gemmar
 from gemmar.report import print_figures
-from gemmar.runtime.engines import gpu_properties
+from gemmar.runtime.backends import gpu_properties
 from gemmar.config import tuned_defaults
 
 SHAPES = [(8192, 8192, 8192), (4096, 8192, 14336), (8192, 8192, 2048)]

@@ -15,7 +15,7 @@ import numpy as np
 
 import gemmar
 from gemmar.config import tuned_defaults
-from gemmar.runtime.engines import gpu_properties
+from gemmar.runtime.backends import gpu_properties
 
 
 def tail_figures(trace):

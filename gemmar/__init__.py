@@ -2,7 +2,7 @@
 
     import gemmar
     with gemmar.Cluster(world_size=3) as cluster:       # ipyparallel engines = ranks
-        result = cluster.gemm_all_reduce(A, B, algorithm="ring", BLK_M=32, BLK_N=32, BLK_K=16, iterations=5)
+        result = cluster.gemm_all_reduce(A, B, BLK_M=32, BLK_N=32, BLK_K=16, iterations=5)
         result.C                                         # checked against torch on every rank
 
 The kernels and the device API (Iris-style) live in ``gemmar.kernels``, each algorithm's spec beside its

@@ -16,7 +16,7 @@ from .config import BACKENDS, DTYPES, RunConfig, choose_algorithm, tuned_default
 from .errors import ClusterError, DeadlockError, GemmarError, RankDiedError, UsageError
 from .outputs import DEFAULT_TRACE_FILE, check_output_path, iris_report, trace_path_for, write_report
 from .report import log, print_figures
-from .runtime.engines import check_heap_fits, gpu_count, gpu_properties, resolve_backend, shares_gpu
+from .runtime.backends import check_heap_fits, gpu_count, gpu_properties, resolve_backend, shares_gpu
 from .runtime.heap import size_text
 from .runtime.launch import heap_bytes_needed
 
@@ -70,6 +70,12 @@ def _bench_parser(sub):
     for name in IRIS_AMD_ONLY:
         p.add_argument(f"--{name}", help="(Iris, AMD) an AMD compiler setting of Iris's benchmark; means "
                                          "nothing here")
+    _add_run_flags(p)
+    p.set_defaults(func=cmd_bench)
+
+
+def _add_run_flags(p):
+    """gemmar bench's flags about the run itself (dtypes, ranks, backend, checks, outputs)."""
     p.add_argument("--out_dtype", choices=list(DTYPES), help="dtype of C (default: fp32 for atomics and ring, "
                                                              "which sum in C; the input dtype for two_shot)")
     p.add_argument("--wire_dtype", choices=list(DTYPES), help="two_shot: dtype of the partial tiles sent between "
@@ -98,7 +104,6 @@ def _bench_parser(sub):
                                                  "at least 256 MiB)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random inputs, the same on every rank "
                                                         "(default %(default)s)")
-    p.set_defaults(func=cmd_bench)
 
 
 def config_from_args(args, backend, algorithm=None):
@@ -128,8 +133,36 @@ def config_from_args(args, backend, algorithm=None):
 
 
 def cmd_bench(args):
-    from .cluster import Cluster, check_memory
+    from .cluster import Cluster
 
+    _check_args_before_work(args)
+    backend = resolve_backend(args.backend, args.num_ranks) if 1 <= args.num_ranks <= 64 else "cpu"
+    if args.algorithm == "auto":
+        args.algorithm, why = choose_algorithm(backend, args.num_ranks, gpu_count())
+        log("-", args.num_ranks, f"--algorithm auto: {args.algorithm}, because {why}")
+        if args.algorithm == "unfused":
+            return run_unfused(args, backend)
+    config = config_from_args(args, backend)
+    W = config.world_size
+    _check_config_before_work(args, backend, config)
+    log("-", W, starting_line(backend, W))
+    figures = None
+    heap_size = args.heap_size or max(256 << 20, max(heap_bytes_needed(config_from_args(args, backend, alg))
+                                                     for alg in builtin_names()))
+    with Cluster(world_size=W, backend=backend, heap_size=heap_size, timeout_s=args.timeout) as cluster:
+        log("-", W, f"ranks up on backend {cluster.backend}: {cluster.info[0]['device']}, "
+                    f"torch {cluster.info[0]['torch']}, triton {cluster.info[0]['triton']}")
+        result = cluster.bench(config, validate=args.validate, verbose=True)
+        if args.baseline:
+            log("-", W, f"timing every fused kernel and the unfused baseline ({args.reps} reps, median of 5)")
+            configs = {alg: config_from_args(args, backend, alg) for alg in builtin_names()}
+            figures = cluster.compare_to_unfused(configs, reps=args.reps)
+            print_figures(figures, configs, W)
+    return _report_bench(args, config, result, figures)
+
+
+def _check_args_before_work(args):
+    """The flags that need no backend, checked before anything starts (one line each, exit 2)."""
     if args.baseline and not args.benchmark:
         raise UsageError("--baseline times against cuBLAS + NCCL: use it together with -b/--benchmark")
     if not 1 <= args.reps <= 100_000:
@@ -145,19 +178,18 @@ def cmd_bench(args):
         check_output_path("-t (the trace, with no --output_file)", DEFAULT_TRACE_FILE)
     if args.iterations < 1:
         raise UsageError(f"--iterations {args.iterations} is not allowed: use 1 or more launches")
-    backend = resolve_backend(args.backend, args.num_ranks) if 1 <= args.num_ranks <= 64 else "cpu"
-    if args.algorithm == "auto":
-        args.algorithm, why = choose_algorithm(backend, args.num_ranks, gpu_count())
-        log("-", args.num_ranks, f"--algorithm auto: {args.algorithm}, because {why}")
-        if args.algorithm == "unfused":
-            return run_unfused(args, backend)
-    config = config_from_args(args, backend)
+
+
+def _check_config_before_work(args, backend, config):
+    """The run's config against the machine, before the engines start; flags that mean nothing, said so."""
+    from .cluster import check_memory
+
+    W = config.world_size
     if args.baseline and backend != "cuda":
         raise UsageError(f"--baseline needs the cuda backend (NCCL and cuBLAS); this run's backend is {backend}")
     if args.baseline and shares_gpu(backend, args.num_ranks):
         raise UsageError(f"--baseline needs one GPU per rank (NCCL between GPUs); {args.num_ranks} ranks share "
                          f"this machine's GPU: time the fused kernels alone with -b")
-    W = config.world_size
     for name in IRIS_AMD_ONLY:
         if getattr(args, name) is not None:
             log("-", W, f"--{name} is an AMD compiler setting of Iris's benchmark: it means nothing here, ignored")
@@ -171,20 +203,11 @@ def cmd_bench(args):
         if args.heap_size < needed:
             raise UsageError(f"--heap_size {args.heap_size} is too small: this run needs {needed} bytes per rank "
                              f"({size_text(needed)}); give at least that, or leave it out")
-    log("-", W, starting_line(backend, W))
-    figures = None
-    heap_size = args.heap_size or max(256 << 20, max(heap_bytes_needed(config_from_args(args, backend, alg))
-                                                     for alg in builtin_names()))
-    with Cluster(world_size=W, backend=backend, heap_size=heap_size, timeout_s=args.timeout) as cluster:
-        log("-", W, f"ranks up on backend {cluster.backend}: {cluster.info[0]['device']}, "
-                    f"torch {cluster.info[0]['torch']}, triton {cluster.info[0]['triton']}")
-        result = cluster.bench(config, validate=args.validate, verbose=True)
-        if args.baseline:
-            log("-", W, f"timing every fused kernel and the unfused baseline ({args.reps} reps, median of 5)")
-            configs = {alg: config_from_args(args, backend, alg) for alg in builtin_names()}
-            figures = cluster.compare_to_unfused(configs, reps=args.reps)
-            print_figures(figures, configs, W)
-    seconds = result.seconds
+
+
+def _report_bench(args, config, result, figures):
+    """The verdict, timings, -d's register counts, the report and the trace; the exit code."""
+    W, seconds = config.world_size, result.seconds
     median_ms = sorted(seconds)[len(seconds) // 2] * 1e3
     if args.benchmark:
         log("-", W, f"time per iteration (slowest rank): median {median_ms:.3f} ms, "
@@ -200,18 +223,16 @@ def cmd_bench(args):
                         f"kernels as Python), so there are no register or spill counts")
         for k in kernels:
             log("-", W, f"-d: {k['kernel']}: {k['registers']} registers per thread, {k['spills']} spilled")
+    trace_path = (trace_path_for(args.output_file) if args.output_file else DEFAULT_TRACE_FILE) \
+        if args.trace_tiles else None
     if args.output_file:
         write_report(args, W, iris_report(args, config, median_ms, len(seconds), success, kernels),
                      success=success, validated=args.validate,
                      max_abs_diff=result.max_abs_diff if args.validate else None, seconds_per_iteration=seconds,
                      backend=result.backend, ranks=result.info, config=config.to_dict(), timings_ms=figures)
-        if args.trace_tiles:
-            path = trace_path_for(args.output_file)
-            result.trace.save(path)
-            log("-", W, f"wrote {path}")
-    elif args.trace_tiles:
-        result.trace.save(DEFAULT_TRACE_FILE)
-        log("-", W, f"wrote {DEFAULT_TRACE_FILE}")
+    if trace_path:
+        result.trace.save(trace_path)
+        log("-", W, f"wrote {trace_path}")
     return 0 if success else 1
 
 
@@ -222,7 +243,7 @@ def run_unfused(args, backend):
 
     if args.output_file:
         check_output_path("--output_file", args.output_file)
-    problem = config_from_args(args, backend, "two_shot")
+    problem = config_from_args(args, backend, RunConfig.algorithm)   # (its shape and dtype only)
     W = problem.world_size
     check_memory(problem, W, backend)
     log("-", W, starting_line(backend, W))

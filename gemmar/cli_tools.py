@@ -10,7 +10,7 @@ from .errors import UsageError
 from .outputs import check_output_path, write_report, written_to
 from .report import log
 from .runtime.allreduce import SCHEMES
-from .runtime.engines import check_heap_fits, check_world_size, resolve_backend, shares_gpu
+from .runtime.backends import check_heap_fits, check_world_size, resolve_backend, shares_gpu
 from .runtime.heap import size_text
 
 

@@ -14,7 +14,7 @@ from .config import RunConfig, k_bounds
 from .errors import UsageError
 from .report import log
 from .runtime import rank as rank_runtime
-from .runtime.allreduce import run_all_reduce
+from .runtime.allreduce import SCHEMES, run_all_reduce
 from .runtime.problem import input_scale
 from .runtime.timing import benchmark_rank
 from .runtime.engines import EngineCluster
@@ -94,7 +94,7 @@ class Cluster(EngineCluster):
         check_memory(config, len(self.engine_ranks), self.backend)
         return self._run(config, None, validate, verbose, mistake, return_c, on_progress, parts)
 
-    def gemm_all_reduce(self, A, B, algorithm="ring", validate=True, mistake="none", verbose=False, parts=None,
+    def gemm_all_reduce(self, A, B, algorithm=RunConfig.algorithm, validate=True, mistake="none", verbose=False, parts=None,
                         **settings):
         """C = A @ B with K split over the ranks, reduced by ``algorithm`` (a registered name, or a user's
         own AlgorithmSpec: it is registered, and its source travels to the ranks); checked against torch.
@@ -165,7 +165,7 @@ class Cluster(EngineCluster):
         return figures
 
     def all_reduce(self, numel, datatype="bf16", comm_sms=None, iterations=3, seed=0, reps=0, baseline=False,
-                   scheme="two_shot"):
+                   scheme=SCHEMES[0]):
         """The standalone all-reduce on the symmetric heap (``scheme`` two_shot: by tile owner, or one_shot:
         every rank sums everything; ``runtime/allreduce.py``) of ``numel`` seeded values per rank: every rank's result checked against the float64 sum of all
         inputs after each launch, and its bits compared across ranks. On GPUs, ``reps`` > 0 times it, and

@@ -25,7 +25,7 @@ _current = None   # the Explorer made last: a new one stops its cluster
 
 class Explorer:
     def __init__(self, world_size=3, m=64, n=64, k=64, BLK_M=16, BLK_N=16, BLK_K=16, num_sms=3, gsize_m=2,
-                 algorithm="ring", datatype="fp16", iterations=1, backend="cpu"):
+                 algorithm=RunConfig.algorithm, datatype="fp16", iterations=1, backend="cpu"):
         """Knobs take RunConfig's names; the values here are the widgets' starting values."""
         import ipywidgets as w
 

@@ -12,7 +12,7 @@ import pytest
 pytest.importorskip("ipywidgets")
 
 from gemmar.explorer import Explorer  # noqa: E402
-from gemmar.runtime.engines import _alive  # noqa: E402
+from gemmar.runtime.processes import _alive  # noqa: E402
 
 
 def test_interrupt_stops_the_run_and_the_next_run_starts_fresh_ranks():

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import gemmar
-from gemmar.runtime.engines import resolve_backend
+from gemmar.runtime.backends import resolve_backend
 
 
 def test_iris_backend_needs_iris():

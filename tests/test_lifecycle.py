@@ -118,7 +118,7 @@ INTERRUPTED = textwrap.dedent('''
         cluster.bench(long_run, on_progress=lambda rank, data: running.set())
     except KeyboardInterrupt:
         print("interrupted after", round(time.monotonic() - pressed, 2), flush=True)
-    print("old ranks alive", any(gemmar.runtime.engines._alive(p) for p in old_pids), flush=True)
+    print("old ranks alive", any(gemmar.runtime.processes._alive(p) for p in old_pids), flush=True)
     result = cluster.bench(gemmar.RunConfig(m=64, n=64, k=64, BLK_M=16, BLK_N=16, BLK_K=16, iterations=2))
     print("next call ok", result.ok, "new ranks", cluster.pids != old_pids, flush=True)
     cluster.stop()

@@ -26,14 +26,15 @@ from ..config import MIN_TIMEOUT_S
 from ..errors import ClusterError, RankDiedError, UsageError
 from . import rank as rank_runtime
 from .heap import DEFAULT_HEAP_BYTES, remove_arenas, shm_dir
+from .backends import check_heap_fits, check_world_size, resolve_backend, shares_gpu
+from .deaths import EngineDeaths
 from .heap.cpu import arena_prefix
-from .backends import check_heap_fits, check_world_size, gpu_count, gpu_properties, resolve_backend, shares_gpu  # noqa: F401 (re-exported)
-from .processes import _alive, _children, _exit_text, _kill, _reaped_exit_code, _session  # noqa: F401 (tests use _alive)
+from .processes import _children, _kill, _session
 from .reaper import end_sessions
 from .results import RankFailure
 
 
-class EngineCluster:
+class EngineCluster(EngineDeaths):
     def __init__(self, world_size=2, backend="auto", heap_size=DEFAULT_HEAP_BYTES, start_timeout_s=120.0,
                  timeout_s=60.0, start=True):
         check_world_size(world_size)
@@ -138,35 +139,6 @@ class EngineCluster:
             if time.monotonic() > deadline:
                 raise ClusterError(f"only {len(self.client.ids)} of {engines} engines came up within "
                                    f"{self.start_timeout_s:g} s (start_timeout_s)") from None
-
-    def _lost_engines(self):
-        """{engine process index: (how, what)} for the engine processes that have ended ("died": 'engine
-        process P was killed by SIGKILL' / '... exited with code 3') or are stopped ("froze"), in one pass."""
-        lost = {}
-        for i, proc in enumerate(self._engine_processes):
-            try:
-                status = proc.status()
-                if status == psutil.STATUS_STOPPED:
-                    lost[i] = ("froze", f"engine process {proc.pid} is stopped (SIGSTOP or SIGTSTP): it cannot "
-                                        f"answer")
-                    continue
-                if status != psutil.STATUS_ZOMBIE:
-                    continue
-                code = proc.wait(timeout=0)
-            except psutil.NoSuchProcess:   # ipyparallel's launcher reaped it first, through this same object
-                code = _reaped_exit_code(proc)
-            except psutil.TimeoutExpired:
-                continue
-            lost[i] = ("died", f"engine process {proc.pid} {_exit_text(code)}")
-        return lost
-
-    def _dead_engines(self):
-        return {i: what for i, (how, what) in self._lost_engines().items() if how == "died"}
-
-    def _ranks_of_process(self, index):
-        """The ranks engine process ``index`` hosts (known once the ranks have reported their pids)."""
-        pid = self._engine_processes[index].pid
-        return [r for r, p in enumerate(getattr(self, "pids", None) or []) if p == pid]
 
     def _start_reaper(self):
         """The process that ends this cluster if its owner (this process) dies first (see runtime/reaper.py)."""
@@ -344,41 +316,9 @@ class EngineCluster:
         report_progress()
         return results
 
-    def _raise_engine_failure(self, e, ar, seen):
-        """Engine ``e``'s finished call: RankDiedError if its process died or was interrupted."""
-        if ar.successful():
-            return
-        try:
-            ar.get()
-        except Exception as err:  # noqa: BLE001 - what it is decides below
-            ename = getattr(err, "ename", type(err).__name__)   # ipyparallel wraps them in RemoteError
-            if ename in ("EngineError", "KeyboardInterrupt"):
-                dead = self._dead_engines() if ename == "EngineError" else {}
-                if dead:   # how it ended, from its process
-                    self._raise_rank_died(dead, seen, "died")
-                ranks = self.engine_ranks[e]
-                how = "was interrupted (SIGINT)" if ename == "KeyboardInterrupt" else "died"
-                raise RankDiedError(f"rank {', '.join(map(str, ranks))} {how} during the run"
-                                    f"{self._last_steps(ranks, seen)}", ranks) from None
-
     def run_ranks(self, fn, *args, **kwargs):
         """Like :meth:`run` for functions that return one item per hosted rank: the items, by rank."""
         return [item for items in self.run(fn, *args, **kwargs) for item in items]
-
-    @staticmethod
-    def _last_steps(ranks, seen):
-        steps = [f"rank {r} last reported iteration {seen[r]['iteration']}" for r in ranks
-                 if isinstance(seen.get(r), dict) and "iteration" in seen[r]]
-        return f" ({'; '.join(steps)})" if steps else " (before it reported any iteration)"
-
-    def _raise_rank_died(self, processes, seen, how):
-        """An engine process is gone or frozen: say which rank, how and what it was doing, at once (the
-        caller then stops every rank: the others may be spinning on flags it will never set)."""
-        ranks = sorted(r for i in processes for r in self._ranks_of_process(i))
-        which = f"rank {', '.join(map(str, ranks))}" if ranks else "an engine"
-        raise RankDiedError(f"{which} {how} during the run: {'; '.join(processes.values())}"
-                            f"{self._last_steps(ranks, seen) if ranks else ''}", ranks)
-
 
 def _stop_at_exit(ref):
     cluster = ref()
