@@ -1,4 +1,6 @@
-"""The CLI as a user runs it: real processes, real engines, exit codes and the JSON report."""
+"""The CLI as a user runs it: real processes, real engines, exit codes and the JSON report. Refusals that
+happen before any work run in this process (a subprocess each would import torch and Triton again); two
+of them also run as real processes."""
 
 import json
 import os
@@ -15,6 +17,18 @@ GEMMAR = [sys.executable, "-m", "gemmar.cli"]
 
 def run(*args, timeout=300):
     return subprocess.run(GEMMAR + list(args), capture_output=True, text=True, timeout=timeout)
+
+
+def in_process(capsys, *args):
+    """``gemmar ARGS`` in this process: (exit code, stdout, stderr). argparse's refusals exit by SystemExit."""
+    from gemmar import cli
+
+    try:
+        code = cli.main(list(args))
+    except SystemExit as e:
+        code = e.code
+    out, err = capsys.readouterr()
+    return subprocess.CompletedProcess(args, code, out, err)
 
 
 @pytest.mark.parametrize("algorithm", ["ring", "atomics"])
@@ -61,9 +75,9 @@ def test_bench_validates_and_writes_json(tmp_path, algorithm):
     (["--seed", str(10 ** 24)], "seed=" + str(10 ** 24)),
     (["--seed", "-1"], "seed=-1"),
 ])
-def test_bad_arguments_exit_2_with_one_line(args, needle):
+def test_bad_arguments_exit_2_with_one_line(capsys, args, needle):
     before = set(os.listdir(shm_dir()))
-    p = run("bench", *args, timeout=60)
+    p = in_process(capsys, "bench", *args)
     assert set(os.listdir(shm_dir())) <= before
     assert p.returncode == 2, (p.returncode, p.stdout, p.stderr)
     assert len(p.stderr.strip().splitlines()) == 1, p.stderr
@@ -72,19 +86,22 @@ def test_bad_arguments_exit_2_with_one_line(args, needle):
 
 
 @pytest.mark.parametrize("flag", ["-o", "--perfetto", "--tile_grid"])
-def test_gantt_output_paths_are_checked_before_drawing(tmp_path, flag):
+def test_gantt_output_paths_are_checked_before_drawing(capsys, tmp_path, flag):
     trace = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "data",
                          "cpu-ring-4ranks-48x40x40.trace.json.gz")
     target = "/nonexistent/x.png" if flag != "--perfetto" else "/nonexistent/p.json"
-    p = run("gantt", trace, *(["-o", str(tmp_path / "g.png")] if flag != "-o" else []), flag, target, timeout=120)
+    p = in_process(capsys, "gantt", trace, *(["-o", str(tmp_path / "g.png")] if flag != "-o" else []), flag, target)
     assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1, p.stderr
     assert "/nonexistent does not exist" in p.stderr and "Traceback" not in p.stderr
     assert not (tmp_path / "g.png").exists()      # refused before anything was drawn
 
 
-def test_no_command_exits_2():
+def test_refusals_from_a_real_process():
     p = run(timeout=60)
     assert p.returncode == 2 and "command" in p.stderr
+    p = run("bench", "--BLK_M", "24", timeout=120)
+    assert p.returncode == 2 and p.stderr.strip().splitlines() == [
+        "gemmar: error: BLK_M=24 is not allowed: use a power of two from 16 to 256 (16, 32, 64, 128, 256)"]
 
 
 IRIS_FLAGS = ["-m", "64", "-n", "48", "-k", "64", "-d", "-v", "-t", "-b", "--datatype", "fp16", "--BLK_M", "32",
@@ -117,10 +134,10 @@ def test_iris_command_lines_run_and_their_report_reads_with_iris_keys(tmp_path, 
         assert report["config"]["comm_sms"] == 2
 
 
-def test_inconsistent_iris_program_counts_are_one_line_errors():
-    p = run("bench", "--algorithm", "two_shot", "--gemm_sms", "4", "--total_sms", "4")
+def test_inconsistent_iris_program_counts_are_one_line_errors(capsys):
+    p = in_process(capsys, "bench", "--algorithm", "two_shot", "--gemm_sms", "4", "--total_sms", "4")
     assert p.returncode == 2 and "leaves no communication program" in p.stderr
-    p = run("bench", "--algorithm", "two_shot", "--gemm_sms", "4", "--total_sms", "8", "--comm_sms", "3")
+    p = in_process(capsys, "bench", "--algorithm", "two_shot", "--gemm_sms", "4", "--total_sms", "8", "--comm_sms", "3")
     assert p.returncode == 2 and "give two of the three" in p.stderr and len(p.stderr.strip().splitlines()) == 1
 
 
