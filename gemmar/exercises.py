@@ -323,3 +323,15 @@ def check_worst_wait(my_answer, rows):
     if by_name[my_answer] == max(by_name.values()):
         return _say("right! and only the ring waits: its programs hand each tile on, and wait for the slot")
     return _say(f"not quite: {my_answer} waits {by_name[my_answer]:.1f} us per program; another trace waits longer")
+
+
+def check_right_ranks(my_answer, result):
+    """Notebook 7: which ranks' C was right after the run that skipped the ready wait with a late rank."""
+    if my_answer is None:
+        return _say("fill in my_answer (a set of ranks)")
+    right = {r.rank for r in result.ranks if r.ok}
+    if set(my_answer) == right:
+        return _say(f"right! rank {result.config.delay_rank} started late, so every partial it pulled had been "
+                    f"published long before; the others pulled its partial before it existed")
+    return _say(f"not quite: look at the per-rank lines above ({len(right)} rank(s) matched the reference), and at "
+                f"when each rank's pull of a tile ends against when the late rank published it")

@@ -61,6 +61,16 @@ def test_worst_wait():
     assert "is not in the table" in exercises.check_worst_wait("tree", rows)
 
 
+def test_right_ranks():
+    config = RunConfig(world_size=3, delay_rank=1, delay_us=1.0)
+    ranks = [SimpleNamespace(rank=r, ok=r == 1) for r in range(3)]
+    result = SimpleNamespace(ranks=ranks, config=config)
+    assert exercises.check_right_ranks(None, result).startswith("fill in")
+    assert exercises.check_right_ranks({1}, result).startswith("right! rank 1 started late")
+    wrong = exercises.check_right_ranks({0, 2}, result)
+    assert wrong.startswith("not quite: look at the per-rank lines above (1 rank(s) matched") and "{1}" not in wrong
+
+
 # The puzzles: the stub in the notebook's cell (tagged "puzzle") fails its check, with a message that says
 # where and how; the solution in instructors/solutions.py passes. Both run for real, in the kernel, on a cluster.
 NOTEBOOKS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "notebooks")
