@@ -12,7 +12,7 @@ import sys
 
 from .algorithms import builtin_names, get as get_algorithm
 from .cli_tools import _allreduce_parser, _gantt_parser, starting_line
-from .config import BACKENDS, DTYPES, RunConfig, choose_algorithm, tuned_defaults
+from .config import BACKENDS, DTYPES, TUNED_KNOBS, RunConfig, choose_algorithm, tuned_defaults
 from .errors import ClusterError, DeadlockError, GemmarError, RankDiedError, UsageError
 from .outputs import DEFAULT_TRACE_FILE, check_output_path, iris_report, trace_path_for, write_report
 from .report import log, print_figures
@@ -113,8 +113,9 @@ def config_from_args(args, backend, algorithm=None):
     _, capability, sms = gpu_properties(backend)
     if shares_gpu(backend, args.num_ranks):
         sms //= args.num_ranks   # the ranks' programs must all be resident on the one GPU at once
-    defaults = tuned_defaults(backend, algorithm, capability, sms)
-    knobs = {k: getattr(args, k) if getattr(args, k) is not None else v for k, v in defaults.items()}
+    k_rank = -(-args.k // max(args.num_ranks, 1))
+    knobs = tuned_defaults(backend, algorithm, capability, sms, shape=(args.m, args.n, k_rank),
+                           given={k: getattr(args, k) for k in TUNED_KNOBS})
     spec = get_algorithm(algorithm)
     if args.total_sms is not None and spec.comm_programs:
         comm = args.total_sms - knobs["num_sms"]

@@ -18,8 +18,14 @@ MIN_BLOCK, MAX_BLOCK = 16, 256   # tl.dot needs 16 on each side; 256 keeps a til
 # Per-GPU starting points: (BLK_M, BLK_N, BLK_K, num_warps, num_stages, gsize_m). An algorithm's spec may
 # give its own (AlgorithmSpec.gpu_tuning, measured: BENCHMARKS.md); these are for the others.
 GPU_TUNING = {"hopper": (128, 128, 64, 8, 4, 8), "default": (128, 128, 32, 4, 3, 8)}
-# Communication programs on GPUs, for an algorithm that has them (the rest of the SMs run the GEMM).
+# Communication programs on GPUs, for an algorithm that has them (the rest of the SMs run the GEMM), when
+# the problem's shape is not known; with it, split_programs chooses.
 GPU_COMM_SMS = 16
+# How many of 132 SMs the reduction needs to keep up with the GEMM at K_r = 2048 (measured on one H200,
+# 8192 x 8192 C in 128 x 256 tiles, world size 1: 8 communication programs ran 1.82x torch.matmul, 16 still
+# 1.24x, so the reduction wants more than 16; BENCHMARKS.md). Its work per rank is ~2 tile transfers per
+# tile whatever W (reduce-scatter + all-gather), the GEMM's is K_r per tile: the need scales with 1 / K_r.
+COMM_SMS_AT_K2048 = 24
 TUNED_KNOBS = ("BLK_M", "BLK_N", "BLK_K", "num_warps", "num_stages", "gsize_m", "num_sms", "comm_sms")
 
 
@@ -47,20 +53,45 @@ def choose_algorithm(backend, world_size, gpus):
     return AUTO_RULE["one_gpu" if world_size == 1 else "gpus"]
 
 
-def tuned_defaults(backend, algorithm, capability=(0, 0), multiprocessors=0):
-    """Settings that suit the device, for every knob the user did not set. On the cpu backend these are
-    RunConfig's own defaults; on GPUs one program per SM and the algorithm's tile for the GPU's family."""
+def tuned_defaults(backend, algorithm, capability=(0, 0), multiprocessors=0, shape=None, given=None):
+    """Settings that suit the device, for every knob the user did not set (``given``: the ones they did).
+    On the cpu backend these are RunConfig's own defaults; on GPUs the algorithm's tile for the GPU's family
+    and one program per SM, split between the GEMM and the communication programs by ``split_programs``
+    when the problem's ``shape`` (M, N, K per rank) is known."""
+    given = {k: v for k, v in (given or {}).items() if v is not None}
     if backend == "cpu":
         defaults = RunConfig()
-        return {knob: getattr(defaults, knob) for knob in TUNED_KNOBS}
+        return {knob: given.get(knob, getattr(defaults, knob)) for knob in TUNED_KNOBS}
     from .algorithms import get
 
     spec = get(algorithm)
     family = "hopper" if tuple(capability) >= (9, 0) else "default"
-    tile = {**GPU_TUNING, **spec.gpu_tuning}[family]
+    knobs = dict(zip(TUNED_KNOBS[:6], {**GPU_TUNING, **spec.gpu_tuning}[family]), **given)
     sms = multiprocessors or 108
-    comm = GPU_COMM_SMS if spec.comm_programs else 0
-    return dict(zip(TUNED_KNOBS, tuple(tile) + (sms - comm, comm)))
+    if not spec.comm_programs:
+        comm = 0
+    elif "comm_sms" in given:
+        comm = given["comm_sms"]
+    elif shape is not None:
+        m, n, k_rank = shape
+        tiles = -(-m // knobs["BLK_M"]) * -(-n // knobs["BLK_N"])
+        comm = split_programs(sms, tiles, k_rank)
+    else:
+        comm = GPU_COMM_SMS
+    return {**knobs, "num_sms": given.get("num_sms", max(1, sms - comm)), "comm_sms": comm}
+
+
+def split_programs(sms, tiles, k_per_rank):
+    """Communication programs, of ``sms`` programs per rank, for ``tiles`` output tiles and a K-slice of
+    ``k_per_rank``: enough for the reduction to keep up (COMM_SMS_AT_K2048, scaled by 2048 / K_r and by the
+    SMs), then as many more as leave the GEMM its number of waves (2048 tiles take 16 waves on 128 programs
+    as on 132: those 4 programs cost the GEMM nothing), at most max(need, 16), and no more than there are
+    tiles (a communication program reduces whole tiles)."""
+    need = -(-COMM_SMS_AT_K2048 * sms * 2048 // (132 * max(k_per_rank, 1)))
+    need = max(2, min(need, sms // 2))
+    waves = -(-tiles // (sms - need))
+    free = sms - -(-tiles // waves)
+    return max(1, min(free, max(need, GPU_COMM_SMS), tiles))
 
 
 def dtype_name(dtype):
