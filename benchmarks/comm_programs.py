@@ -25,7 +25,7 @@ def main(out_path=None):
     rows = []
     with gemmar.Cluster(world_size=1, backend="cuda", heap_size=3 << 30) as cluster:
         for m, n, k in SHAPES:
-            chosen = tuned_defaults("cuda", "two_shot", capability, sms, shape=(m, n, k))["comm_sms"]
+            chosen = tuned_defaults("cuda", "two_shot", capability, sms, shape=(m, n, k, 1))["comm_sms"]
             problem = gemmar.RunConfig(m=m, n=n, k=k, datatype="bf16", world_size=1, algorithm="two_shot")
             matmul = cluster.compare_to_unfused({}, problem=problem)["matmul_ms"]
             for comm in sorted(set(FIXED) | {chosen}):

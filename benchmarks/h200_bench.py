@@ -30,7 +30,7 @@ TRACED = [(8192, 8192, 8192), (8192, 8192, 2048)]
 
 
 def config_for(m, n, k_rank, algorithm, W, **over):
-    knobs = tuned_defaults("cuda", algorithm, *gpu_properties("cuda")[1:], shape=(m, n, k_rank), given=over)
+    knobs = tuned_defaults("cuda", algorithm, *gpu_properties("cuda")[1:], shape=(m, n, k_rank, W), given=over)
     return gemmar.RunConfig(m=m, n=n, k=k_rank * W, datatype="bf16", algorithm=algorithm, world_size=W, **knobs)
 
 

@@ -45,7 +45,7 @@ def main(out_dir, world_sizes, k_per_rank):
         with gemmar.Cluster(world_size=W, backend="cuda", heap_size=1 << 30) as cluster:
             _, capability, sms = gpu_properties("cuda")
             knobs = tuned_defaults("cuda", "two_shot", capability, sms // W,   # all resident at once
-                                   shape=(8192, 8192, k_per_rank))
+                                   shape=(8192, 8192, k_per_rank, W))
             config = gemmar.RunConfig(m=8192, n=8192, k=k_per_rank * W, datatype="bf16", algorithm="two_shot",
                                       world_size=W, trace=True, iterations=4, **knobs)
             result = cluster.bench(config)

@@ -114,7 +114,7 @@ def config_from_args(args, backend, algorithm=None):
     if shares_gpu(backend, args.num_ranks):
         sms //= args.num_ranks   # the ranks' programs must all be resident on the one GPU at once
     k_rank = -(-args.k // max(args.num_ranks, 1))
-    knobs = tuned_defaults(backend, algorithm, capability, sms, shape=(args.m, args.n, k_rank),
+    knobs = tuned_defaults(backend, algorithm, capability, sms, shape=(args.m, args.n, k_rank, args.num_ranks),
                            given={k: getattr(args, k) for k in TUNED_KNOBS})
     spec = get_algorithm(algorithm)
     if args.total_sms is not None and spec.comm_programs:

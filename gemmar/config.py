@@ -21,11 +21,16 @@ GPU_TUNING = {"hopper": (128, 128, 64, 8, 4, 8), "default": (128, 128, 32, 4, 3,
 # Communication programs on GPUs, for an algorithm that has them (the rest of the SMs run the GEMM), when
 # the problem's shape is not known; with it, split_programs chooses.
 GPU_COMM_SMS = 16
-# How many of 132 SMs the reduction needs to keep up with the GEMM at K_r = 2048 (measured on one H200,
-# 8192 x 8192 C in 128 x 256 tiles, world size 1: 8 communication programs ran 1.82x torch.matmul, 16 still
-# 1.24x, so the reduction wants more than 16; BENCHMARKS.md). Its work per rank is ~2 tile transfers per
-# tile whatever W (reduce-scatter + all-gather), the GEMM's is K_r per tile: the need scales with 1 / K_r.
-COMM_SMS_AT_K2048 = 24
+# How many of 132 SMs the reduction needs to keep up with the GEMM at K_r = 2048: measured on one H200,
+# world size 1, 8192 x 8192 C in 128 x 256 tiles (benchmarks/comm_programs.py, BENCHMARKS.md): 4, 8, 16, 24
+# communication programs ran 3.56, 1.93, 1.27, 1.34 x torch.matmul (fewer cannot keep up; more take SMs from
+# the GEMM). The reduction's work per rank is ~2 tile transfers per tile whatever W (reduce-scatter +
+# all-gather), the GEMM's is K_r per tile: the need scales with 1 / K_r (at K_r 8192, 4 programs ran 1.037x,
+# 16 ran 1.080x; at 14336, 4 ran 0.992x, 16 ran 1.107x). With W ranks an owner's program also waits for the
+# slowest rank's partial of each tile, so more programs must be in flight: x (W + 1) / 2 (ranks sharing one
+# H200, K_r 4096: W = 4 with 2 programs per rank ended 12 % of each launch after the last GEMM tile, with 3
+# 0.5 %; W = 2 with 5, 1.6 %, with 7, 1.0-1.3 %).
+COMM_SMS_AT_K2048 = 16
 TUNED_KNOBS = ("BLK_M", "BLK_N", "BLK_K", "num_warps", "num_stages", "gsize_m", "num_sms", "comm_sms")
 
 
@@ -57,7 +62,7 @@ def tuned_defaults(backend, algorithm, capability=(0, 0), multiprocessors=0, sha
     """Settings that suit the device, for every knob the user did not set (``given``: the ones they did).
     On the cpu backend these are RunConfig's own defaults; on GPUs the algorithm's tile for the GPU's family
     and one program per SM, split between the GEMM and the communication programs by ``split_programs``
-    when the problem's ``shape`` (M, N, K per rank) is known."""
+    when the problem's ``shape`` (M, N, K per rank, world size) is known."""
     given = {k: v for k, v in (given or {}).items() if v is not None}
     if backend == "cpu":
         defaults = RunConfig()
@@ -73,21 +78,21 @@ def tuned_defaults(backend, algorithm, capability=(0, 0), multiprocessors=0, sha
     elif "comm_sms" in given:
         comm = given["comm_sms"]
     elif shape is not None:
-        m, n, k_rank = shape
+        m, n, k_rank, world_size = shape
         tiles = -(-m // knobs["BLK_M"]) * -(-n // knobs["BLK_N"])
-        comm = split_programs(sms, tiles, k_rank)
+        comm = split_programs(sms, tiles, k_rank, world_size)
     else:
         comm = GPU_COMM_SMS
     return {**knobs, "num_sms": given.get("num_sms", max(1, sms - comm)), "comm_sms": comm}
 
 
-def split_programs(sms, tiles, k_per_rank):
-    """Communication programs, of ``sms`` programs per rank, for ``tiles`` output tiles and a K-slice of
-    ``k_per_rank``: enough for the reduction to keep up (COMM_SMS_AT_K2048, scaled by 2048 / K_r and by the
-    SMs), then as many more as leave the GEMM its number of waves (2048 tiles take 16 waves on 128 programs
+def split_programs(sms, tiles, k_per_rank, world_size=1):
+    """Communication programs, of ``sms`` programs per rank, for ``tiles`` output tiles, a K-slice of
+    ``k_per_rank`` and ``world_size`` ranks: enough for the reduction to keep up (COMM_SMS_AT_K2048, scaled
+    by 2048 / K_r, by the SMs and by (W + 1) / 2), then as many more as leave the GEMM its number of waves (2048 tiles take 16 waves on 128 programs
     as on 132: those 4 programs cost the GEMM nothing), at most max(need, 16), and no more than there are
     tiles (a communication program reduces whole tiles)."""
-    need = -(-COMM_SMS_AT_K2048 * sms * 2048 // (132 * max(k_per_rank, 1)))
+    need = -(-COMM_SMS_AT_K2048 * sms * 2048 * (world_size + 1) // (132 * max(k_per_rank, 1) * 2))
     need = max(2, min(need, sms // 2))
     waves = -(-tiles // (sms - need))
     free = sms - -(-tiles // waves)

@@ -65,13 +65,15 @@ def test_communication_programs_follow_the_shape():
     from gemmar.config import split_programs, tuned_defaults
 
     # One H200 (132 SMs), 128 x 256 tiles: the three benchmark shapes, and ranks sharing the GPU.
-    assert split_programs(132, 2048, 8192) == 11     # needs 6; 17 waves either way, so up to 11 are free
-    assert split_programs(132, 1024, 14336) == 4     # 8 waves on 128 GEMM programs
-    assert split_programs(132, 2048, 2048) == 24     # K_r 2048: the reduction needs 24
-    assert split_programs(66, 2048, 4096) == 7
+    assert split_programs(132, 2048, 8192) == 4      # needs 4; 16 waves on 128 GEMM programs as on 132
+    assert split_programs(132, 1024, 14336) == 4     # needs 3; 8 waves on 128 GEMM programs as on 132
+    assert split_programs(132, 2048, 2048) == 16     # K_r 2048: the reduction needs 16
+    assert split_programs(66, 2048, 4096, 2) == 7    # ranks sharing one H200: needs 6; 35 waves on 59 as on 60
+    assert split_programs(33, 2048, 4096, 4) == 5    # needs 5; 74 waves on 28 GEMM programs
+    assert split_programs(132, 2048, 4096) == 11     # needs 8; 17 waves on 121 GEMM programs as on 124
     assert split_programs(132, 4, 100) == 4          # never more than there are tiles to reduce
-    knobs = tuned_defaults("cuda", "two_shot", (9, 0), 132, shape=(8192, 8192, 8192))
-    assert (knobs["num_sms"], knobs["comm_sms"], knobs["BLK_N"]) == (121, 11, 256)
-    knobs = tuned_defaults("cuda", "two_shot", (9, 0), 132, shape=(8192, 8192, 8192), given={"comm_sms": 8})
+    knobs = tuned_defaults("cuda", "two_shot", (9, 0), 132, shape=(8192, 8192, 8192, 1))
+    assert (knobs["num_sms"], knobs["comm_sms"], knobs["BLK_N"]) == (128, 4, 256)
+    knobs = tuned_defaults("cuda", "two_shot", (9, 0), 132, shape=(8192, 8192, 8192, 1), given={"comm_sms": 8})
     assert (knobs["num_sms"], knobs["comm_sms"]) == (124, 8)   # the user's count, the rest to the GEMM
-    assert tuned_defaults("cuda", "ring", (9, 0), 132, shape=(8192, 8192, 8192))["comm_sms"] == 0
+    assert tuned_defaults("cuda", "ring", (9, 0), 132, shape=(8192, 8192, 8192, 1))["comm_sms"] == 0
