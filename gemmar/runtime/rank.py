@@ -8,6 +8,7 @@ with every rank's view.
 """
 
 import contextlib
+import dataclasses
 import functools
 import os
 import platform
@@ -176,6 +177,31 @@ def run_gemm_all_reduce(config, inputs=None, reference=None, scale=None, mistake
         raise UsageError(failure_text(e, parts)) from None
 
 
+@dataclasses.dataclass
+class RankRun:
+    """One hosted rank's part of a run: its launcher, inputs and reference, and what its launches gave."""
+
+    ctx: RankContext
+    fused: FusedGemmAllReduce
+    A: torch.Tensor
+    B: torch.Tensor
+    reference: torch.Tensor = None     # None: not checked
+    diffs: list = dataclasses.field(default_factory=list)    # max |C - reference| per launch
+    events: list = dataclasses.field(default_factory=list)   # trace rows per launch
+    dropped: int = 0                   # trace events that did not fit (0 unless the room was sized wrong)
+    C: torch.Tensor = None             # the last launch's C
+
+    def record(self, C, iteration, traced):
+        """Check launch ``iteration``'s C against the reference, and keep its trace rows."""
+        ref = self.reference
+        self.diffs.append(float((C.to(ref.dtype) - ref).abs().max()) if ref is not None else None)
+        self.C = C
+        if traced:
+            rows, lost = self.fused.events(iteration)
+            self.events.append(rows)
+            self.dropped += lost
+
+
 def _run_gemm_all_reduce(config, inputs, reference, scale, mistake, return_c, validate, parts):
     group = local_ranks()
     device = group[0].heap.device   # the hosted ranks share it
@@ -186,18 +212,16 @@ def _run_gemm_all_reduce(config, inputs, reference, scale, mistake, return_c, va
     with contextlib.ExitStack() as scopes:
         runs = []
         for i, ctx in enumerate(group):
-            heap = scopes.enter_context(ctx.heap.scope())
-            fused = FusedGemmAllReduce(heap, config, mistake, parts)
+            fused = FusedGemmAllReduce(scopes.enter_context(ctx.heap.scope()), config, mistake, parts)
             if inputs is None:
                 A, B = rank_slice(A_all, B_all, config, ctx.rank, device)
             else:
                 A, B = inputs[i][0].to(device), inputs[i][1].to(device)
                 fused.check_inputs(A, B)
-            runs.append(dict(ctx=ctx, fused=fused, A=A, B=B, reference=reference if validate else None, diffs=[],
-                             events=[], dropped=0))
+            runs.append(RankRun(ctx, fused, A, B, reference if validate else None))
         heaps = [ctx.heap for ctx in group]
         for run in runs:   # compile and load everything before any rank's kernel can spin
-            run["fused"].prepare(run["A"], run["B"])
+            run.fused.prepare(run.A, run.B)
         _publish({"prepared": True})   # the client's per-launch deadline counts from here (not the compile)
         # Start together. The device clock as each rank leaves the barrier is its trace's time zero; traced
         # iterations start with a barrier each, and its exit times align that iteration (runtime/results.py).
@@ -209,29 +233,22 @@ def _run_gemm_all_reduce(config, inputs, reference, scale, mistake, return_c, va
                 # this the next iteration's trace would show a rank waiting for a late peer.
                 exits.append(barrier_all(heaps, config.timeout_s))
             t0 = time.perf_counter()
-            outs = [run["fused"](run["A"], run["B"], wait=False) for run in runs]
-            check_all([run["fused"] for run in runs])
+            outs = [run.fused(run.A, run.B, wait=False) for run in runs]
+            check_all([run.fused for run in runs])
             seconds.append(time.perf_counter() - t0)
             for run, C in zip(runs, outs):
-                ref = run["reference"]
-                diff = float((C.to(ref.dtype) - ref).abs().max()) if ref is not None else None
-                run["diffs"].append(diff)
-                run["C"] = C
-                if config.trace:
-                    rows, lost = run["fused"].events(it)
-                    run["events"].append(rows)
-                    run["dropped"] += lost
-            _publish({run["ctx"].rank: dict(iteration=it + 1, max_abs_diff=run["diffs"][-1], seconds=seconds[-1])
+                run.record(C, it, config.trace)
+            _publish({run.ctx.rank: dict(iteration=it + 1, max_abs_diff=run.diffs[-1], seconds=seconds[-1])
                       for run in runs})
         checked = validate and reference is not None and reference.numel()
         allowed = tolerance(config, scale, float(reference.abs().max()) if checked else 0.0)
         results = []
         for i, run in enumerate(runs):
-            out = RankResult(run["ctx"].rank, run["diffs"], seconds, allowed, exits[0][i], run["dropped"],
-                             kernels=run["fused"].kernel_resources, iteration_starts_ns=[e[i] for e in exits])
-            if run["events"]:
-                out.events = np.concatenate(run["events"])
+            out = RankResult(run.ctx.rank, run.diffs, seconds, allowed, exits[0][i], run.dropped,
+                             kernels=run.fused.kernel_resources, iteration_starts_ns=[e[i] for e in exits])
+            if run.events:
+                out.events = np.concatenate(run.events)
             if return_c:
-                out.C = run["C"].detach().to("cpu", copy=True)
+                out.C = run.C.detach().to("cpu", copy=True)
             results.append(out)
         return results
