@@ -194,6 +194,33 @@ def test_parts_are_checked_before_anything_runs():
     assert name == "reduce_step" and source.startswith("@triton.jit\ndef reduce_step(total, received):")
 
 
+HELPER = '''
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def rows_in_group(first_pid_m, num_pid_m, GROUP_SIZE_M: tl.constexpr):
+    return tl.minimum(num_pid_m - first_pid_m, GROUP_SIZE_M)
+
+
+@triton.jit
+def tile_coords_with_a_helper(tile_id, num_pid_m, num_pid_n, GROUP_SIZE_M: tl.constexpr):
+    tiles_per_group = GROUP_SIZE_M * num_pid_n
+    first_pid_m = (tile_id // tiles_per_group) * GROUP_SIZE_M
+    rows = rows_in_group(first_pid_m, num_pid_m, GROUP_SIZE_M)
+    within = tile_id % tiles_per_group
+    return first_pid_m + within % rows, within // rows
+'''
+
+
+@pytest.mark.parametrize("world_size", [2])
+def test_a_part_that_calls_a_helper_of_the_same_cell_runs(clusters, world_size, tmp_path):
+    # The helper's source travels with the part (a NameError on the ranks before).
+    helped = _module_from(tmp_path / "helped.py", HELPER)
+    assert exercises.check_tile_coords(clusters(world_size), helped.tile_coords_with_a_helper).startswith("right!")
+
+
 def test_a_puzzle_check_starts_a_stopped_cluster(capsys):
     """After Run All the notebook's last cell has stopped the cluster; the participant's next try still runs.
     (A cluster of its own: the shared ones carry the tests' helpers on their engines.)"""

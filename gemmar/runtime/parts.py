@@ -8,7 +8,9 @@ The participant's function is defined in the notebook's process, and the ranks a
 its *source* travels to them (:func:`part_sources`, on the client) and is defined again there
 (:func:`load_parts`, on each rank), registered with ``linecache`` under a ``<gemmar part ...>`` name:
 Triton reads a function's source through ``inspect``, and nothing is written to disk. The source sees
-``triton``, ``tl`` (``triton.language``) and ``device`` (``gemmar.kernels.device``), and nothing else.
+``triton``, ``tl`` (``triton.language``) and ``device`` (``gemmar.kernels.device``), and the participant's
+own helper functions that the part calls, defined in the same notebook (or file): their source travels with
+it.
 """
 
 import hashlib
@@ -33,7 +35,26 @@ def part_sources(parts, spec):
     if not parts:
         return {}
     spec.check_parts(parts)
-    return {name: (fn.fn.__name__, function_source(fn.fn)) for name, fn in parts.items()}
+    return {name: (fn.fn.__name__, _with_helpers(fn.fn)) for name, fn in parts.items()}
+
+
+def _with_helpers(python_fn):
+    """``python_fn``'s source after the sources of the functions of the same module it calls (a helper
+    ``@triton.jit`` function in the same cell), found through the names its code uses."""
+    from .shipping import _names_used
+
+    seen, sources = {python_fn.__name__}, []
+
+    def walk(fn):
+        for name in sorted(_names_used(fn.__code__)):
+            inner = getattr(fn.__globals__.get(name), "fn", fn.__globals__.get(name))
+            if name not in seen and inspect.isfunction(inner) and inner.__module__ == python_fn.__module__:
+                seen.add(name)
+                walk(inner)
+                sources.append(function_source(inner))
+
+    walk(python_fn)
+    return "\n\n".join(sources + [function_source(python_fn)])
 
 
 def function_source(python_fn):
@@ -62,7 +83,7 @@ def load_parts(sources):
                 exec(compile(source, filename, "exec"), namespace)
             except Exception as e:  # noqa: BLE001 - the participant's decorator line: say what broke
                 raise UsageError(f"{name}: defining {fn_name} failed with {type(e).__name__}: {e} (the source "
-                                 f"sees only triton, tl and device)") from None
+                                 f"sees triton, tl, device and the helper functions it calls)") from None
             _loaded[key] = namespace[fn_name]
         parts[name] = _loaded[key]
     return parts
