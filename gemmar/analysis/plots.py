@@ -84,12 +84,12 @@ def gantt(trace, iteration=-1, max_lanes=48, ranks=None, programs=None, path=Non
     if aggregate:
         _draw_aggregate(ax, df, span)
     else:
-        _draw_lanes(ax, df, lanes, span, width)
+        _draw_lanes(ax, df, lanes, span, width, trace.meta["num_sms"] if trace.meta.get("comm_sms") else None)
     m = trace.meta
     it = sorted(trace.events["iteration"].unique())[iteration] if len(trace.events) else 0
     comm = f" + {m['comm_sms']} communication" if m.get("comm_sms") else ""
     W = m.get("world_size") or 1
-    k_rank = f"{-(-m['k'] // W)} per rank" if W > 1 and isinstance(m.get("k"), int) else "one rank"
+    k_rank = _k_per_rank(m["k"], W) if W > 1 and isinstance(m.get("k"), int) else "one rank"
     ax.set_title(f"{m.get('algorithm')} all-reduce, M x N x K = {m.get('m')} x {m.get('n')} x {m.get('k')} "
                  f"{m.get('datatype')} (K split over the ranks: {k_rank}), blocks {m.get('BLK_M')}x{m.get('BLK_N')}x"
                  f"{m.get('BLK_K')}\n{plural(m.get('world_size'), 'rank')} x {m.get('num_sms')}{comm} "
@@ -111,6 +111,12 @@ def gantt(trace, iteration=-1, max_lanes=48, ranks=None, programs=None, path=Non
     return finish_figure(fig, path)
 
 
+def _k_per_rank(k, W):
+    """How K is split: "13 per rank", or "13 or 12 per rank" when W does not divide it (k_bounds)."""
+    low, extra = divmod(k, W)
+    return f"{low} per rank" if not extra else f"{low + 1} or {low} per rank"
+
+
 def _draw_launch_skew(ax, skew, lanes, span):
     """Hatched grey from the first rank's first event to each later rank's first (``skew``: the summary's,
     over all of the rank's programs, in the chart's unit): that rank's kernel had not started yet, which is
@@ -123,7 +129,7 @@ def _draw_launch_skew(ax, skew, lanes, span):
     return not late.empty
 
 
-def _draw_lanes(ax, df, lanes, span, width_in, max_labels=600):
+def _draw_lanes(ax, df, lanes, span, width_in, gemm_programs=None, max_labels=600):
     """Every event as one rectangle of a single PolyCollection (one artist for all, so that 400k events draw
     in seconds), tile ids on the GEMM bars wide enough to hold one (at most ``max_labels``)."""
     from matplotlib.collections import PolyCollection
@@ -142,7 +148,9 @@ def _draw_lanes(ax, df, lanes, span, width_in, max_labels=600):
     for i in wide[:max_labels]:
         ax.text((start[i] + end[i]) / 2, y[i], str(tiles[i]), ha="center", va="center", fontsize=7, color="white")
     ax.set_yticks(range(len(lanes)))
-    ax.set_yticklabels([f"rank {r} · prog {p}" for r, p in lanes], fontsize=7)
+    # Communication programs come after the GEMM's (two_shot): labelled as what they are.
+    ax.set_yticklabels([f"rank {r} · comm {p - gemm_programs}" if gemm_programs is not None and p >= gemm_programs
+                        else f"rank {r} · prog {p}" for r, p in lanes], fontsize=7)
     ax.set_ylim(len(lanes) - 0.5, -0.5)
     for i in range(1, len(lanes)):
         if lanes[i][0] != lanes[i - 1][0]:
