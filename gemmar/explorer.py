@@ -16,6 +16,7 @@ import time
 
 from .cluster import Cluster
 from .algorithms import names as algorithm_names
+from .analysis.plots import plural
 from .config import DTYPES, RunConfig
 from .errors import ClusterError, GemmarError
 
@@ -99,18 +100,22 @@ class Explorer:
     def run(self):
         """Run the configuration the widgets show; redraw. Errors show in the status line."""
         self.button.disabled, self.stop_button.disabled, self._stopped = True, False, False
+        self.progress.value = 0    # (not the last run's 100 % while this one starts)
         start = time.monotonic()   # what the user waits for, a cluster start included
         try:
             self._run(start)
         except GemmarError as e:
-            self.status.value = f"<b>error:</b> {e}" if not self._stopped else (
+            self.status.value = f"<b>error:</b> {e}{self._old_chart()}" if not self._stopped else (
                 f"stopped after {time.monotonic() - start:.1f} s: the run's ranks were ended; the next Run starts "
-                f"fresh ones")
+                f"fresh ones{self._old_chart()}")
         except KeyboardInterrupt:   # run() in a cell, and Jupyter's stop button
             self.status.value = (f"interrupted after {time.monotonic() - start:.1f} s: the run's ranks were stopped; "
-                                 f"the next Run starts fresh ones")
+                                 f"the next Run starts fresh ones{self._old_chart()}")
         finally:
             self.button.disabled, self.stop_button.disabled = False, True
+
+    def _old_chart(self):
+        return f" (the chart below is still run {self.runs}'s)" if self.runs else ""
 
     def _run(self, start):
         import matplotlib.pyplot as plt
@@ -133,7 +138,7 @@ class Explorer:
         self.runs += 1
         verdict = "correct on every rank" if result.ok else "WRONG RESULT"
         self.status.value = (f"run {self.runs}: {config.algorithm}, {config.m}x{config.n}x{config.k} "
-                             f"{config.datatype}, {config.world_size} ranks x {config.num_sms} programs: "
+                             f"{config.datatype}, {config.world_size} ranks x {plural(config.num_sms, 'program')}: "
                              f"{verdict} (max |C - ref| {result.max_abs_diff:.2g}), "
                              f"{time.monotonic() - start:.1f} s")
         self.result = result

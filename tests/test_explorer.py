@@ -79,5 +79,16 @@ def test_run_button_runs_in_the_background_and_stop_ends_the_ranks():
         explorer._thread.join(120)
         assert explorer.status.value.startswith("run 1: atomics"), explorer.status.value
         assert explorer.cluster.pids != old_pids and len(explorer.out.outputs) == 1   # the new Gantt chart
+        # A run stopped after a finished one: its bar started again from 0, and the status says whose chart
+        # is still drawn.
+        explorer.iterations.value, explorer.m.value, explorer.n.value = 20, 128, 128
+        explorer.button.click()
+        deadline = time.monotonic() + 120
+        while explorer.progress.value in (0, explorer.progress.max):   # not the last run's 100 %: this one's
+            assert time.monotonic() < deadline and explorer._thread.is_alive(), explorer.status.value
+            time.sleep(0.02)
+        explorer.stop_button.click()
+        explorer._thread.join(10)
+        assert "stopped after" in explorer.status.value and "(the chart below is still run 1's)" in explorer.status.value
     finally:
         explorer.close()
