@@ -36,8 +36,9 @@ def _bench_parser(sub):
                        description="Run the fused GEMM + all-reduce with K split over ranks. Every rank "
                                    "builds the same seeded A (M x K) and B (K x N) and keeps its K-slice.",
                        epilog="(tuned): left out, it is chosen for the device: on cpu 32/32/32 tiles and 4 "
-                              "programs; on GPUs config.GPU_TUNING's tile, one program per SM (shared out when "
-                              "ranks share a GPU). "
+                              "programs; on GPUs the algorithm's measured tile, one program per SM (shared out when "
+                              "ranks share a GPU), and for two_shot as many communication programs as the shape's "
+                              "reduction needs (config.split_programs). "
                               "(Iris): a flag of Iris's GEMM + all-reduce benchmark.py, taken with Iris's meaning. "
                               "(Iris, AMD) : accepted so that Iris command lines run, and said to mean nothing "
                               "here. Differences: no int8; --output_file is off unless given (Iris: log.json); "
