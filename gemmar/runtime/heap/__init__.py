@@ -4,8 +4,6 @@ from ...errors import UsageError
 from .base import ALIGN, DEFAULT_HEAP_BYTES, HEADER_BYTES, SymmetricHeap, barrier_all, size_text
 from .cpu import remove_arenas, shm_dir
 
-BACKEND_NAMES = ("cpu", "cuda", "iris")
-
 
 def create_heap(backend, rank, world_size, size, cluster_id, timeout_s=60.0):
     """The one entry point the rank runtime uses; backends plug in here."""
@@ -24,5 +22,5 @@ def create_heap(backend, rank, world_size, size, cluster_id, timeout_s=60.0):
     raise UsageError(f"backend {backend!r} is not known: use cpu, cuda or iris")
 
 
-__all__ = ["ALIGN", "BACKEND_NAMES", "DEFAULT_HEAP_BYTES", "HEADER_BYTES", "SymmetricHeap", "barrier_all", "create_heap",
+__all__ = ["ALIGN", "DEFAULT_HEAP_BYTES", "HEADER_BYTES", "SymmetricHeap", "barrier_all", "create_heap",
            "remove_arenas", "shm_dir", "size_text"]
