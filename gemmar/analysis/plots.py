@@ -276,16 +276,17 @@ def ring_handoff_diagram(world_size=3, path=None):
                                      color=PHASE_COLORS["comm"], shrinkA=45, shrinkB=45,
                                      connectionstyle="arc3,rad=0.18"))
         mx, my = (x0 + x1) / 2 * 2.15, (y0 + y1) / 2 * 2.15   # outside the dashed hand-back arc
-        ax.text(mx, my, f"store payload into rank {nxt}'s slot,\nthen data_ready[t] += 1 there (release)",
-                ha="center", va="center", fontsize=7.5, color=PHASE_COLORS["comm"])
+        ax.text(mx, my, f"rank {r} stores its payload into rank {nxt}'s slot[t],\nthen data_ready[t] += 1 there "
+                        f"(release)", ha="center", va="center", fontsize=7.5, color=PHASE_COLORS["comm"])
         ax.add_patch(FancyArrowPatch((x1, y1), (x0, y0), arrowstyle="-|>", mutation_scale=12, lw=1.2, ls="--",
                                      color=PHASE_COLORS["wait"], shrinkA=45, shrinkB=45,
                                      connectionstyle="arc3,rad=0.18"))
-    ax.text(0, 0.15, f"{W} ranks: {W - 1} step{'s' if W != 2 else ''} per tile", ha="center", fontsize=10)
-    ax.text(0, -0.3, "green: a message, and its flag\norange, dashed: slot_free[t] handed back\n"
-                     "after the slot was read (acquire)", ha="center", fontsize=8)
+    # The key, in a corner away from the arrows (in the centre it sat on the rank 0 -> 1 arrow).
+    ax.text(-3.5, -3.0, f"{W} ranks: {W - 1} step{'s' if W != 2 else ''} per tile. At step 0 the payload is the "
+                        f"rank's own partial.\ngreen: a message, and its flag; orange, dashed: slot_free[t] handed back\n"
+                        f"once the slot was read (after the acquire of data_ready[t])", ha="left", va="top", fontsize=8)
     ax.set_xlim(-3.6, 3.6)
-    ax.set_ylim(-3.4, 3.4)
+    ax.set_ylim(-3.9, 3.4)
     ax.set_aspect("equal")
     ax.axis("off")
     ax.set_title("The ring's lock handoff for one tile (kernels/ring.py, steps 1-4)")
