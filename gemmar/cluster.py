@@ -94,8 +94,8 @@ class Cluster(EngineCluster):
         check_memory(config, len(self.engine_ranks), self.backend)
         return self._run(config, None, validate, verbose, mistake, return_c, on_progress, parts)
 
-    def gemm_all_reduce(self, A, B, algorithm=RunConfig.algorithm, validate=True, mistake="none", verbose=False, parts=None,
-                        **settings):
+    def gemm_all_reduce(self, A, B, algorithm=RunConfig.algorithm, validate=True, mistake="none", verbose=False,
+                        parts=None, **settings):
         """C = A @ B with K split over the ranks, reduced by ``algorithm`` (a registered name, or a user's
         own AlgorithmSpec: it is registered, and its source travels to the ranks); checked against torch.
 

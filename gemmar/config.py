@@ -89,9 +89,9 @@ def tuned_defaults(backend, algorithm, capability=(0, 0), multiprocessors=0, sha
 def split_programs(sms, tiles, k_per_rank, world_size=1):
     """Communication programs, of ``sms`` programs per rank, for ``tiles`` output tiles, a K-slice of
     ``k_per_rank`` and ``world_size`` ranks: enough for the reduction to keep up (COMM_SMS_AT_K2048, scaled
-    by 2048 / K_r, by the SMs and by (W + 1) / 2), then as many more as leave the GEMM its number of waves (2048 tiles take 16 waves on 128 programs
-    as on 132: those 4 programs cost the GEMM nothing), at most max(need, 16), and no more than there are
-    tiles (a communication program reduces whole tiles)."""
+    by 2048 / K_r, by the SMs and by (W + 1) / 2), then as many more as leave the GEMM its number of waves
+    (2048 tiles take 16 waves on 128 programs as on 132: those 4 programs cost the GEMM nothing), at most
+    max(need, 16), and no more than there are tiles (a communication program reduces whole tiles)."""
     need = -(-COMM_SMS_AT_K2048 * sms * 2048 * (world_size + 1) // (132 * max(k_per_rank, 1) * 2))
     need = max(2, min(need, sms // 2))
     waves = -(-tiles // (sms - need))

@@ -190,7 +190,8 @@ class AlgorithmSpec:
         for p in self.phases:
             if p.group not in PHASE_GROUPS or not 1 <= p.kind_id <= 255:
                 raise UsageError(f"algorithm {self.name}: phase {p.name!r} needs a group from "
-                                 f"{', '.join(PHASE_GROUPS)} and a kind id from 1 to 255 (got {p.group!r}, {p.kind_id})")
+                                 f"{', '.join(PHASE_GROUPS)} and a kind id from 1 to 255 (got {p.group!r}, "
+                                 f"{p.kind_id})")
         if self.done.kind not in names or self.done.where not in ("rank", "every_rank", "peer"):
             raise UsageError(f"algorithm {self.name}: done must name one of its phases ({', '.join(names)}) and "
                              f"where = rank, every_rank or peer")
@@ -198,11 +199,8 @@ class AlgorithmSpec:
             raise UsageError(f"algorithm {self.name}: mistakes must start with 'none'")
 
     # -- what the rest of gemmar asks of an algorithm --------------------------------------------------
-    def phase(self, name):
-        return next(p for p in self.phases if p.name == name)
-
     def trace_room(self, config, world_size):
-        """Events each program may record in one launch (0 when not traced)."""
+        """Events each program may record in one launch (the trace buffer's room per program)."""
         if self.events_per_program is None:
             raise UsageError(f"algorithm {self.name} cannot be traced: its spec gives no events_per_program")
         return int(self.events_per_program(config, world_size))

@@ -1,8 +1,9 @@
 """Kernel parts: one ``@triton.jit`` function of a package kernel, swapped for a participant's own.
 
 The notebooks' puzzles ask for a piece of real kernel code (the tile order, one push of the atomics
-kernel, the ring's reduction step, two_shot's sum; each algorithm's spec lists its parts) and run it inside the package's kernel, on the cluster. The kernel takes
-the piece as a constexpr argument, and Triton compiles (or interprets) it like any function it calls.
+kernel, the ring's reduction step, two_shot's sum; each algorithm's spec lists its parts) and run it inside
+the package's kernel, on the cluster. The kernel takes the piece as a constexpr argument, and Triton compiles
+(or interprets) it like any function it calls.
 
 The participant's function is defined in the notebook's process, and the ranks are other processes. So
 its *source* travels to them (:func:`part_sources`, on the client) and is defined again there
@@ -57,13 +58,14 @@ def _with_helpers(python_fn):
     return "\n\n".join(sources + [function_source(python_fn)])
 
 
-def function_source(python_fn):
-    """The source of a function defined in a notebook cell or a .py file, dedented; one line if it has none."""
+def function_source(obj, whose="", hint=""):
+    """The source of a function (or class) defined in a notebook cell or a .py file, dedented; one line if it
+    has none (``whose``: what the line starts with; ``hint``: what it ends with)."""
     try:
-        return textwrap.dedent(inspect.getsource(python_fn))
+        return textwrap.dedent(inspect.getsource(obj))
     except (OSError, TypeError) as e:
-        raise UsageError(f"the source of {python_fn.__name__} cannot be read ({e}): define it in a notebook "
-                         f"cell or a .py file") from None
+        raise UsageError(f"{whose}the source of {obj.__name__} cannot be read ({e}): define it in a notebook "
+                         f"cell or a .py file{hint}") from None
 
 
 _loaded = {}   # (name, source) -> the function defined from it, so a repeated run compiles nothing again

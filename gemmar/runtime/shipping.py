@@ -21,6 +21,7 @@ import types
 
 from ..errors import UsageError
 from ..kernels.spec import AlgorithmSpec, Part
+from .parts import function_source
 
 FUNCTION_FIELDS = ("buffers", "launches", "output", "c_dtype", "events_per_program", "events_per_launch")
 SOURCE_PREFIX = "<gemmar algorithm "
@@ -55,7 +56,7 @@ class _Collector:
         self.user_modules.add(fn.__module__)
         return fn
 
-    def add_function(self, name, value):
+    def add_function(self, value):
         fn = _python_function(value)
         if fn.__name__ in self.seen:
             return
@@ -68,7 +69,8 @@ class _Collector:
     def add_source(self, name, obj, module_globals):
         """``obj``'s source, and the names its decorators use (``@triton.jit``, ``@dataclass``), which its
         code does not mention."""
-        source = self.sources[name] = _source(obj, self.spec.name)
+        source = self.sources[name] = function_source(obj, f"algorithm {self.spec.name}: ", " (a class in a notebook "
+                                                      "cell: use a dict or types.SimpleNamespace instead)")
         for node in ast.parse(source).body[:1]:
             for decorator in getattr(node, "decorator_list", ()):
                 for used in (n.id for n in ast.walk(decorator) if isinstance(n, ast.Name)):
@@ -84,7 +86,7 @@ class _Collector:
                 self.seen.add(name)
                 self.add_source(name, value, vars(sys.modules[value.__module__]))
             else:
-                self.add_function(name, value)
+                self.add_function(value)
         elif module and module not in self.user_modules and hasattr(value, "__qualname__") and \
                 _importable(module, value.__qualname__, value):
             self.imports[name] = (module, value.__qualname__)
@@ -106,17 +108,6 @@ def _importable(module, qualname, value):
         return False
 
 
-def _source(obj, algorithm):
-    import textwrap
-
-    try:
-        return textwrap.dedent(inspect.getsource(obj))
-    except (OSError, TypeError) as e:
-        raise UsageError(f"algorithm {algorithm}: the source of {obj.__name__} cannot be read ({e}): define it in a "
-                         f"notebook cell or a .py file (a class in a notebook cell: use a dict or "
-                         f"types.SimpleNamespace instead)") from None
-
-
 def ship(spec):
     """Client side: a built-in spec travels as its name (None here); a user's as data and source."""
     if spec.builtin:
@@ -134,7 +125,7 @@ def ship(spec):
     roots = [getattr(spec, what) for what in functions] + [part.reference for part in spec.parts.values()] + \
         [fn for swaps in spec.mistake_parts.values() for fn in swaps.values()] + list(spec.helpers)
     for root in roots:
-        collect.add_function(None, collect.user_function("a helper", root))
+        collect.add_function(collect.user_function("a helper", root))
     data = {f.name: getattr(spec, f.name) for f in dataclasses.fields(spec)
             if f.name not in FUNCTION_FIELDS + ("parts", "mistake_parts", "helpers")}
     shipped = dict(data=data, functions=functions, parts=parts, mistake_parts=mistake_parts,
