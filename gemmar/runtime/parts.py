@@ -19,6 +19,7 @@ import inspect
 import linecache
 import textwrap
 import traceback
+import types
 
 import triton
 import triton.language as tl
@@ -42,8 +43,6 @@ def part_sources(parts, spec):
 def _with_helpers(python_fn):
     """``python_fn``'s source after the sources of the functions of the same module it calls (a helper
     ``@triton.jit`` function in the same cell), found through the names its code uses."""
-    from .shipping import _names_used
-
     seen, sources = {python_fn.__name__}, []
 
     def walk(fn):
@@ -56,6 +55,15 @@ def _with_helpers(python_fn):
 
     walk(python_fn)
     return "\n\n".join(sources + [function_source(python_fn)])
+
+
+def _names_used(code):
+    """Every global name a function's code (and the code nested in it) uses."""
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            names |= _names_used(const)
+    return names
 
 
 def function_source(obj, whose="", hint=""):

@@ -21,7 +21,7 @@ import types
 
 from ..errors import UsageError
 from ..kernels.spec import AlgorithmSpec, Part
-from .parts import function_source
+from .parts import _names_used, function_source
 
 FUNCTION_FIELDS = ("buffers", "launches", "output", "c_dtype", "events_per_program", "events_per_launch")
 SOURCE_PREFIX = "<gemmar algorithm "
@@ -31,14 +31,6 @@ def _python_function(value):
     """The Python function of a @triton.jit function, the function itself, or None."""
     fn = getattr(value, "fn", value)
     return fn if inspect.isfunction(fn) else None
-
-
-def _names_used(code):
-    names = set(code.co_names)
-    for const in code.co_consts:
-        if isinstance(const, types.CodeType):
-            names |= _names_used(const)
-    return names
 
 
 class _Collector:
