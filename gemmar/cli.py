@@ -11,7 +11,7 @@ import argparse
 import sys
 
 from .algorithms import builtin_names, get as get_algorithm
-from .cli_tools import _allreduce_parser, _gantt_parser, starting_line
+from .cli_tools import _allreduce_parser, _gantt_parser, _run_parser, starting_line
 from .config import BACKENDS, DTYPES, TUNED_KNOBS, RunConfig, choose_algorithm, tuned_defaults
 from .errors import ClusterError, DeadlockError, GemmarError, RankDiedError, UsageError
 from .outputs import DEFAULT_TRACE_FILE, check_output_path, iris_report, trace_path_for, write_report
@@ -266,9 +266,10 @@ def main(argv=None):
     _bench_parser(sub)
     _allreduce_parser(sub)
     _gantt_parser(sub)
+    _run_parser(sub)
     args = parser.parse_args(argv)
     if args.command is None:
-        parser.error("a command is required: bench, allreduce or gantt")
+        parser.error("a command is required: bench, allreduce, gantt or run")
     try:
         return args.func(args)
     except UsageError as e:

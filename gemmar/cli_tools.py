@@ -1,7 +1,10 @@
-"""``gemmar allreduce`` (the standalone all-reduce, checked and timed) and ``gemmar gantt`` (draw a saved
-trace): the command line's two smaller commands. ``cli.py`` holds ``main`` and ``gemmar bench``."""
+"""The command line's smaller commands: ``gemmar allreduce`` (the standalone all-reduce, checked and timed),
+``gemmar gantt`` (draw a saved trace) and ``gemmar run`` (a program, such as an Iris program, on every rank).
+``cli.py`` holds ``main`` and ``gemmar bench``."""
 
+import argparse
 import math
+import sys
 
 import psutil
 
@@ -10,7 +13,7 @@ from .errors import UsageError
 from .outputs import check_output_path, write_report, written_to
 from .report import log
 from .runtime.allreduce import SCHEMES
-from .runtime.backends import check_heap_fits, check_world_size, resolve_backend, shares_gpu
+from .runtime.backends import check_heap_fits, check_world_size, gpu_count, resolve_backend, shares_gpu
 from .runtime.heap import size_text
 
 
@@ -135,3 +138,73 @@ def cmd_gantt(args):
             trace.to_perfetto(args.perfetto)
         print(f"[gemmar] wrote {args.perfetto} (open it at ui.perfetto.dev)")
     return 0
+
+
+def _heap_bytes(text):
+    """'1073741824', '1G', '512M', '64K' (binary units) -> bytes."""
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    scale = units.get(text[-1:].upper(), 1)
+    digits = text[:-1] if scale > 1 else text
+    if not digits.isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size: give bytes, or a number with K, M or G")
+    return int(digits) * scale
+
+
+def _run_parser(sub):
+    p = sub.add_parser("run", help="run a Python program (an Iris program, unchanged) on every rank, like mpirun",
+                       description="gemmar run -r N SCRIPT ARGS is `mpirun -np N python SCRIPT ARGS` for Iris "
+                                   "programs: every rank runs SCRIPT in its own ipyparallel engine, `import iris` "
+                                   "gives gemmar's Iris-compatible module over the rank's symmetric heap, output "
+                                   "comes back line by line tagged [rank r/N]. On cpu, kernels run under the Triton "
+                                   "interpreter and CUDA host calls (device=\"cuda\", synchronize, streams, events) "
+                                   "run as their CPU equivalents.",
+                       epilog="Exit status: 0 when every rank exits 0; otherwise the first failed rank's exit code "
+                              "(a killed rank: 128 + its signal), after one line naming each failed rank and how; "
+                              "3 when a rank is still running at the deadline (it is named and stopped); 2 for bad "
+                              "arguments. When a rank fails, the others get 5 s to end before they are stopped.")
+    p.add_argument("-r", "--num_ranks", type=int, default=2, help="ranks = processes (default %(default)s)")
+    p.add_argument("--backend", choices=("auto", "cpu", "cuda"), default="auto",
+                   help="cpu (Triton interpreter, shared memory) or cuda (one GPU per rank); auto: cuda when there "
+                        "are as many NVIDIA GPUs as ranks, else cpu")
+    p.add_argument("--timeout", type=float, default=600.0,
+                   help="seconds before ranks still running are named and stopped, exit 3 (default %(default)g)")
+    p.add_argument("--heap_size", type=_heap_bytes, default=1 << 30,
+                   help="symmetric heap per rank, bytes or with K/M/G (default 1G); a program's iris.iris(size) "
+                        "gets this heap")
+    p.add_argument("--replace_iris", action="store_true",
+                   help="use gemmar's iris module even where a real Iris is installed")
+    p.add_argument("script", help="the Python program each rank runs")
+    p.add_argument("args", nargs=argparse.REMAINDER, help="its arguments")
+    p.set_defaults(func=cmd_run)
+
+
+def cmd_run(args):
+    import os
+    import time
+
+    from .cluster import Cluster
+
+    check_world_size(args.num_ranks)
+    if not os.path.isfile(args.script):
+        raise UsageError(f"{args.script}: no such program file")
+    if not 0 < args.timeout <= 86400:
+        raise UsageError(f"--timeout {args.timeout:g}: use seconds from 0 to 86400")
+    backend = args.backend
+    if backend == "auto":
+        backend = "cuda" if gpu_count() >= args.num_ranks and gpu_count() > 0 else "cpu"
+    backend = resolve_backend(backend, args.num_ranks)
+    if shares_gpu(backend, args.num_ranks):
+        raise UsageError(f"-r {args.num_ranks} with --backend cuda needs {args.num_ranks} GPUs (one process per rank); "
+                         f"this machine has {gpu_count()}: use --backend cpu or fewer ranks")
+    check_heap_fits(backend, args.num_ranks, args.heap_size)
+    W = args.num_ranks
+    start = time.monotonic()
+    log("-", W, f"{starting_line(backend, W)}, backend {backend}, heap {size_text(args.heap_size)} per rank")
+    with Cluster(world_size=W, backend=backend, heap_size=args.heap_size, timeout_s=max(10.0, args.timeout)) as cluster:
+        result = cluster.run_script(args.script, *args.args, timeout=args.timeout, replace_iris=args.replace_iris)
+    seconds = time.monotonic() - start
+    if result.ok:
+        log("-", W, f"every rank exited 0 ({seconds:.1f} s)")
+    else:
+        print(f"gemmar run: {'; '.join(result.failure_lines())}", file=sys.stderr, flush=True)
+    return result.exit_code

@@ -17,6 +17,7 @@ from .runtime import rank as rank_runtime
 from .runtime.allreduce import SCHEMES, run_all_reduce
 from .runtime.problem import input_scale
 from .runtime.timing import benchmark_rank
+from .programs import ProgramRunner
 from .runtime.engines import EngineCluster
 from .runtime.heap import size_text
 from .runtime.launch import heap_bytes_needed
@@ -76,8 +77,9 @@ class Result:
         return Trace.from_result(self)
 
 
-class Cluster(EngineCluster):
-    """``world_size`` ipyparallel engines as ranks, and the fused GEMM + all-reduce on them."""
+class Cluster(EngineCluster, ProgramRunner):
+    """``world_size`` ipyparallel engines as ranks, and the fused GEMM + all-reduce on them; Iris programs on
+    them with ``run_script`` and ``activate`` (``programs.py``)."""
 
     def bench(self, config=None, validate=True, verbose=False, mistake="none", return_c=False, on_progress=None,
               parts=None, **settings):

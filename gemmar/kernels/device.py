@@ -172,6 +172,24 @@ def atomic_max(ptr, value, from_rank, to_rank, heap_bases, mask=None, sem=None, 
     return tl.atomic_max(translate(ptr, from_rank, to_rank, heap_bases), value, mask=mask, sem=sem, scope=scope)
 
 
+@triton.jit
+def atomic_and(ptr, value, from_rank, to_rank, heap_bases, mask=None, sem=None, scope=None):
+    """``to_rank``'s ``*ptr &= value``; returns the old value."""
+    return tl.atomic_and(translate(ptr, from_rank, to_rank, heap_bases), value, mask=mask, sem=sem, scope=scope)
+
+
+@triton.jit
+def atomic_or(ptr, value, from_rank, to_rank, heap_bases, mask=None, sem=None, scope=None):
+    """``to_rank``'s ``*ptr |= value``; returns the old value."""
+    return tl.atomic_or(translate(ptr, from_rank, to_rank, heap_bases), value, mask=mask, sem=sem, scope=scope)
+
+
+@triton.jit
+def atomic_xor(ptr, value, from_rank, to_rank, heap_bases, mask=None, sem=None, scope=None):
+    """``to_rank``'s ``*ptr ^= value``; returns the old value."""
+    return tl.atomic_xor(translate(ptr, from_rank, to_rank, heap_bases), value, mask=mask, sem=sem, scope=scope)
+
+
 # ---------------------------------------------------------------------------------------------------------
 # Waiting on a flag, with a watchdog. Used by the ring kernel and the barrier.
 # ---------------------------------------------------------------------------------------------------------

@@ -1,0 +1,7 @@
+"""``python -m gemmar ...`` is the ``gemmar`` command."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())
