@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 
 from .errors import UsageError
 from .runtime import scripts as rank_scripts
-from .runtime.processes import _exit_text
 
 FAILURE_GRACE_S = 5.0
 DEADLINE_EXIT_CODE = 3
