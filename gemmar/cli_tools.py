@@ -164,8 +164,8 @@ def _run_parser(sub):
                               "arguments. When a rank fails, the others get 5 s to end before they are stopped.")
     p.add_argument("-r", "--num_ranks", type=int, default=2, help="ranks = processes (default %(default)s)")
     p.add_argument("--backend", choices=("auto", "cpu", "cuda"), default="auto",
-                   help="cpu (Triton interpreter, shared memory) or cuda (one GPU per rank); auto: cuda when there "
-                        "are as many NVIDIA GPUs as ranks, else cpu")
+                   help="cpu (Triton interpreter, shared memory) or cuda (a GPU per rank, or ranks sharing GPU 0 "
+                        "in separate processes); auto: cuda when there is an NVIDIA GPU, else cpu")
     p.add_argument("--timeout", type=float, default=600.0,
                    help="seconds before ranks still running are named and stopped, exit 3 (default %(default)g)")
     p.add_argument("--heap_size", type=_heap_bytes, default=1 << 30,
@@ -189,18 +189,17 @@ def cmd_run(args):
         raise UsageError(f"{args.script}: no such program file")
     if not 0 < args.timeout <= 86400:
         raise UsageError(f"--timeout {args.timeout:g}: use seconds from 0 to 86400")
-    backend = args.backend
-    if backend == "auto":
-        backend = "cuda" if gpu_count() >= args.num_ranks and gpu_count() > 0 else "cpu"
-    backend = resolve_backend(backend, args.num_ranks)
-    if shares_gpu(backend, args.num_ranks):
-        raise UsageError(f"-r {args.num_ranks} with --backend cuda needs {args.num_ranks} GPUs (one process per rank); "
-                         f"this machine has {gpu_count()}: use --backend cpu or fewer ranks")
+    backend = resolve_backend(args.backend, args.num_ranks)
     check_heap_fits(backend, args.num_ranks, args.heap_size)
     W = args.num_ranks
     start = time.monotonic()
-    log("-", W, f"{starting_line(backend, W)}, backend {backend}, heap {size_text(args.heap_size)} per rank")
-    with Cluster(world_size=W, backend=backend, heap_size=args.heap_size, timeout_s=max(10.0, args.timeout)) as cluster:
+    where = f"starting {W} ipyparallel engine(s) as ranks 0..{W - 1}"
+    if shares_gpu(backend, W):
+        where += (f", sharing GPU 0 ({gpu_count()} GPU(s) here): a process per rank, whose kernels take turns on "
+                  f"the GPU, so a wait for another rank lasts until the GPU switches to it")
+    log("-", W, f"{where}, backend {backend}, heap {size_text(args.heap_size)} per rank")
+    with Cluster(world_size=W, backend=backend, heap_size=args.heap_size, timeout_s=max(10.0, args.timeout),
+                 process_per_rank=True) as cluster:
         result = cluster.run_script(args.script, *args.args, timeout=args.timeout, replace_iris=args.replace_iris)
     seconds = time.monotonic() - start
     if result.ok:

@@ -68,9 +68,9 @@ class ProgramRunner:
         if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
                                     or not 0 < timeout <= 86400):
             raise UsageError(f"timeout={timeout!r} is not allowed: use seconds from 0 to 86400, or None")
-        if self.shares_gpu:
-            raise UsageError(f"Iris programs need one process per rank: {self.world_size} ranks share one GPU here; "
-                             f"run with as many GPUs as ranks, or backend='cpu'")
+        if len(self.engine_ranks) != self.world_size:
+            raise UsageError(f"Iris programs need one process per rank: this cluster's {self.world_size} ranks share "
+                             f"one engine; start it with Cluster(..., process_per_rank=True)")
         out, err = out or sys.stdout, err or sys.stderr
         if not self.running and self.restart_reason:
             print(f"[gemmar] restarting the cluster: {self.restart_reason}", file=err, flush=True)
@@ -157,9 +157,9 @@ class ProgramRunner:
         IPython, with gemmar's ``iris`` module importable on every rank: in a ``%%px`` cell ``import iris``
         and ``shmem = iris.iris(heap_size)`` work as in a program run by ``gemmar run``, kernels defined in
         the cell run on every rank, and each rank's output is shown under its engine. Returns the view."""
-        if self.shares_gpu:
-            raise UsageError(f"%%px with Iris programs needs one process per rank: {self.world_size} ranks share "
-                             f"one GPU here")
+        if len(self.engine_ranks) != self.world_size:
+            raise UsageError(f"%%px with Iris programs needs one process per rank: this cluster's {self.world_size} "
+                             f"ranks share one engine; start it with Cluster(..., process_per_rank=True)")
         self.run(rank_scripts.install_iris, timeout=self.start_timeout_s)
         view = self.client[self.engine_ids]
         view.block = True

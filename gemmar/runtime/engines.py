@@ -36,7 +36,7 @@ from .results import RankFailure
 
 class EngineCluster(EngineDeaths):
     def __init__(self, world_size=2, backend="auto", heap_size=DEFAULT_HEAP_BYTES, start_timeout_s=120.0,
-                 timeout_s=60.0, start=True):
+                 timeout_s=60.0, start=True, process_per_rank=False):
         check_world_size(world_size)
         for name, value, least in (("timeout_s", timeout_s, MIN_TIMEOUT_S), ("start_timeout_s", start_timeout_s, 0)):
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not least <= value <= 86400 or \
@@ -45,9 +45,11 @@ class EngineCluster(EngineDeaths):
                                  if least else f"{name}={value!r} is not allowed: use seconds between 0 and 86400")
         self.world_size = world_size
         self.backend = resolve_backend(backend, world_size)
-        # Which ranks each engine hosts: one each, or all in one engine when they share a GPU.
+        # Which ranks each engine hosts: one each, or all in one engine when they share a GPU (unless
+        # ``process_per_rank``, which programs written for one process per rank need: heap/cuda.py's IPC layout).
         self.shares_gpu = shares_gpu(self.backend, world_size)
-        self.engine_ranks = [list(range(world_size))] if self.shares_gpu else [[r] for r in range(world_size)]
+        one_engine = self.shares_gpu and not process_per_rank
+        self.engine_ranks = [list(range(world_size))] if one_engine else [[r] for r in range(world_size)]
         check_heap_fits(self.backend, world_size, heap_size)
         self.heap_size = heap_size
         self.start_timeout_s, self.timeout_s = start_timeout_s, timeout_s

@@ -88,9 +88,14 @@ def _init_ranks(ranks, world_size, backend, heap_size, cluster_id, timeout_s, me
         barrier_all(heaps, meet_timeout_s)
     else:
         (rank,) = ranks
-        if backend == "cuda":
-            torch.cuda.set_device(rank)
-        heaps = {rank: create_heap(backend, rank, world_size, heap_size, cluster_id, meet_timeout_s)}
+        if backend == "cuda" and world_size > torch.cuda.device_count():   # a process per rank, one GPU
+            from .heap.cuda import CudaHeap
+
+            heaps = {rank: CudaHeap.create_ipc(rank, world_size, heap_size, cluster_id, meet_timeout_s)}
+        else:
+            if backend == "cuda":
+                torch.cuda.set_device(rank)
+            heaps = {rank: create_heap(backend, rank, world_size, heap_size, cluster_id, meet_timeout_s)}
     for r in ranks:   # (heaps: a list by rank when the ranks share a GPU, else {rank: heap})
         heaps[r].timeout_s = timeout_s
     _ranks = [RankContext(r, world_size, backend, heaps[r]) for r in ranks]

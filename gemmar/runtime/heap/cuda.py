@@ -12,6 +12,11 @@ on its own stream: kernels of different streams run at the same time, which the 
 ranks need (kernels of different *processes* on one GPU would take turns, and a waiting rank would hold
 the GPU from the rank it waits for). The bytes between ranks then move through the GPU's own memory,
 not NVLink: correct and concurrent, but no measure of multi-GPU speed.
+
+**A process per rank on one GPU** (``CudaHeap.create_ipc``, for Iris programs: ``gemmar run``, which need
+a process each): each rank's arena is a plain allocation on GPU 0, and the ranks map each other's through
+CUDA IPC handles exchanged over a file store. Kernels of different processes take turns on the GPU
+(time-slicing), so a wait for another rank lasts until the GPU switches to it: correct, and slow.
 """
 
 import os
@@ -85,6 +90,37 @@ class CudaHeap(SymmetricHeap):
         for heap in heaps:
             heap.ranks_on_device = world_size
         return heaps
+
+    @classmethod
+    def create_ipc(cls, rank, world_size, size, cluster_id, timeout_s=60.0, device=0):
+        """This rank's heap on GPU ``device``, shared with the ranks of the other processes there."""
+        import datetime
+        import pickle
+
+        import torch.distributed as dist
+        from torch.multiprocessing.reductions import reduce_tensor
+
+        device = torch.device("cuda", device)
+        torch.cuda.set_device(device)
+        check_gpu_memory(device, size, f"heap_size={size}")
+        arena = torch.zeros(size, dtype=torch.uint8, device=device)
+        torch.cuda.synchronize(device)
+        store = dist.FileStore(store_path(cluster_id) + ".ipc", world_size)
+        store.set_timeout(datetime.timedelta(seconds=max(10.0, timeout_s)))
+        store.set(f"arena{rank}", pickle.dumps(reduce_tensor(arena)))
+        arenas = []
+        for r in range(world_size):
+            if r == rank:
+                arenas.append(arena)
+                continue
+            rebuild, args = pickle.loads(store.get(f"arena{r}"))
+            arenas.append(rebuild(*args))   # rank r's arena, mapped into this process
+        bases = torch.tensor([a.data_ptr() for a in arenas], dtype=torch.int64, device=device)
+        heap = cls(rank, world_size, arena, bases, device, timeout_s)
+        heap._peer_arenas, heap._store = arenas, store   # (kept: the mappings live as long as the heap)
+        heap.ranks_on_device = world_size
+        heap.barrier()
+        return heap
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Iris-style programs through `gemmar run --backend cuda` on whatever GPUs there are (ranks beyond the GPU
+# count share GPU 0, a process each). Prints every run's output and exit code; exits 1 if any run failed.
+#   bash benchmarks/h200_iris_programs.sh 2>&1 | tee data/h200x1-iris-programs.log
+set -u
+cd "$(dirname "$0")/.."
+E=examples/iris_style
+failed=0
+run() {
+  echo "=== gemmar run $*"
+  start=$(date +%s.%N)
+  python3 -m gemmar run --backend cuda --timeout 120 "$@"
+  rc=$?
+  echo "=== exit $rc, $(python3 -c "print(f'{$(date +%s.%N) - $start:.1f}')") s"
+  [ "$rc" = 0 ] || failed=1
+}
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
+for r in 1 2 3 4; do
+  run -r $r $E/atomic_add.py --buffer_size 100000
+  run -r $r $E/gemm_atomics_all_reduce.py -m 512 -n 384 -k 768 --BLK_M 64 --BLK_N 64 --BLK_K 32 --gemm_sms 16 --validate
+  if [ $r -ge 2 ]; then
+    run -r $r $E/message_passing_put.py --buffer_size 100000 --block_size 512
+    run -r $r $E/message_passing_load_store.py --buffer_size 100000 --block_size 512
+  fi
+done
+echo "=== any failed: $failed"
+exit $failed
