@@ -16,6 +16,7 @@ import torch
 from .analysis.schedule import plot_tile_order, tile_coords, tile_schedule
 from .config import k_bounds
 from .errors import GemmarError, RankDiedError
+from .runtime.gpu_compile import compile_error
 
 
 class Verdict(str):
@@ -48,6 +49,16 @@ def _run_part(cluster, algorithm, parts, A, B, **settings):
         return None, f"not yet: {e}{hint}. The next check starts fresh ranks by itself"
     except GemmarError as e:
         return None, f"not yet: {e}"
+
+
+def _gpu_verdict(result, parts):
+    """None when the participant's parts, right under the interpreter, also compile for a GPU (sm_90, on
+    this machine); else what to say."""
+    problem = compile_error(result.config, parts)
+    if problem is None:
+        return None
+    return (f"not quite: right on the CPU ranks, but it would not compile for a GPU (the interpreter runs any "
+            f"Python; the compiler takes only what Triton can translate): {problem}")
 
 
 def _integer_problem(m, n, k, seed):
@@ -148,7 +159,8 @@ def check_tile_coords(cluster, my_tile_coords):
         return _say(f"not quite: C is right (every tile once), but not in grouped order {setting}: tile id {t} "
                     f"went to {p}. Consecutive ids walk down a column of GROUP_SIZE_M tile-rows before moving one "
                     f"column right" + (f", and the last group has only {short} row(s)" if short else ""), result)
-    return _say(f"right! every tile once, in grouped order, the short last group included {setting}", result)
+    return _say(_gpu_verdict(result, {"tile_coords": my_tile_coords}) or
+                f"right! every tile once, in grouped order, the short last group included {setting}", result)
 
 
 def _partials_puzzle(*args, **settings):
@@ -169,7 +181,7 @@ def _partials_verdict(cluster, algorithm, part, fn, shape, seed, smallest, too_f
         return failed, None
     wrong = _judge_partials(result, A, B, lambda rank, tile: hint(result, rank, tile) if callable(hint) else
                             hint.format(W=cluster.world_size, steps=cluster.world_size - 1, tile=tile))
-    return wrong or f"right! {right}, over 2 back-to-back launches", result
+    return wrong or _gpu_verdict(result, {part: fn}) or f"right! {right}, over 2 back-to-back launches", result
 
 
 def _pushes_of(result, rank, tile):

@@ -293,3 +293,26 @@ def test_the_owners_sum_must_be_in_rank_order_bit_for_bit(clusters, world_size, 
     said = exercises.check_sum_partials(clusters(world_size), wrong.ring_order_sum)
     assert said.startswith("not quite: every partial is in C once, but tile (") and "rank order" in said, said
     assert "(rank + step)" not in said
+
+
+UNCOMPILABLE = '''
+import triton
+from gemmar.kernels import device
+
+
+@triton.jit
+def push_by_table(C_tile, acc, mask, step, rank, world_size, heap_bases):
+    peers = {"next": (rank + step) % world_size}
+    device.atomic_add(C_tile, acc, rank, peers["next"], heap_bases, mask=mask, sem="relaxed", scope="sys")
+    return peers["next"]
+'''
+
+
+@pytest.mark.parametrize("world_size", [2])
+def test_a_part_right_under_the_interpreter_must_also_compile_for_a_gpu(clusters, world_size, tmp_path):
+    # A dict is fine in Python, which the interpreter runs, and not in a compiled kernel.
+    part = _module_from(tmp_path / "uncompilable.py", UNCOMPILABLE).push_by_table
+    said = exercises.check_push_partial(clusters(world_size), part)
+    assert said.startswith("not quite: right on the CPU ranks, but it would not compile for a GPU"), said
+    assert said.endswith("in push_by_table, line 2 of the function: unsupported AST node type: Dict"), said
+    assert said.result is not None and said.result.ok   # the run itself was right
