@@ -76,16 +76,14 @@ SCRIPT = textwrap.dedent('''
     # one (M.to(...) broke the atomics kernel at M = 1, on a GPU only).
     for kernel in kernels("bf16", 0):
         build(*kernel, ones=("M", "N", "K", "rank", "world_size", "epoch", "parity"))
-    # The standalone all-reduce's own kernels (two-shot also runs two_shot_reduce, built above).
-    for every in (False, True):
-        build(allreduce.publish_partials, {"partial_ready": "*i32", "heap_bases": "*i64", "rank": "i32",
-                                           "world_size": "i32", "total_tiles": "i32"},
-              dict(COMM_SMS=16, TO_EVERY_RANK=every))
-    for ones in ((), ("M", "N", "rank", "world_size", "epoch")):
-        build(allreduce.one_shot_reduce, {"out": "*bf16", "partials": "*bf16", "partial_ready": "*i32",
-                                          "partials_read": "*i32", "watchdog": "*i64", "heap_bases": "*i64",
-                                          "rank": "i32", "world_size": "i32", "epoch": "i32", "M": "i32", "N": "i32",
-                                          "timeout_ns": "i64"},
+    # The standalone all-reduce's own kernels (one launch each: copy in, publish, reduce).
+    common = {"x": "*bf16", "numel": "i32", "out": "*bf16", "partials": "*bf16", "partial_ready": "*i32"}
+    rest = {"watchdog": "*i64", "heap_bases": "*i64", "rank": "i32", "world_size": "i32", "epoch": "i32",
+            "M": "i32", "N": "i32", "timeout_ns": "i64"}
+    for ones in ((), ("M", "rank", "world_size", "epoch")):
+        build(allreduce.two_shot_all_reduce, {**common, "results_in": "*i32", **rest, "no_trace": "*i64"},
+              dict(BLOCK_M=64, BLOCK_N=256, COMM_SMS=16, PEER_CACHE=".cg"), ones=ones)
+        build(allreduce.one_shot_all_reduce, {**common, "partials_read": "*i32", **rest},
               dict(BLOCK_M=64, BLOCK_N=256, COMM_SMS=16, PEER_CACHE=".cg"), ones=ones)
     build(barrier.barrier_kernel, {"counter": "*i64", "watchdog": "*i64", "exit_time": "*i64", "heap_bases": "*i64", "rank": "i32",
                                    "target": "i64", "timeout_ns": "i64"}, {})
@@ -101,13 +99,13 @@ def test_kernels_compile_for_hopper():
     lines = [l.split() for l in p.stdout.splitlines()]
     assert len(lines) == 2 * 2 * 5 + 5 + 4 + 1   # dtypes x tracing off/on x kernels, the 1 x 1 x 1 builds,
     #                                            the all-reduce's own kernels, the barrier
-    assert sum(int(line[-1]) > 0 for line in lines) == 6   # the kernels given arguments of 1 really had some
+    assert sum(int(line[-1]) > 0 for line in lines) == 7   # the kernels given arguments of 1 really had some
     for name, capacity, has_timer, cubin_bytes, pipelined, ones in lines:
         assert int(cubin_bytes) > 0
         if name == "two_shot_gemm" and ones == "0":   # (with K = 1 there is no loop to pipeline)   # a flattened tile loop once cost it its pipelining: 3x slower on an H200
             assert pipelined == "True", f"two_shot_gemm (trace capacity {capacity}) is not software-pipelined"
         # The GPU timer is in the code exactly when tracing is on (and always in the barrier's watchdog).
-        if name in ("publish_partials", "one_shot_reduce"):
-            continue   # (no trace; one_shot_reduce waits, so it has the watchdog's clock)
+        if name in ("two_shot_all_reduce", "one_shot_all_reduce"):
+            continue   # (no trace; both wait, so they have the watchdog's clock)
         if name not in ("barrier_kernel", "gemm_all_reduce_ring", "two_shot_reduce"):   # these wait: watchdog clock
             assert has_timer == str(capacity == "64")

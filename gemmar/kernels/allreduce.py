@@ -1,17 +1,20 @@
-"""The standalone all-reduce's kernels: ``out = sum over ranks of x``, for a buffer already copied into each
-rank's ``partials`` (laid out as one column of tiles, see ``runtime/allreduce.py``).
+"""The standalone all-reduce's kernels: ``out = sum over ranks of x``, one launch per all-reduce, ``x``
+read in place (laid out as one column of tiles, see ``runtime/allreduce.py``).
 
 Two schemes, both summing in rank order in fp32 (so every rank gets the same bits):
 
-- **two-shot** (``publish_partials`` to owners, then two_shot's own ``two_shot_reduce``): tile ``t`` is
-  summed once, by its owner ``t % W``, which writes the sum into every rank. Each value crosses the links
-  ``2 (W - 1) / W`` times: the scheme for large buffers.
-- **one-shot** (``publish_partials`` to every rank, then ``one_shot_reduce``): every rank reads every
-  peer's copy of every tile and sums it itself. Each value crosses the links ``W - 1`` times, but there is
+- **two-shot** (``two_shot_all_reduce``: copy in and publish to owners, then two_shot's own reduction,
+  ``reduce_owned_tiles``): tile ``t`` is summed once, by its owner ``t % W``, which writes the sum into every
+  rank. Each value crosses the links ``2 (W - 1) / W`` times: the scheme for large buffers.
+- **one-shot** (``one_shot_all_reduce``: copy in and publish to every rank, then every rank reads every
+  peer's copy of every tile and sums it itself). Each value crosses the links ``W - 1`` times, but there is
   one exchange instead of two: the scheme for small buffers, where latency, not bytes, decides.
 
-One-shot's launches are back-to-back safe because a rank's launch ends only after every rank has read its
-partials (step 3 below): its next copy into ``partials`` can then overwrite nothing still needed.
+One launch, not a copy and two kernels: at 1 MiB on an H200 the three cost 55 us of host time per
+all-reduce for 7 us of GPU work. One-shot's launches are back-to-back safe because a rank's launch ends
+only after every rank has read its partials (step 3): its next copy into ``partials`` can then overwrite
+nothing still needed; two-shot's because its last program waits until every owner has written its tiles
+into this rank's ``out``, which each owner does only after reading every rank's partials.
 """
 
 import triton
@@ -20,37 +23,63 @@ import triton.language as tl
 from . import device
 from .device import PARTIAL_READY_FLAG, PARTIALS_READ_FLAG
 from .gemm import tile_offsets
-from .two_shot import slot_pointers
+from .two_shot import reduce_owned_tiles, slot_pointers, sum_partials
 
 
-@triton.jit(do_not_specialize=["rank"])
-def publish_partials(partial_ready, heap_bases, rank, world_size, total_tiles, COMM_SMS: tl.constexpr,
-                     TO_EVERY_RANK: tl.constexpr):
-    """The data is in ``partials`` (copied in on this rank's stream, so before this kernel starts): count
-    every tile in, release, at its owner (two-shot) or at every rank (one-shot)."""
-    for tile_id in range(tl.program_id(0), total_tiles, COMM_SMS):
-        if TO_EVERY_RANK:
-            for step in range(world_size):
-                device.atomic_add(partial_ready + tile_id, 1, rank, (rank + step) % world_size, heap_bases,
-                                  sem="release", scope="sys")
-        else:
-            device.atomic_add(partial_ready + tile_id, 1, rank, tile_id % world_size, heap_bases, sem="release",
-                              scope="sys")
+@triton.jit
+def copy_in_and_publish(x, numel, partials, partial_ready, heap_bases, rank, world_size, tile_id,
+                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TO_EVERY_RANK: tl.constexpr):
+    """This rank's values of tile ``tile_id`` (``x[tile * BLOCK_M * BLOCK_N:]``, zeros past ``numel``) into
+    the tile's slot of ``partials`` (the same range of it), then the tile counted in, with release, at its
+    owner (two-shot) or at every rank (one-shot)."""
+    offsets = tl.cast(tile_id, tl.int64) * (BLOCK_M * BLOCK_N) + tl.arange(0, BLOCK_M * BLOCK_N)
+    tl.store(partials + offsets, tl.load(x + offsets, mask=offsets < numel, other=0))
+    tl.debug_barrier()   # every thread's stores are in before the one thread that releases them
+    if TO_EVERY_RANK:
+        for step in range(world_size):
+            device.atomic_add(partial_ready + tile_id, 1, rank, (rank + step) % world_size, heap_bases,
+                              sem="release", scope="sys")
+    else:
+        device.atomic_add(partial_ready + tile_id, 1, rank, tile_id % world_size, heap_bases, sem="release",
+                          scope="sys")
 
 
-@triton.jit(do_not_specialize=["rank", "epoch", "timeout_ns"])
-def one_shot_reduce(out, partials, partial_ready, partials_read, watchdog, heap_bases, rank, world_size, epoch,
-                    M, N, timeout_ns, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, COMM_SMS: tl.constexpr,
-                    PEER_CACHE: tl.constexpr):
-    """Every tile, on every rank: 1. wait until all W copies are published; 2. sum them in rank order into
-    this rank's ``out``; tell each peer its copy was read. 3. Each program then waits until every rank has
-    read this rank's copies of its own tiles, so that the launch ends only when ``partials`` may be
-    overwritten. (Shared out over the programs: one program waiting for every tile, one flag after another,
-    made one-shot 2.8x slower than two-shot at 64-256 MiB on one H200. Under the interpreter program c of
-    every rank reads the copies of the tiles of program c of every rank before its waits, so the ranks
-    never wait on each other in a circle.)"""
+@triton.jit(do_not_specialize=["numel", "rank", "epoch", "timeout_ns"])
+def two_shot_all_reduce(x, numel, out, partials, partial_ready, results_in, watchdog, heap_bases, rank, world_size,
+                        epoch, M, N, timeout_ns, no_trace, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                        COMM_SMS: tl.constexpr, PEER_CACHE: tl.constexpr):
+    """Two-shot, one launch: program ``c`` first copies in and publishes, for every owner, the tiles that
+    program ``c`` of each rank reduces (owned index ``tile // W``, taken ``c, c + COMM_SMS, ...``), then runs
+    two_shot's reduction (steps 4-7) for them. Its waits depend only on what program ``c`` of every rank
+    did before waiting, so under the interpreter (programs one after another) no rank waits in a circle."""
     c = tl.program_id(0)
     total_tiles = tl.cdiv(M, BLOCK_M)
+    for j in range(c, tl.cdiv(total_tiles, world_size), COMM_SMS):
+        for owner in range(world_size):
+            tile_id = owner + j * world_size
+            if tile_id < total_tiles:
+                copy_in_and_publish(x, numel, partials, partial_ready, heap_bases, rank, world_size, tile_id,
+                                    BLOCK_M, BLOCK_N, False)
+    reduce_owned_tiles(out, partials, partial_ready, results_in, watchdog, heap_bases, rank, world_size, epoch, M, N,
+                       N, 1, timeout_ns, no_trace, c, BLOCK_M, BLOCK_N, 1, COMM_SMS, 0, 0, PEER_CACHE, sum_partials)
+
+
+@triton.jit(do_not_specialize=["numel", "rank", "epoch", "timeout_ns"])
+def one_shot_all_reduce(x, numel, out, partials, partial_ready, partials_read, watchdog, heap_bases, rank,
+                        world_size, epoch, M, N, timeout_ns, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                        COMM_SMS: tl.constexpr, PEER_CACHE: tl.constexpr):
+    """Every tile, on every rank, one launch: 0. copy in and publish the tiles this program sums (to every
+    rank); 1. wait until all W copies are published; 2. sum them in rank order into this rank's ``out``;
+    tell each peer its copy was read. 3. Each program then waits until every rank has read this rank's
+    copies of its own tiles, so that the launch ends only when ``partials`` may be overwritten. (Shared out
+    over the programs: one program waiting for every tile, one flag after another, made one-shot 2.8x slower
+    than two-shot at 64-256 MiB on one H200. Program ``c`` of every rank publishes the tiles program ``c``
+    sums before any wait, so under the interpreter the ranks never wait on each other in a circle.)"""
+    c = tl.program_id(0)
+    total_tiles = tl.cdiv(M, BLOCK_M)
+    for tile_id in range(c, total_tiles, COMM_SMS):
+        copy_in_and_publish(x, numel, partials, partial_ready, heap_bases, rank, world_size, tile_id, BLOCK_M,
+                            BLOCK_N, True)
     for tile_id in range(c, total_tiles, COMM_SMS):
         device.wait_at_least(partial_ready + tile_id, world_size * (epoch + 1), timeout_ns, watchdog, rank, tile_id,
                              PARTIAL_READY_FLAG, tile_id)

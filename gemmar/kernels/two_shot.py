@@ -140,7 +140,22 @@ def two_shot_reduce(
     """The communication programs: reduce the tiles this rank owns, then wait for the others (steps 4-7).
     ``trace`` and ``trace_counts`` start at this kernel's own region of the rank's trace buffer.
     ``results_in`` holds one counter per owner, ``FLAG_STRIDE`` int32s apart (a cache line each)."""
-    c = tl.program_id(0)
+    n_events = reduce_owned_tiles(
+        C, partials, partial_ready, results_in, watchdog, heap_bases, rank, world_size, epoch, M, N, stride_cm,
+        stride_cn, timeout_ns, trace, tl.program_id(0), BLOCK_M, BLOCK_N, GROUP_SIZE_M, COMM_SMS, TRACE_CAPACITY,
+        MISTAKE, PEER_CACHE, SUM_PARTIALS)
+    finish_trace(trace_counts, n_events, TRACE_CAPACITY)
+
+
+@triton.jit
+def reduce_owned_tiles(
+        C, partials, partial_ready, results_in, watchdog, heap_bases, rank, world_size, epoch, M, N,
+        stride_cm, stride_cn, timeout_ns, trace, c,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_SIZE_M: tl.constexpr, COMM_SMS: tl.constexpr,
+        TRACE_CAPACITY: tl.constexpr, MISTAKE: tl.constexpr, PEER_CACHE: tl.constexpr,
+        SUM_PARTIALS: tl.constexpr):
+    """Steps 4-7 for communication program ``c``: owned tiles ``c, c + COMM_SMS, ...`` (in the order this rank
+    owns them); returns the number of events it recorded. Also the standalone all-reduce's reduction."""
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
     total_tiles = num_pid_m * num_pid_n
@@ -181,7 +196,7 @@ def two_shot_reduce(
         device.wait_at_least(results_in + owner * FLAG_STRIDE, target, timeout_ns, watchdog, rank, -1,
                              RESULTS_IN_FLAG, owner)
         n_events, t = event(trace, n_events, t, RESULT_WAIT, -1, -1, -1, 0, owner, TRACE_CAPACITY)
-    finish_trace(trace_counts, n_events, TRACE_CAPACITY)
+    return n_events
 
 
 # -- the spec --------------------------------------------------------------------------------------------

@@ -2,16 +2,15 @@
 
 The buffer to reduce, ``numel`` values, is laid out as the ``partials`` of a matrix ``rows x BLOCK_N`` with
 one column of tiles: tile ``t`` is then ``BLOCK_M * BLOCK_N`` consecutive values, exactly the slot that
-two_shot's GEMM programs fill. So a launch is: copy this rank's values into its ``partials`` (the tail of
-the last tile stays zero), publish them, then reduce, by one of two schemes (``SCHEMES``):
+two_shot's GEMM programs fill. A launch is one kernel: it copies this rank's values into its ``partials``
+(zeros past the end of the last tile), publishes them, then reduces, by one of two schemes (``SCHEMES``):
 
-- ``two_shot``: ``two_shot_reduce`` itself, the owner of each tile sums the W copies in rank order and
+- ``two_shot``: two_shot's own reduction, the owner of each tile sums the W copies in rank order and
   writes the sum into every rank's ``out``; each value crosses the links ``2 (W - 1) / W`` times.
 - ``one_shot``: every rank sums every tile's W copies itself; ``W - 1`` crossings, but one exchange.
 
 Either way every rank gets the same bits. Back-to-back launches need no reset (the flags count launches)
-and no barrier: a rank's next copy waits, on its stream, for its last reduction, which ends only when no
-rank needs its partials any more.
+and no barrier: a rank's launch ends only when no rank needs its partials any more.
 """
 
 import contextlib
@@ -69,51 +68,47 @@ class SymmetricAllReduce:
         self.no_trace = torch.zeros(1, dtype=torch.int64, device=heap.device)
         self.timeout_ns = int(timeout_s * 1e9)
         self.launches = 0
-        self.prepared = None   # [PreparedLaunch] of the two kernels
+        self.prepared = None   # the PreparedLaunch of the kernel
 
-    def _kernel_calls(self):
+    def _kernel_call(self, x):
+        """(kernel, grid, args, kwargs) of one launch reducing ``x`` (flat, 16-byte aligned)."""
         heap = self.heap
         gpu = {"num_warps": 8, "num_stages": 1} if heap.device.type == "cuda" else {}
-        one_shot = self.scheme == "one_shot"
-        publish = (allreduce.publish_partials, (self.comm_sms,),
-                   (self.partial_ready, heap.heap_bases, heap.rank, heap.world_size, self.tiles),
-                   dict(COMM_SMS=self.comm_sms, TO_EVERY_RANK=one_shot, **({"num_warps": 1} if gpu else {})))
-        if one_shot:
-            return [publish, (allreduce.one_shot_reduce, (self.comm_sms,),
-                              (self.out, self.partials, self.partial_ready, self.partials_read, self.watchdog,
-                               heap.heap_bases, heap.rank, heap.world_size, self.launches, self.rows, self.block_n,
-                               self.timeout_ns),
-                              dict(BLOCK_M=self.block_m, BLOCK_N=self.block_n, COMM_SMS=self.comm_sms,
-                                   PEER_CACHE=".cg" if gpu else "", **gpu))]
-        reduce = (two_shot.two_shot_reduce, (self.comm_sms,),
-                  (self.out, self.partials, self.partial_ready, self.results_in, self.watchdog, heap.heap_bases,
-                   heap.rank, heap.world_size, self.launches, self.rows, self.block_n, self.block_n, 1,
-                   self.timeout_ns, self.no_trace, self.no_trace),
-                  dict(BLOCK_M=self.block_m, BLOCK_N=self.block_n, GROUP_SIZE_M=1, COMM_SMS=self.comm_sms,
-                       TRACE_CAPACITY=0, MISTAKE=0, PEER_CACHE=".cg" if gpu else "", SUM_PARTIALS=two_shot.sum_partials,
-                       **gpu))
-        return [publish, reduce]
+        common = dict(BLOCK_M=self.block_m, BLOCK_N=self.block_n, COMM_SMS=self.comm_sms,
+                      PEER_CACHE=".cg" if gpu else "", **gpu)
+        if self.scheme == "one_shot":
+            return (allreduce.one_shot_all_reduce, (self.comm_sms,),
+                    (x, self.numel, self.out, self.partials, self.partial_ready, self.partials_read, self.watchdog,
+                     heap.heap_bases, heap.rank, heap.world_size, self.launches, self.rows, self.block_n,
+                     self.timeout_ns), common)
+        return (allreduce.two_shot_all_reduce, (self.comm_sms,),
+                (x, self.numel, self.out, self.partials, self.partial_ready, self.results_in, self.watchdog,
+                 heap.heap_bases, heap.rank, heap.world_size, self.launches, self.rows, self.block_n, self.timeout_ns,
+                 self.no_trace), common)
 
     def prepare(self):
-        """GPU: compile and load both kernels before any rank launches (see FusedGemmAllReduce.prepare)."""
+        """GPU: compile and load the kernel before any rank launches (see FusedGemmAllReduce.prepare)."""
         if self.heap.device.type != "cuda":
             return
+        kernel, grid, args, kwargs = self._kernel_call(self.partials.view(-1))   # (an aligned stand-in for x)
         with self.heap.on_stream():
-            for kernel, grid, args, kwargs in self._kernel_calls():
-                kernel.warmup(*args, grid=grid, **kwargs)._init_handles()
+            kernel.warmup(*args, grid=grid, **kwargs)._init_handles()
 
     def __call__(self, x, wait=True):
         """Launch once on this rank's stream; return the reduced values (a view of the heap, ``x``'s shape,
-        valid until the next launch). ``wait=False``: enqueue only; call :meth:`check` afterwards."""
-        if not isinstance(x, torch.Tensor) or x.numel() != self.numel or x.dtype != self.dtype:
-            raise UsageError(f"rank {self.heap.rank}: x must be a tensor of {self.numel} {self.dtype} values, got "
-                             f"{getattr(x, 'numel', lambda: '?')()} of {getattr(x, 'dtype', type(x).__name__)}")
-        with self.heap.on_stream():
-            self.partials.view(-1)[:self.numel].copy_(x.reshape(-1))
-        if self.prepared is None:   # built once: per launch only the epoch changes (runtime/compiled_launch.py)
-            self.prepared = [PreparedLaunch(*call, self.heap.stream) for call in self._kernel_calls()]
-        for launch in self.prepared:
-            launch(**({"epoch": self.launches} if "epoch" in launch.index else {}))
+        valid until the next launch). ``wait=False``: enqueue only; call :meth:`check` afterwards. ``x`` is
+        read by the kernel on this rank's stream: it must be ready there (written before, or synchronised)."""
+        if not isinstance(x, torch.Tensor) or x.numel() != self.numel or x.dtype != self.dtype or \
+                x.device != self.heap.device:
+            raise UsageError(f"rank {self.heap.rank}: x must be a tensor of {self.numel} {self.dtype} values on "
+                             f"{self.heap.device}, got {getattr(x, 'numel', lambda: '?')()} of "
+                             f"{getattr(x, 'dtype', type(x).__name__)} on {getattr(x, 'device', '?')}")
+        flat = x.reshape(-1)
+        if not flat.is_contiguous() or flat.data_ptr() % 16:   # (the kernel is compiled for 16-byte aligned x)
+            flat = flat.contiguous().clone()
+        if self.prepared is None:   # built once: per launch only x and the epoch change (runtime/compiled_launch.py)
+            self.prepared = PreparedLaunch(*self._kernel_call(flat), self.heap.stream)
+        self.prepared(x=flat, epoch=self.launches)
         self.launches += 1
         if wait:
             self.check()

@@ -7,7 +7,8 @@ the cost was spread over ~800 Python calls per launch (binding ~30 arguments, bu
 tuples and tensor descriptors again, entering streams). :class:`PreparedLaunch` does all of that once, for
 one kernel with fixed arguments; a later launch changes only the arguments the kernel does not specialise
 on (``epoch``, ``parity``: Triton compiles those as plain integers, so any value runs the same compiled
-kernel) and hands the compiled kernel its arguments on its stream directly.
+kernel), or a tensor for another of the same dtype and alignment, and hands the compiled kernel its
+arguments on its stream directly.
 
 The first launch goes through Triton as usual (which compiles, or finds the kernel it has). The interpreter
 has no compiled kernels: there every launch goes through Triton.
@@ -38,7 +39,10 @@ class PreparedLaunch:
 
     def __call__(self, **changed):
         for name, value in changed.items():
-            if name not in self.free:   # a specialised argument could need another compiled kernel
+            old = self.values[self.index[name]]
+            # A specialised argument could need another compiled kernel; a tensor is specialised only on its
+            # dtype and whether its address is a multiple of 16, so another one alike runs the same kernel.
+            if name not in self.free and not _same_specialisation(old, value):
                 raise ValueError(f"{self.kernel.__name__}: {name} is specialised on, so it cannot change here")
             self.values[self.index[name]] = value
         if self.launcher is not None:
@@ -53,3 +57,10 @@ class PreparedLaunch:
         if self.stream is not None and compiled is not None:
             # What Triton's dispatcher hands the compiled kernel: every parameter, in order.
             self.launcher = compiled[self.grid + (1,) * (3 - len(self.grid))]
+
+
+def _same_specialisation(old, new):
+    import torch
+
+    return isinstance(old, torch.Tensor) and isinstance(new, torch.Tensor) and old.dtype == new.dtype and \
+        old.device == new.device and (old.data_ptr() % 16 == 0) == (new.data_ptr() % 16 == 0)
