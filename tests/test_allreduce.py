@@ -29,6 +29,22 @@ def test_fifty_back_to_back_launches_at_world_size_4(clusters, scheme):
     assert f["ok"] and f["identical"], f
 
 
+@pytest.mark.parametrize("world_size", [3])
+@pytest.mark.parametrize("scheme", ["two_shot", "one_shot"])
+def test_large_buffers_copied_in_by_torch_give_the_same_sums(clusters, world_size, scheme):
+    """Buffers of COPY_IN_KERNEL_BELOW_BYTES and more are copied into the heap by torch before the launch;
+    that path, forced here for small buffers (the interpreter is too slow for 8 MiB), launch after launch."""
+    cluster = clusters(world_size)
+    view = cluster.client[cluster.engine_ids]
+    view.execute("import gemmar.runtime.allreduce as a; a._saved, a.COPY_IN_KERNEL_BELOW_BYTES = "
+                 "a.COPY_IN_KERNEL_BELOW_BYTES, 0", block=True)
+    try:
+        f = cluster.all_reduce(16 * 64 * 3 + 5, "bf16", comm_sms=2, iterations=4, seed=11, scheme=scheme)
+        assert f["ok"] and f["identical"], f
+    finally:
+        view.execute("a.COPY_IN_KERNEL_BELOW_BYTES = a._saved", block=True)
+
+
 def test_bad_all_reduce_arguments(clusters):
     cluster = clusters(2)
     with pytest.raises(gemmar.UsageError, match="numel=0"):

@@ -82,9 +82,9 @@ SCRIPT = textwrap.dedent('''
             "M": "i32", "N": "i32", "timeout_ns": "i64"}
     for ones in ((), ("M", "rank", "world_size", "epoch")):
         build(allreduce.two_shot_all_reduce, {**common, "results_in": "*i32", **rest, "no_trace": "*i64"},
-              dict(BLOCK_M=64, BLOCK_N=256, COMM_SMS=16, PEER_CACHE=".cg"), ones=ones)
+              dict(BLOCK_M=64, BLOCK_N=256, COMM_SMS=16, PEER_CACHE=".cg", COPY_IN=not ones), ones=ones)
         build(allreduce.one_shot_all_reduce, {**common, "partials_read": "*i32", **rest},
-              dict(BLOCK_M=64, BLOCK_N=256, COMM_SMS=16, PEER_CACHE=".cg"), ones=ones)
+              dict(BLOCK_M=64, BLOCK_N=256, COMM_SMS=16, PEER_CACHE=".cg", COPY_IN=bool(ones)), ones=ones)
     build(barrier.barrier_kernel, {"counter": "*i64", "watchdog": "*i64", "exit_time": "*i64", "heap_bases": "*i64", "rank": "i32",
                                    "target": "i64", "timeout_ns": "i64"}, {})
 ''')

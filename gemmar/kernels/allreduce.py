@@ -11,7 +11,9 @@ Two schemes, both summing in rank order in fp32 (so every rank gets the same bit
   one exchange instead of two: the scheme for small buffers, where latency, not bytes, decides.
 
 One launch, not a copy and two kernels: at 1 MiB on an H200 the three cost 55 us of host time per
-all-reduce for 7 us of GPU work. One-shot's launches are back-to-back safe because a rank's launch ends
+all-reduce for 7 us of GPU work. Large buffers (``COPY_IN`` False) are copied in by torch first, on every
+SM, rather than by the few communication programs: at 16-256 MiB on one rank that copy was 20-35 % of the
+time. One-shot's launches are back-to-back safe because a rank's launch ends
 only after every rank has read its partials (step 3): its next copy into ``partials`` can then overwrite
 nothing still needed; two-shot's because its last program waits until every owner has written its tiles
 into this rank's ``out``, which each owner does only after reading every rank's partials.
@@ -28,12 +30,14 @@ from .two_shot import reduce_owned_tiles, slot_pointers, sum_partials
 
 @triton.jit
 def copy_in_and_publish(x, numel, partials, partial_ready, heap_bases, rank, world_size, tile_id,
-                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TO_EVERY_RANK: tl.constexpr):
+                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TO_EVERY_RANK: tl.constexpr,
+                        COPY_IN: tl.constexpr):
     """This rank's values of tile ``tile_id`` (``x[tile * BLOCK_M * BLOCK_N:]``, zeros past ``numel``) into
-    the tile's slot of ``partials`` (the same range of it), then the tile counted in, with release, at its
-    owner (two-shot) or at every rank (one-shot)."""
-    offsets = tl.cast(tile_id, tl.int64) * (BLOCK_M * BLOCK_N) + tl.arange(0, BLOCK_M * BLOCK_N)
-    tl.store(partials + offsets, tl.load(x + offsets, mask=offsets < numel, other=0))
+    the tile's slot of ``partials`` (the same range of it; ``COPY_IN`` False: already there), then the tile
+    counted in, with release, at its owner (two-shot) or at every rank (one-shot)."""
+    if COPY_IN:
+        offsets = tl.cast(tile_id, tl.int64) * (BLOCK_M * BLOCK_N) + tl.arange(0, BLOCK_M * BLOCK_N)
+        tl.store(partials + offsets, tl.load(x + offsets, mask=offsets < numel, other=0))
     tl.debug_barrier()   # every thread's stores are in before the one thread that releases them
     if TO_EVERY_RANK:
         for step in range(world_size):
@@ -47,7 +51,7 @@ def copy_in_and_publish(x, numel, partials, partial_ready, heap_bases, rank, wor
 @triton.jit(do_not_specialize=["numel", "rank", "epoch", "timeout_ns"])
 def two_shot_all_reduce(x, numel, out, partials, partial_ready, results_in, watchdog, heap_bases, rank, world_size,
                         epoch, M, N, timeout_ns, no_trace, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                        COMM_SMS: tl.constexpr, PEER_CACHE: tl.constexpr):
+                        COMM_SMS: tl.constexpr, PEER_CACHE: tl.constexpr, COPY_IN: tl.constexpr):
     """Two-shot, one launch: program ``c`` first copies in and publishes, for every owner, the tiles that
     program ``c`` of each rank reduces (owned index ``tile // W``, taken ``c, c + COMM_SMS, ...``), then runs
     two_shot's reduction (steps 4-7) for them. Its waits depend only on what program ``c`` of every rank
@@ -59,7 +63,7 @@ def two_shot_all_reduce(x, numel, out, partials, partial_ready, results_in, watc
             tile_id = owner + j * world_size
             if tile_id < total_tiles:
                 copy_in_and_publish(x, numel, partials, partial_ready, heap_bases, rank, world_size, tile_id,
-                                    BLOCK_M, BLOCK_N, False)
+                                    BLOCK_M, BLOCK_N, False, COPY_IN)
     reduce_owned_tiles(out, partials, partial_ready, results_in, watchdog, heap_bases, rank, world_size, epoch, M, N,
                        N, 1, timeout_ns, no_trace, c, BLOCK_M, BLOCK_N, 1, COMM_SMS, 0, 0, PEER_CACHE, sum_partials)
 
@@ -67,7 +71,7 @@ def two_shot_all_reduce(x, numel, out, partials, partial_ready, results_in, watc
 @triton.jit(do_not_specialize=["numel", "rank", "epoch", "timeout_ns"])
 def one_shot_all_reduce(x, numel, out, partials, partial_ready, partials_read, watchdog, heap_bases, rank,
                         world_size, epoch, M, N, timeout_ns, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                        COMM_SMS: tl.constexpr, PEER_CACHE: tl.constexpr):
+                        COMM_SMS: tl.constexpr, PEER_CACHE: tl.constexpr, COPY_IN: tl.constexpr):
     """Every tile, on every rank, one launch: 0. copy in and publish the tiles this program sums (to every
     rank); 1. wait until all W copies are published; 2. sum them in rank order into this rank's ``out``;
     tell each peer its copy was read. 3. Each program then waits until every rank has read this rank's
@@ -79,7 +83,7 @@ def one_shot_all_reduce(x, numel, out, partials, partial_ready, partials_read, w
     total_tiles = tl.cdiv(M, BLOCK_M)
     for tile_id in range(c, total_tiles, COMM_SMS):
         copy_in_and_publish(x, numel, partials, partial_ready, heap_bases, rank, world_size, tile_id, BLOCK_M,
-                            BLOCK_N, True)
+                            BLOCK_N, True, COPY_IN)
     for tile_id in range(c, total_tiles, COMM_SMS):
         device.wait_at_least(partial_ready + tile_id, world_size * (epoch + 1), timeout_ns, watchdog, rank, tile_id,
                              PARTIAL_READY_FLAG, tile_id)
