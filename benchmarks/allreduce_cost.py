@@ -5,8 +5,6 @@ GPU time (torch.profiler), for the sizes given. Prints one line per size and the
 """
 
 import argparse
-import os
-import tempfile
 import time
 import uuid
 

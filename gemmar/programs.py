@@ -139,8 +139,8 @@ class ProgramRunner:
             self._in_run = False
         if stopped or any(e and e.startswith("its process") for e in errors):
             self.stop()   # a rank may spin forever on a flag: fresh ranks next time
-            self._restart_reason = f"in its last program rank(s) {stopped or [r for r, c in enumerate(exit_codes) if c]}" \
-                                   f" were stopped or died"
+            lost = stopped or [r for r, c in enumerate(exit_codes) if c]
+            self._restart_reason = f"in its last program rank(s) {lost} were stopped or died"
         return ProgramResult(path, exit_codes, errors, stopped, timed_out)
 
     @staticmethod

@@ -19,7 +19,7 @@ import hashlib
 import torch
 
 from ..errors import UsageError
-from ..kernels import allreduce, two_shot
+from ..kernels import allreduce
 from ..kernels.device import FLAG_WORDS, WATCHDOG_WORDS
 from .compiled_launch import PreparedLaunch
 from .heap import barrier_all
