@@ -79,7 +79,7 @@ PUZZLES = {   # notebook -> (check, the function the solution file defines, what
     "01_persistent_gemm": ("check_tile_coords", "tile_coords",
                            "not quite: C is right (every tile once), but not in grouped order"),
     "02_atomic_accumulation": ("check_push_partial", "push_partial", "pushes of that tile returned rank(s) 0, 0, 0"),
-    "03_ring_lock_handoff": ("check_reduce_step", "reduce_step", "rank 0's C has rank 2's partial twice"),
+    "03_ring_lock_handoff": ("check_reduce_step", "reduce_step", "rank 0's C has rank 1's partial 0 times"),
     "06_two_shot": ("check_sum_partials", "sum_partials", "rank 0's C has rank 1's partial 0 times"),
 }
 

@@ -75,6 +75,12 @@ def test_a_failing_rank_is_named_with_its_exit_code_and_exception(clusters, worl
     assert result.failure_lines() == ["rank 2: ValueError: rank index 5 is out of range (ends_badly.py:21)"]
     assert cluster.running   # nothing was stopped: the ranks ended on their own
 
+    result = cluster.run_script(ENDS_BADLY, "--how", "amd_clock", "--rank", "0", timeout=60, out=out, err=err)
+    assert result.exit_codes == [1, 0, 0]
+    assert result.failure_lines() == [
+        "rank 0: InterpreterError: inline_asm not supported in interpreter mode: inline assembly (e.g. AMD's "
+        "s_memrealtime) cannot run under the Triton interpreter (the cpu backend) (ends_badly.py:42)"]
+
 
 def gemmar_run(*args, timeout=240):
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
@@ -110,7 +116,9 @@ def test_gemmar_run_refuses_bad_arguments_in_one_line(tmp_path, capsys):
     for argv, says in ((["run", "-r", "0", ENDS_BADLY], "world_size=0 is not allowed"),
                        (["run", str(tmp_path / "missing.py")], "missing.py: no such program file"),
                        (["run", "--heap_size", "lots", ENDS_BADLY], "'lots' is not a size"),
-                       (["run", "--timeout", "-1", ENDS_BADLY], "--timeout -1: use seconds from 0 to 86400")):
+                       (["run", "--timeout", "-1", ENDS_BADLY], "--timeout -1: use seconds from 0 to 86400"),
+                       (["run", "-r", "2", "--backend", "cpu", "--heap_size", "100000G", ENDS_BADLY],
+                        "of shared memory")):
         try:
             code = cli.main(argv)
         except SystemExit as e:   # argparse's own refusals
@@ -157,3 +165,15 @@ def test_percent_px_cells_run_iris_code_on_every_rank():
                          (1, "rank 1 got [1, 1, 1, 1, 1, 1, 1, 1] flag 1")):
         assert lines[lines.index(f"[stdout:{engine}] ") + 1] == line, p.stdout
     assert p.stdout.count("broadcast 3.5") == 2
+
+
+def test_gemmar_run_never_replaces_an_installed_iris_unless_asked(tmp_path, capsys, monkeypatch):
+    from gemmar import cli
+
+    (tmp_path / "iris").mkdir()
+    (tmp_path / "iris" / "__init__.py").write_text("raise ImportError('a real Iris would need ROCm here')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    code = cli.main(["run", "-r", "2", "--backend", "cpu", ENDS_BADLY, "--how", "exit"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert "an installed Iris was found" in err and str(tmp_path / "iris") in err and "--replace_iris" in err

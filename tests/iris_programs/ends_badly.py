@@ -7,7 +7,7 @@ import signal
 import iris
 
 parser = argparse.ArgumentParser()
-parser.add_argument("--how", choices=["exit", "raise", "kill", "hang"], required=True)
+parser.add_argument("--how", choices=["exit", "raise", "kill", "hang", "amd_clock"], required=True)
 parser.add_argument("--rank", type=int, default=1)
 args = parser.parse_args()
 
@@ -32,4 +32,16 @@ if rank == args.rank:
                 pass
 
         wait_forever[(1,)](shmem.zeros(1, dtype=torch.int32))
+    if args.how == "amd_clock":   # AMD's clock, as Iris's GEMM examples read it: no interpreter can run it
+        import torch
+        import triton
+        import triton.language as tl
+
+        @triton.jit
+        def read_amd_clock(out):
+            t = tl.inline_asm_elementwise("s_memrealtime $0\ns_waitcnt lgkmcnt(0)", "=s", [], dtype=tl.int64,
+                                          is_pure=False, pack=1)
+            tl.store(out, t)
+
+        read_amd_clock[(1,)](shmem.zeros(1, dtype=torch.int64))
 print(f"rank {rank} done")
