@@ -189,17 +189,10 @@ def cmd_run(args):
         raise UsageError(f"{args.script}: no such program file")
     if not 0 < args.timeout <= 86400:
         raise UsageError(f"--timeout {args.timeout:g}: use seconds from 0 to 86400")
-    if not args.replace_iris:
-        import importlib.util
+    if not args.replace_iris:   # (the ranks would refuse too, each one; this says it once, before any work)
+        from .runtime.scripts import refuse_installed_iris
 
-        try:
-            installed = importlib.util.find_spec("iris")
-        except ValueError:   # an `iris` already imported without a spec
-            installed = sys.modules.get("iris")
-        if installed is not None:   # (the ranks would refuse too, each one; this says it once, before any work)
-            where = getattr(installed, "origin", None) or getattr(installed, "__file__", None) or "imported"
-            raise UsageError(f"an installed Iris was found ({where}): gemmar will not put its own iris "
-                             f"module in its place unless asked: add --replace_iris, or run the program with mpirun")
+        refuse_installed_iris()
     backend = resolve_backend(args.backend, args.num_ranks)
     check_heap_fits(backend, args.num_ranks, args.heap_size)
     W = args.num_ranks

@@ -17,8 +17,10 @@ Two things differ from Iris, on purpose:
 
 - the heap is the rank's gemmar heap: a call ``iris.iris(heap_size)`` asking for more than it has gets it
   anyway, with one line saying so; an allocation that does not fit is refused in one line. Each call of
-  ``iris.iris`` hands the heap out from its start again (re-running a notebook's setup cell reuses the
-  memory instead of running out of it): tensors from an earlier call share memory with the new ones.
+  ``iris.iris`` hands the heap out afresh (re-running a notebook's setup cell reuses the memory instead of
+  running out of it): tensors from an earlier call share memory with the new ones. A program's tensors
+  come from the heap's end and are free again when it ends, so that gemmar's own runs on the same ranks
+  (which hand out from the start) stay symmetric whatever the program allocated on which rank.
 - ``wall_clock_rate`` is the rate of gemmar's ``now()`` (ns: 1e6 kHz), the clock its kernels trace with.
 """
 
@@ -76,7 +78,7 @@ class Iris:
         if heap_size > self._heap.size and self.get_rank() == 0:
             self.log(f"iris.iris(heap_size={size_text(heap_size)}): each rank's heap is {size_text(self._heap.size)} "
                      f"(gemmar run --heap_size); allocations past that are refused")
-        self._heap._top = HEADER_BYTES   # hand the heap out from its start (see the module's docstring)
+        self._heap.release_program_memory()   # hand the heap out afresh (see the module's docstring)
         self.heap_size = usable
 
     # -- who and where --------------------------------------------------------------------------------
@@ -145,15 +147,13 @@ class Iris:
 
     # -- allocators (every rank makes the same calls in the same order: same offsets everywhere) -------
     def allocate(self, num_elements, dtype):
-        itemsize = torch.empty((), dtype=dtype).element_size()
-        nbytes = num_elements * itemsize
-        heap = self._heap
-        offset = -(-heap._top // 256) * 256
-        if offset + nbytes > heap.size:
-            raise UsageError(f"the symmetric heap is full: {num_elements} x {dtype} needs {size_text(nbytes)}, "
-                             f"{size_text(max(0, heap.size - offset))} of {size_text(self.heap_size)} are left; "
-                             f"start the ranks with a larger --heap_size")
-        return heap.empty((num_elements,), dtype)
+        try:
+            return self._heap.empty((num_elements,), dtype, from_end=True)
+        except UsageError:   # (the heap's own check; said here in the terms of gemmar run)
+            nbytes = num_elements * torch.empty((), dtype=dtype).element_size()
+            raise UsageError(f"the symmetric heap is full: {num_elements} x {dtype} needs {size_text(nbytes)} more "
+                             f"than is left of the {size_text(self._heap.size)} each rank has; start the ranks with "
+                             f"a larger --heap_size") from None
 
     def _new(self, size, dtype):
         shape = _shape(size)

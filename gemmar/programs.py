@@ -78,7 +78,7 @@ class ProgramRunner:
         W = self.world_size
         pending = [self.client[eid].apply_async(rank_scripts.run_program, path, list(args), os.getcwd(), replace_iris)
                    for eid in self.engine_ids]
-        shown = [[0, 0, ""] for _ in pending]   # per rank: stdout, stderr characters shown; partial stdout line
+        shown = [[0, 0] for _ in pending]   # per rank: stdout, stderr characters shown (whole lines only)
         exit_codes, errors, stopped = [None] * W, [None] * W, []
         deadline = None if timeout is None else time.monotonic() + timeout
         first_failure, timed_out = None, False

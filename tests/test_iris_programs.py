@@ -81,6 +81,16 @@ def test_a_failing_rank_is_named_with_its_exit_code_and_exception(clusters, worl
         "rank 0: InterpreterError: inline_asm not supported in interpreter mode: inline assembly (e.g. AMD's "
         "s_memrealtime) cannot run under the Triton interpreter (the cpu backend) (ends_badly.py:42)"]
 
+    # In that program rank 0 alone allocated a tensor: gemmar's own runs on the same ranks, which need the
+    # same heap offsets on every rank, must still line up (they once read each other's memory at a skew).
+    import torch
+    from inputs import allowed_error, random_inputs, reference
+
+    A, B = random_inputs(40, 24, 37, torch.float16, seed=3)
+    for algorithm in ("atomics", "two_shot"):
+        run = cluster.gemm_all_reduce(A, B, algorithm=algorithm, BLK_M=16, BLK_N=16, BLK_K=16, num_sms=2)
+        assert run.ok and (run.C.double() - reference(A, B)).abs().max().item() <= allowed_error(run, A, B)
+
 
 def gemmar_run(*args, timeout=240):
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}

@@ -14,6 +14,7 @@ import torch
 
 from ..kernels.device import WATCHDOG_WORDS
 from ..kernels.spec import LaunchContext
+from .launch import gemm_constexprs
 
 TARGET = ("cuda", 90, 32)   # Hopper (H100 / H200): backend, compute capability, warp size
 _TRITON_TYPES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32", torch.float64: "fp64",
@@ -30,9 +31,7 @@ def _launches(config, parts):
     k_r = -(-config.k // W)
     A, B = _meta((config.m, k_r), config.torch_dtype), _meta((k_r, config.n), config.torch_dtype)
     heap = types.SimpleNamespace(rank=0, world_size=W, heap_bases=_meta((W,), torch.int64))
-    gemm = dict(BLOCK_M=config.BLK_M, BLOCK_N=config.BLK_N, BLOCK_K=config.BLK_K, GROUP_SIZE_M=config.gsize_m,
-                NUM_SMS=config.num_sms, DOT_PRECISION="ieee" if config.datatype == "fp32" else "tf32",
-                TRACE_CAPACITY=0, EVEN_K=k_r % config.BLK_K == 0, TMA=False)
+    gemm = gemm_constexprs(config, k_r, trace_capacity=0, tma=False)
     ctx = LaunchContext(config=config, heap=heap, buffers=spec.buffers(_meta, config, W), A=A, B=B, K=k_r,
                         strides=dict(stride_am=k_r, stride_ak=1, stride_bk=config.n, stride_bn=1), gemm=gemm,
                         trace=_meta((1,), torch.int64), trace_counts=_meta((config.programs,), torch.int64),

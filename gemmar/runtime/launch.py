@@ -47,6 +47,13 @@ def gemm_operands(A, B, config, device):
             TensorDescriptor.from_tensor(B, [config.BLK_K, config.BLK_N]), True)
 
 
+def gemm_constexprs(config, k_r, trace_capacity, tma):
+    """The persistent GEMM's constexprs (``LaunchContext.gemm``) for a rank whose K-slice is ``k_r`` long."""
+    return dict(BLOCK_M=config.BLK_M, BLOCK_N=config.BLK_N, BLOCK_K=config.BLK_K, GROUP_SIZE_M=config.gsize_m,
+                NUM_SMS=config.num_sms, DOT_PRECISION="ieee" if config.datatype == "fp32" else "tf32",
+                TRACE_CAPACITY=trace_capacity, EVEN_K=k_r % config.BLK_K == 0, TMA=tma)
+
+
 def check_co_resident(compiled, config, heap):
     """Ranks that share a GPU spin on each other's flags, so all their programs must be on the GPU at once;
     a grid that cannot be is refused here, before it could hang. Residency per SM is limited by threads,
@@ -170,9 +177,7 @@ class FusedGemmAllReduce:
         cfg, heap = self.config, self.heap
         K_r, (A_ptr, B_ptr) = A.shape[1], (A, B)
         A, B, tma = gemm_operands(A, B, cfg, heap.device)
-        gemm = dict(BLOCK_M=cfg.BLK_M, BLOCK_N=cfg.BLK_N, BLOCK_K=cfg.BLK_K, GROUP_SIZE_M=cfg.gsize_m,
-                    NUM_SMS=cfg.num_sms, DOT_PRECISION="ieee" if cfg.datatype == "fp32" else "tf32",
-                    TRACE_CAPACITY=self.trace_capacity, EVEN_K=K_r % cfg.BLK_K == 0, TMA=tma)
+        gemm = gemm_constexprs(cfg, K_r, self.trace_capacity, tma)
         strides = dict(stride_am=A_ptr.stride(0), stride_ak=A_ptr.stride(1), stride_bk=B_ptr.stride(0),
                        stride_bn=B_ptr.stride(1))
         ctx = LaunchContext(config=cfg, heap=heap, buffers=self.buffers, A=A, B=B, K=K_r, strides=strides, gemm=gemm,

@@ -28,6 +28,26 @@ from . import rank as rank_runtime
 AMD_ONLY_LAUNCH_OPTIONS = ("waves_per_eu", "matrix_instr_nonkdim", "kpack")
 
 
+def installed_iris():
+    """Where an Iris other than gemmar's module is installed or imported in this process, or None."""
+    from .. import iris_compat
+
+    if sys.modules.get("iris") is iris_compat:
+        return None
+    try:
+        spec = importlib.util.find_spec("iris")
+    except ValueError:   # an `iris` already imported without a spec
+        return getattr(sys.modules.get("iris"), "__file__", None) or "imported"
+    return spec.origin if spec is not None else None
+
+
+def refuse_installed_iris():
+    where = installed_iris()
+    if where is not None:
+        raise UsageError(f"an installed Iris was found ({where}): gemmar will not put its own iris module in its "
+                         f"place unless asked: add --replace_iris (replace_iris=True), or run the program with mpirun")
+
+
 def install_iris(replace_installed=False):
     """Make ``import iris`` give gemmar's module on this rank (one rank per engine). Refused, in one line,
     when a real Iris is installed here and ``replace_installed`` is not set."""
@@ -37,12 +57,8 @@ def install_iris(replace_installed=False):
     if len(ranks) != 1:
         raise UsageError(f"Iris programs need one process per rank; this engine hosts ranks {[c.rank for c in ranks]} "
                          f"sharing one GPU: use as many GPUs as ranks, or the cpu backend")
-    if sys.modules.get("iris") is not iris_compat:
-        sys.modules.pop("iris", None)
-        spec = importlib.util.find_spec("iris")
-        if spec is not None and not replace_installed:
-            raise UsageError(f"an installed Iris was found ({spec.origin}): gemmar will not put its own iris module "
-                             f"in its place unless asked (gemmar run --replace_iris, or replace_iris=True)")
+    if not replace_installed:
+        refuse_installed_iris()
     iris_compat._rank_heap = ranks[0].heap
     sys.modules["iris"] = iris_compat
     backend = ranks[0].backend
@@ -76,7 +92,6 @@ def _device_to_cpu(fn):
             kwargs["device"] = _cpu_device(kwargs["device"])
         return fn(*args, **kwargs)
 
-    on_cpu.__gemmar_cpu__ = True
     return on_cpu
 
 
@@ -243,6 +258,7 @@ def run_program(path, args, cwd, replace_iris=False):
     except BaseException as e:  # noqa: BLE001 - whatever the program raised is its result
         code, error = 1, failure_line(e)
     finally:
+        rank_runtime.local_ranks()[0].heap.release_program_memory()
         sys.argv = saved[0]
         sys.path[:] = saved[1]
         os.chdir(saved[2])

@@ -57,6 +57,10 @@ class SymmetricHeap:
         if misaligned:  # device.translate relies on heaps starting on ALIGN-byte boundaries
             raise ClusterError(f"rank {rank}: heap bases {misaligned} are not {ALIGN}-byte aligned")
         self._top = HEADER_BYTES
+        # Iris programs (gemmar run, %%px) take their tensors from the heap's end, downwards, so that what a
+        # program allocates -- on some ranks and not others, or still held when its cell ends -- never moves
+        # the offsets that gemmar's own runs hand out from the start, which must be the same on every rank.
+        self._end = self.size
         self._barriers = 0
         words = self.arena[:HEADER_BYTES].view(torch.int64)
         self._barrier_counter = words[0:1]
@@ -64,22 +68,34 @@ class SymmetricHeap:
         self._barrier_exit = words[16:17]
 
     # -- allocation -----------------------------------------------------------------------------------
-    def _alloc(self, nbytes):
+    def _alloc(self, nbytes, from_end=False):
+        if from_end:
+            offset = (self._end - nbytes) // ALIGN * ALIGN
+            if offset < self._top:
+                raise UsageError(f"heap too small: {nbytes} more bytes do not fit in the {self._end - self._top} "
+                                 f"left of this rank's {self.size}-byte heap")
+            self._end = offset
+            return offset
         offset = -(-self._top // ALIGN) * ALIGN
-        if offset + nbytes > self.size:
+        if offset + nbytes > self._end:
+            held = f" ({self.size - self._end} of them held by an Iris program's tensors)" if self._end < self.size else ""
             raise UsageError(f"heap too small: this run needs {offset + nbytes} bytes of symmetric heap per rank, "
-                             f"the heap has {self.size}; start the Cluster with a larger heap_size")
+                             f"the heap has {self.size}{held}; start the Cluster with a larger heap_size")
         self._top = offset + nbytes
         return offset
 
-    def empty(self, shape, dtype):
+    def empty(self, shape, dtype, from_end=False):
         shape = (shape,) if isinstance(shape, int) else tuple(shape)
         count = 1
         for s in shape:
             count *= s
         nbytes = count * torch.empty((), dtype=dtype).element_size()
-        offset = self._alloc(nbytes)
+        offset = self._alloc(nbytes, from_end)
         return self.arena[offset:offset + nbytes].view(dtype).view(shape)
+
+    def release_program_memory(self):
+        """Everything taken from the heap's end (an Iris program's tensors) is free again."""
+        self._end = self.size
 
     def zeros(self, shape, dtype):
         return self.empty(shape, dtype).zero_()
