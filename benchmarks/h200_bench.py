@@ -1,7 +1,7 @@
 """Fused GEMM + all-reduce against cuBLAS + NCCL (sequential, and overlapped in row blocks), one GPU per
 rank, in one run; writes JSON figures and traces.
 
-    python3 benchmarks/h200_bench.py OUTDIR [--world_size W] [--sweep]
+    python3 benchmarks/h200_bench.py OUTDIR [--world_size W] [--sweep] [--algorithms A ...] [--no_traces]
 
 Per-rank shapes M x N x K_r (the global K is K_r * world size), bf16, every algorithm, median of 5 trials
 of 20 back-to-back launches each, every kernel validated against an fp32 torch reference before and after
@@ -34,7 +34,7 @@ def config_for(m, n, k_rank, algorithm, W, **over):
     return gemmar.RunConfig(m=m, n=n, k=k_rank * W, datatype="bf16", algorithm=algorithm, world_size=W, **knobs)
 
 
-def main(out_dir, W, sweep):
+def main(out_dir, W, sweep, algorithms=ALGORITHMS, traces=True):
     os.makedirs(out_dir, exist_ok=True)
     report = dict(date=datetime.datetime.now().isoformat(timespec="seconds"), torch=torch.__version__,
                   triton=triton.__version__, gpu=torch.cuda.get_device_name(0), results=[], sweep=[])
@@ -51,13 +51,13 @@ def main(out_dir, W, sweep):
                     report["sweep"].append(dict(algorithm=alg, block=(bm, bn, bk), num_warps=warps,
                                                 num_stages=stages, ms=f[alg + "_ms"]))
         for m, n, k in SHAPES:
-            configs = {alg: config_for(m, n, k, alg, W) for alg in ALGORITHMS}
+            configs = {alg: config_for(m, n, k, alg, W) for alg in algorithms}
             figures = cluster.compare_to_unfused(configs)
             print_figures(figures, configs, W)
             report["results"].append(dict(shape=(m, n, k), configs={a: c.to_dict() for a, c in configs.items()},
                                           **figures))
-        for m, n, k in TRACED:
-            for alg in ALGORITHMS:
+        for m, n, k in TRACED if traces else ():
+            for alg in algorithms:
                 cfg = config_for(m, n, k, alg, W, trace=True, iterations=3)
                 result = cluster.bench(cfg)
                 path = os.path.join(out_dir, f"h200x{W}-{alg}-{m}x{n}x{k}.trace.json.gz")
@@ -74,8 +74,11 @@ if __name__ == "__main__":
     parser.add_argument("out_dir")
     parser.add_argument("--world_size", type=int, default=2, help="ranks, one GPU each (default 2)")
     parser.add_argument("--sweep", action="store_true", help="first time a few tile configurations")
+    parser.add_argument("--algorithms", nargs="+", choices=ALGORITHMS, default=list(ALGORITHMS),
+                        help="the fused kernels to time (default: all three)")
+    parser.add_argument("--no_traces", action="store_true", help="skip the traced runs at the end")
     args = parser.parse_args()
     if not 1 <= args.world_size <= torch.cuda.device_count():
         parser.error(f"--world_size {args.world_size}: this machine has {torch.cuda.device_count()} GPU(s); "
                      "give 1 to that many")
-    main(args.out_dir, args.world_size, args.sweep)
+    main(args.out_dir, args.world_size, args.sweep, args.algorithms, not args.no_traces)
