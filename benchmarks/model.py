@@ -20,6 +20,18 @@ def main(args):
     print("| algorithm | per-rank M x N x K | measured 2 x H200 | model | error |\n|---|---|---|---|---|")
     for alg, shape, ms, pred, err in rows:
         print(f"| {alg} | {' x '.join(map(str, shape))} | {ms:.3f} ms | {pred:.3f} ms | {100 * err:+.1f} % |")
+    gpu = model.Gpu()
+    print(f"\ntwo_shot's one-GPU time estimated (for shapes nobody measured: --algorithm auto), against "
+          f"{args.one_gpu}; {gpu}")
+    print("| per-rank M x N x K | measured, world size 1 | estimate | error |\n|---|---|---|---|")
+    for shape, ms, estimate, err in model.check_local(args.one_gpu, gpu):
+        print(f"| {' x '.join(map(str, shape))} | {ms:.3f} ms | {estimate:.3f} ms | {100 * err:+.1f} % |")
+    print()
+    for shape in [*measured, (4096, 4096, 4096), (2048, 2048, 8192), (16384, 16384, 4096)]:
+        for W in (2, 8):
+            choice = model.choose(shape, W)
+            print(f"--algorithm auto, {' x '.join(map(str, shape))} per rank on {W} GPUs: "
+                  + (f"{choice[0]}: {choice[1].split('predicts ')[1].split(' for ')[0]}" if choice else "no choice"))
     try:
         predictions = model.predict("two_shot", list(measured), (2, 8), machine, one_gpu, rows)
     except ValueError as e:

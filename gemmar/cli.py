@@ -140,7 +140,8 @@ def cmd_bench(args):
     _check_args_before_work(args)
     backend = resolve_backend(args.backend, args.num_ranks) if 1 <= args.num_ranks <= 64 else "cpu"
     if args.algorithm == "auto":
-        args.algorithm, why = choose_algorithm(backend, args.num_ranks, gpu_count())
+        shape = (args.m, args.n, args.k // args.num_ranks) if args.k >= args.num_ranks >= 1 else None
+        args.algorithm, why = choose_algorithm(backend, args.num_ranks, gpu_count(), shape)
         log("-", args.num_ranks, f"--algorithm auto: {args.algorithm}, because {why}")
         if args.algorithm == "unfused":
             return run_unfused(args, backend)

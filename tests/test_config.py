@@ -48,6 +48,19 @@ def test_algorithm_auto_follows_the_measured_rule():
     assert AUTO_RULE["shared"][0] == "two_shot"
 
 
+def test_algorithm_auto_on_several_gpus_follows_the_model_per_shape():
+    from gemmar.config import choose_algorithm
+
+    # A large GEMM whose all-reduce the model hides behind it, and a small one whose tiles do not fill the
+    # GPU once communication programs take their share: the model answers differently, and says it predicts.
+    big, why = choose_algorithm("cuda", 2, 2, shape=(8192, 8192, 2048))
+    small, why_small = choose_algorithm("cuda", 2, 2, shape=(2048, 2048, 8192))
+    assert (big, small) == ("two_shot", "unfused")
+    for text in (why, why_small):
+        assert "predicts two_shot" in text and "a prediction" in text and "within 15 %" in text
+    assert "2048 x 2048 x 8192 per rank on 2 GPUs" in why_small
+
+
 def test_triton_releases_outside_the_accepted_range_are_refused_in_one_line():
     from gemmar.kernels.triton_support import check_release
 

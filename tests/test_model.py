@@ -44,3 +44,35 @@ def test_the_saved_figures_load():
                                                 os.path.join(DATA, "h200x1-bench-2026-12-02.json"))
     assert set(measured) == set(machine.matmul_ms) == set(one.ratio["two_shot"])
     assert set(measured[SHAPE]) == {"atomics", "ring", "sequential"}
+
+
+def test_two_shot_one_gpu_estimate_follows_its_formula_and_the_saved_run():
+    gpu = model.Gpu(sms=132, hbm_gb_s=4000.0, matmul_tflops=705.0)
+    # 2048 tiles of 128 x 256 take 16 waves on the 128 GEMM programs left beside 4 communication programs, as
+    # on 132: only the partial's round trip (written and read in bf16) is added.
+    assert model.two_shot_local_ms((8192, 8192, 8192), 1.5, 1, gpu) == pytest.approx(1.5 + 2 * 8192 * 8192 * 2 / 4e9)
+    # 128 tiles on fewer than 128 GEMM programs: two waves where matmul needs one.
+    assert model.two_shot_local_ms((2048, 2048, 8192), 1.0, 2, gpu) == pytest.approx(2.0 + 2 * 2048 * 2048 * 2 / 4e9)
+    assert model.matmul_ms((8192, 8192, 8192), gpu) == pytest.approx(1.56, abs=0.01)
+    rows = model.check_local(os.path.join(DATA, "h200x1-bench-2026-12-02.json"), gpu)
+    assert [r[0] for r in rows] == [(8192, 8192, 8192), (4096, 8192, 14336), (8192, 8192, 2048)]
+
+
+def test_choose_refuses_to_speak_without_its_checks(tmp_path):
+    assert model.choose((8192, 8192, 8192), 2, data=str(tmp_path)) is None          # no measured figures here
+    # A GPU description that puts the one-GPU estimate far from the measured run: the check fails, no choice.
+    assert model.choose((8192, 8192, 8192), 2, gpu=model.Gpu(hbm_gb_s=100.0)) is None
+    assert model.choose((8192, 8192, 8192), 2)[0] in ("two_shot", "unfused")
+
+
+def test_the_predicted_timeline_is_drawn_and_labelled(tmp_path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    measured, machine, one = model.load_inputs(os.path.join(DATA, "h200-bench.json"),
+                                                os.path.join(DATA, "h200x1-bench-2026-12-02.json"))
+    ax = model.draw(SHAPE, 8, machine, one)
+    assert ax.get_title().startswith("PREDICTED, not measured: 8192 x 8192 x 8192 per rank on 8 GPUs")
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["matmul, then NCCL", "two_shot: GEMM programs",
+                                                           "two_shot: communication"]
+    ax.figure.savefig(tmp_path / "predicted.png")

@@ -23,10 +23,18 @@ chosen by looking at the 2 x H200 figures this model is checked against, so its 
 
 :func:`check` compares the model with measured figures; :func:`predict` speaks for two_shot only when
 every check is within ``TOLERANCE``.
+
+For a shape nobody measured (``--algorithm auto``), two_shot's one-GPU time is itself estimated
+(:func:`two_shot_local_ms`, checked against the world-size-1 figures by :func:`check_local`): the GEMM on the
+programs left beside the communication programs (whole waves of tiles), plus the partial's round trip
+through memory (written and read once more in bf16, ``2 M N 2`` bytes at ``Gpu.hbm_gb_s``); torch.matmul's
+own time at an unmeasured shape is its FLOPs at ``Gpu.matmul_tflops``. :func:`choose` turns that into
+fused or unfused, and :func:`draw` shows one rank's predicted timeline against matmul then NCCL.
 """
 
 import dataclasses
 import json
+import os
 
 TOLERANCE = 0.15
 EXPOSURE = {"atomics": 0.5, "ring": 1.0}
@@ -104,3 +112,114 @@ def load_inputs(two_gpu_json, one_gpu_json):
     ratio = {a: {tuple(r["shape"]): r[f"{a}_ms"] / r["matmul_ms"] for r in one["results"] if f"{a}_ms" in r}
              for a in ("atomics", "ring", "two_shot")}
     return measured, machine, OneGpu(ratio=ratio)
+
+
+# -- shapes nobody measured: two_shot's one-GPU time estimated, and the choice of --algorithm auto ----------
+TWO_SHOT_TILE = (128, 256)            # two_shot's tile on Hopper (kernels/two_shot.py, gpu_tuning)
+DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "data")
+CHECKED_AGAINST = ("h200-bench.json", "h200x1-bench-2026-12-02.json")   # the 2-GPU and 1-GPU runs, in data/
+
+
+@dataclasses.dataclass
+class Gpu:
+    """One GPU, for two_shot's one-GPU time at shapes that were not measured. Defaults: one H200."""
+
+    sms: int = 132
+    hbm_gb_s: float = 4000.0          # what a streaming kernel reaches of the H200's 4.8 TB/s (an assumption)
+    matmul_tflops: float = 705.0      # torch.matmul, bf16, 8192^3 on one H200: 1.559 ms (BENCHMARKS.md, 2026-12-03)
+
+
+def matmul_ms(shape, gpu):
+    m, n, k = shape
+    return 2 * m * n * k / (gpu.matmul_tflops * 1e9)
+
+
+def two_shot_local_ms(shape, mm_ms, W, gpu):
+    """two_shot's launch on one GPU (ms) from torch.matmul's ``mm_ms``: the GEMM on the programs left beside the
+    communication programs (``config.split_programs``), in whole waves of tiles, plus the partial's round
+    trip through memory."""
+    from ..config import split_programs
+
+    m, n, k = shape
+    tiles = -(-m // TWO_SHOT_TILE[0]) * -(-n // TWO_SHOT_TILE[1])
+    gemm_programs = gpu.sms - split_programs(gpu.sms, tiles, k, W)
+    waves = -(-tiles // gemm_programs) / -(-tiles // gpu.sms)
+    return mm_ms * waves + 2 * m * n * 2 / (gpu.hbm_gb_s * 1e6)
+
+
+def check_local(one_gpu_json, gpu):
+    """[(shape, measured ms, estimated ms, relative error)]: two_shot at world size 1, against a 1-GPU run."""
+    with open(one_gpu_json) as f:
+        one = json.load(f)
+    rows = []
+    for r in one["results"]:
+        if "two_shot_ms" in r:
+            estimate = two_shot_local_ms(tuple(r["shape"]), r["matmul_ms"], 1, gpu)
+            rows.append((tuple(r["shape"]), r["two_shot_ms"], estimate, estimate / r["two_shot_ms"] - 1))
+    return rows
+
+
+def choose(shape, W, machine=None, gpu=None, data=DATA):
+    """``--algorithm auto`` with one GPU per rank: ("two_shot" or "unfused", why), by the model's prediction
+    of two_shot against matmul then NCCL at this per-rank shape (M, N, K_r). The model speaks only after it
+    reproduces the measured figures in ``data`` (the 2 x H200 run, and two_shot at world size 1) within
+    TOLERANCE; where it cannot (the files are not there, or it misses one), None."""
+    gpu = gpu or Gpu()
+    paths = [os.path.join(data, name) for name in CHECKED_AGAINST]
+    if not all(os.path.exists(p) for p in paths):
+        return None
+    measured, checked_machine, one_gpu = load_inputs(*paths)
+    machine = machine or Machine(matmul_ms={}, link_gb_s=checked_machine.link_gb_s,
+                                 nccl_bus_gb_s=checked_machine.nccl_bus_gb_s, latency_us=checked_machine.latency_us)
+    errors = [r[4] for r in check(measured, 2, checked_machine, one_gpu)] + [r[3] for r in check_local(paths[1], gpu)]
+    if max(abs(e) for e in errors) > TOLERANCE:
+        return None
+    mm = machine.matmul_ms.get(tuple(shape)) or matmul_ms(shape, gpu)
+    m, n, _ = shape
+    fused = max(two_shot_local_ms(shape, mm, W, gpu), link_bytes("two_shot", m, n, W) / (machine.link_gb_s * 1e6)) \
+        + one_gpu.two_shot_tail_us / 1e3
+    sequential = predict_ms("sequential", shape, W, Machine(matmul_ms={tuple(shape): mm}, link_gb_s=machine.link_gb_s,
+                                                            nccl_bus_gb_s=machine.nccl_bus_gb_s,
+                                                            latency_us=machine.latency_us), one_gpu)
+    pick = "two_shot" if fused < sequential else "unfused"
+    return pick, (f"the performance model (gemmar/analysis/model.py, within {100 * TOLERANCE:.0f} % of every figure "
+                  f"measured on 2 x H200 and one H200) predicts two_shot {fused:.3f} ms against cuBLAS then NCCL "
+                  f"{sequential:.3f} ms for {m} x {n} x {shape[2]} per rank on {W} GPUs; a prediction, since "
+                  f"two_shot has not yet been measured across GPUs")
+
+
+def draw(shape, W, machine, one_gpu, ax=None, gpu=None):
+    """One rank's predicted launch, two_shot against matmul then NCCL, as a Gantt chart (labelled a
+    prediction). ``machine.matmul_ms`` gives matmul's time at ``shape`` if it was measured; otherwise
+    ``gpu.matmul_tflops`` does."""
+    import matplotlib.pyplot as plt
+
+    gpu = gpu or Gpu()
+    if ax is None:
+        _, ax = plt.subplots(figsize=(8, 2.2))
+    m, n, _ = shape
+    mm = machine.matmul_ms.get(tuple(shape)) or matmul_ms(shape, gpu)
+    ratio = one_gpu.ratio.get("two_shot", {}).get(tuple(shape))
+    local = ratio * mm if ratio else two_shot_local_ms(shape, mm, W, gpu)
+    link = link_bytes("two_shot", m, n, W) / (machine.link_gb_s * 1e6)
+    nccl = link_bytes("nccl", m, n, W) / (machine.nccl_bus_gb_s * 1e6) + machine.latency_us / 1e3
+    tail = one_gpu.two_shot_tail_us / 1e3
+    end = max(local, link)
+    rows = [("matmul, then NCCL", [(0, mm, "tab:blue", "matmul"), (mm, nccl, "tab:orange", "NCCL all-reduce")]),
+            ("two_shot: GEMM programs", [(0, local, "tab:blue", "GEMM + publish")]),
+            # The link's bytes go out as tiles finish, spread over the whole launch: drawn pale, over its span.
+            ("two_shot: communication", [(0, end, "tab:green", f"NVLink busy {link:.2f} ms of this"),
+                                         (end, tail, "tab:red", "tail")])]
+    for y, (_, bars) in enumerate(rows):
+        for start, width, color, label in bars:
+            pale = label.startswith("NVLink")
+            ax.broken_barh([(start, width)], (y - 0.35, 0.7), color=color, alpha=0.35 if pale else 0.8)
+            if width > 0.02 * len(label) * (mm + nccl):   # (only where the words fit)
+                ax.text(start + width / 2, y, label, ha="center", va="center", fontsize=7,
+                        color="black" if pale else "white")
+    ax.set_yticks(range(len(rows)), [r[0] for r in rows], fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("ms (one rank)")
+    ax.set_title(f"PREDICTED, not measured: {m} x {n} x {shape[2]} per rank on {W} GPUs - two_shot "
+                 f"{end + tail:.3f} ms, matmul + NCCL {mm + nccl:.3f} ms", fontsize=9)
+    return ax
