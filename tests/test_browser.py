@@ -1,7 +1,8 @@
 """The notebooks in a real JupyterLab, driven by headless Chromium, as a workshop participant would use them.
 
 Notebook 1: run all cells, write a wrong swizzle into the puzzle cell and see the check explain the fault,
-then a right one and see it pass. Notebook 4: run all cells, change a widget, press Run, check that the Gantt
+then a right one and see it pass. Notebook 2: a push with from_rank and to_rank swapped (its ranks may
+crash), then the right one, which passes with no manual restart. Notebook 4: run all cells, change a widget, press Run, check that the Gantt
 chart changed; start a long run, stop it with the explorer's Stop button, and see the next Run start at once
 and finish. Saves
 screenshots (out/browser-*.png).
@@ -39,7 +40,7 @@ def _free_port():
 @pytest.fixture
 def jupyterlab(tmp_path):
     # Copies of the notebooks: JupyterLab saves outputs into the file it has open.
-    for name in ("01_persistent_gemm.ipynb", "04_tile_explorer.ipynb"):
+    for name in ("01_persistent_gemm.ipynb", "02_atomic_accumulation.ipynb", "04_tile_explorer.ipynb"):
         shutil.copy(ROOT / "notebooks" / name, tmp_path)
     port, token = _free_port(), secrets.token_hex(16)
     log = open(tmp_path / "jupyterlab.log", "w")
@@ -122,10 +123,11 @@ def my_tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_SIZE_M: tl.constexpr):
 """
 
 
-def answer_puzzle(page, source):
-    """Replace the puzzle cell's code with ``source`` as a participant types it, run it and the check below
-    it (Shift+Enter twice, as one would), and return the check cell's output once it has printed."""
-    cell = page.locator(".jp-CodeCell", has=page.locator(".cm-content", has_text="def my_tile_coords")).first
+def answer_puzzle(page, source, puzzle="def my_tile_coords"):
+    """Replace the puzzle cell's code (the cell holding ``puzzle``) with ``source`` as a participant types it,
+    run it and the check below it (Shift+Enter twice, as one would), and return the check cell's output once
+    it has printed."""
+    cell = page.locator(".jp-CodeCell", has=page.locator(".cm-content", has_text=puzzle)).first
     editor = cell.locator(".cm-content")
     editor.click()
     page.keyboard.press("Control+a")
@@ -166,6 +168,42 @@ def test_participant_solves_the_swizzle_puzzle(jupyterlab):
         said = answer_puzzle(page, right)
         assert "right! every tile once, in grouped order" in said and "not quite" not in said, said
         page.screenshot(path=str(SHOTS / "browser-puzzle-right.png"), full_page=True)
+
+
+SWAPPED_PUSH = """import triton
+import triton.language as tl
+from gemmar.kernels import device
+
+@triton.jit
+def my_push_partial(C_tile, acc, mask, step, rank, world_size, heap_bases):
+    peer = (rank + step) % world_size
+    device.atomic_add(C_tile, acc, peer, rank, heap_bases, mask=mask, sem="relaxed", scope="sys")
+    return peer
+"""
+
+
+def test_participant_crashes_the_ranks_then_solves_the_push_puzzle(jupyterlab):
+    """The classic Iris slip, from_rank and to_rank swapped, then the right answer: the check explains the
+    first, and the second passes without the participant restarting anything; no traceback either time."""
+    sys.path.insert(0, str(ROOT / "instructors"))
+    try:
+        import solutions
+    finally:
+        sys.path.remove(str(ROOT / "instructors"))
+    right = "import triton\nimport triton.language as tl\nfrom gemmar.kernels import device\n\n" + \
+        inspect.getsource(solutions.push_partial.fn).replace("def push_partial(", "def my_push_partial(")
+    with notebook_page(jupyterlab, "02_atomic_accumulation.ipynb") as page:
+        page.locator(".jp-OutputArea-output", has_text="needs every rank's partial exactly once").first \
+            .wait_for(timeout=300_000)   # Run All reached the puzzle's check, which judged the stub
+        wrong = answer_puzzle(page, SWAPPED_PUSH, "def my_push_partial")
+        # (Run All ran the notebook's last cell too, which stops the cluster: the check starts it again.)
+        assert "\nnot yet: rank" in wrong and "Traceback" not in wrong, wrong
+        page.screenshot(path=str(SHOTS / "browser-push-swapped.png"), full_page=True)
+        said = answer_puzzle(page, right, "def my_push_partial")
+        assert "right!" in said and "Traceback" not in said, said
+        if "killed by" in wrong:   # the ranks crashed: the right answer ran on fresh ones, and said so
+            assert "the last check's ranks crashed: starting" in said, said
+        page.screenshot(path=str(SHOTS / "browser-push-right.png"), full_page=True)
 
 
 def knob(page, name):
