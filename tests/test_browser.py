@@ -1,8 +1,8 @@
 """The notebooks in a real JupyterLab, driven by headless Chromium, as a workshop participant would use them.
 
 Notebook 1: run all cells, write a wrong swizzle into the puzzle cell and see the check explain the fault,
-then a right one and see it pass. Notebook 2: a push with from_rank and to_rank swapped (its ranks may
-crash), then the right one, which passes with no manual restart. Notebook 4: run all cells, change a widget, press Run, check that the Gantt
+then a right one and see it pass. Notebooks 2 and 6: a part with from_rank and to_rank (or translate's
+ranks) swapped, which crashes the ranks, then the right one, which passes with no manual restart. Notebook 4: run all cells, change a widget, press Run, check that the Gantt
 chart changed; start a long run, stop it with the explorer's Stop button, and see the next Run start at once
 and finish. Saves
 screenshots (out/browser-*.png).
@@ -40,7 +40,8 @@ def _free_port():
 @pytest.fixture
 def jupyterlab(tmp_path):
     # Copies of the notebooks: JupyterLab saves outputs into the file it has open.
-    for name in ("01_persistent_gemm.ipynb", "02_atomic_accumulation.ipynb", "04_tile_explorer.ipynb"):
+    for name in ("01_persistent_gemm.ipynb", "02_atomic_accumulation.ipynb", "04_tile_explorer.ipynb",
+                 "06_two_shot.ipynb"):
         shutil.copy(ROOT / "notebooks" / name, tmp_path)
     port, token = _free_port(), secrets.token_hex(16)
     log = open(tmp_path / "jupyterlab.log", "w")
@@ -181,29 +182,46 @@ def my_push_partial(C_tile, acc, mask, step, rank, world_size, heap_bases):
     return peer
 """
 
+SWAPPED_TRANSLATE = """import triton
+import triton.language as tl
+from gemmar.kernels import device
 
-def test_participant_crashes_the_ranks_then_solves_the_push_puzzle(jupyterlab):
-    """The classic Iris slip, from_rank and to_rank swapped, then the right answer: the check explains the
-    first, and the second passes without the participant restarting anything; no traceback either time."""
+@triton.jit
+def my_sum_partials(slot, rank, world_size, heap_bases, PEER_CACHE: tl.constexpr):
+    total = tl.zeros(slot.shape, tl.float32)
+    for source in range(world_size):
+        total += tl.load(device.translate(slot, source, rank, heap_bases), cache_modifier=PEER_CACHE).to(tl.float32)
+    return total
+"""
+
+
+@pytest.mark.parametrize("notebook,part,wrong_source", [("02_atomic_accumulation.ipynb", "push_partial", SWAPPED_PUSH),
+                                                        ("06_two_shot.ipynb", "sum_partials", SWAPPED_TRANSLATE)])
+def test_participant_crashes_the_ranks_then_solves_the_puzzle(jupyterlab, notebook, part, wrong_source):
+    """The classic Iris slips (from_rank and to_rank swapped; translate's ranks swapped), then the right
+    answer: the check explains the first, and the second passes without the participant restarting
+    anything; no traceback either time."""
     sys.path.insert(0, str(ROOT / "instructors"))
     try:
         import solutions
     finally:
         sys.path.remove(str(ROOT / "instructors"))
     right = "import triton\nimport triton.language as tl\nfrom gemmar.kernels import device\n\n" + \
-        inspect.getsource(solutions.push_partial.fn).replace("def push_partial(", "def my_push_partial(")
-    with notebook_page(jupyterlab, "02_atomic_accumulation.ipynb") as page:
-        page.locator(".jp-OutputArea-output", has_text="needs every rank's partial exactly once").first \
-            .wait_for(timeout=300_000)   # Run All reached the puzzle's check, which judged the stub
-        wrong = answer_puzzle(page, SWAPPED_PUSH, "def my_push_partial")
-        # (Run All ran the notebook's last cell too, which stops the cluster: the check starts it again.)
-        assert "\nnot yet: rank" in wrong and "Traceback" not in wrong, wrong
-        page.screenshot(path=str(SHOTS / "browser-push-swapped.png"), full_page=True)
-        said = answer_puzzle(page, right, "def my_push_partial")
+        inspect.getsource(getattr(solutions, part).fn).replace(f"def {part}(", f"def my_{part}(")
+    puzzle = f"def my_{part}"
+    with notebook_page(jupyterlab, notebook) as page:
+        cell = page.locator(".jp-CodeCell", has=page.locator(".cm-content", has_text=puzzle)).first
+        check = cell.locator("xpath=following-sibling::div[contains(@class, 'jp-CodeCell')][1]")
+        check.locator(".jp-OutputArea-output", has_text="not ").first.wait_for(timeout=300_000)   # the stub judged
+        wrong = answer_puzzle(page, wrong_source, puzzle)
+        # (Run All also ran the notebook's last cell, which stops the cluster: the check starts it again.)
+        assert re.search(r"^not (yet|quite)", wrong, re.M) and "Traceback" not in wrong, wrong
+        page.screenshot(path=str(SHOTS / f"browser-{notebook[:2]}-swapped.png"), full_page=True)
+        said = answer_puzzle(page, right, puzzle)
         assert "right!" in said and "Traceback" not in said, said
         if "killed by" in wrong:   # the ranks crashed: the right answer ran on fresh ones, and said so
             assert "the last check's ranks crashed: starting" in said, said
-        page.screenshot(path=str(SHOTS / "browser-push-right.png"), full_page=True)
+        page.screenshot(path=str(SHOTS / f"browser-{notebook[:2]}-right.png"), full_page=True)
 
 
 def knob(page, name):
