@@ -156,6 +156,27 @@ def test_stop_from_another_thread_ends_the_run_at_once():
     assert not cluster.running
 
 
+def test_stop_from_several_threads_at_once_is_one_stop():
+    """A Stop button and the run's own cleanup can both stop a cluster at the same moment (once this raised a
+    KeyError from inside ipyparallel in the second caller)."""
+    cluster = gemmar.Cluster(world_size=2, backend="cpu").start()
+    together, errors = threading.Barrier(3), []
+
+    def stop():
+        together.wait(30)
+        try:
+            cluster.stop()
+        except Exception as e:   # noqa: BLE001 - any error is the failure this test looks for
+            errors.append(e)
+
+    threads = [threading.Thread(target=stop) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert errors == [] and not cluster.running
+
+
 def test_a_cluster_writes_nothing_into_the_home_folder(tmp_path):
     home = tmp_path / "home"
     home.mkdir()

@@ -57,6 +57,7 @@ class EngineCluster(EngineDeaths):
         self.info = []
         self._sessions = set()
         self._stopped_during_run = threading.Event()
+        self._stop_lock = threading.RLock()   # stop() from two threads at once: the second waits for the first
         self._restart_reason = None   # why the last run stopped the ranks; the next run starts fresh ones
         self._in_run = False
         self._owner_pid = os.getpid()   # only this process stops the cluster (not a forked child)
@@ -176,11 +177,15 @@ class EngineCluster(EngineDeaths):
         process forked from the owner this does nothing: the cluster is the owner's."""
         if os.getpid() != self._owner_pid:
             return
-        if self._ipp is None:
-            self._release_reaper()   # a start that failed before ipyparallel was set up
-            return
         if self._in_run:
             self._stopped_during_run.set()
+        with self._stop_lock:
+            self._stop_now()
+
+    def _stop_now(self):
+        if self._ipp is None:
+            self._release_reaper()   # a start that failed before ipyparallel was set up, or already stopped
+            return
         try:
             # Killed, not asked: ranks hold nothing to save, and a rank spinning on a flag would not listen.
             end_sessions(self._sessions, children_only=True)
