@@ -12,7 +12,7 @@ import sys
 
 from .algorithms import builtin_names, get as get_algorithm
 from .cli_tools import _allreduce_parser, _gantt_parser, _run_parser, starting_line
-from .config import BACKENDS, DTYPES, TUNED_KNOBS, RunConfig, choose_algorithm, tuned_defaults
+from .config import AUTO_RULE, BACKENDS, DTYPES, TUNED_KNOBS, RunConfig, choose_algorithm, tuned_defaults
 from .errors import ClusterError, DeadlockError, GemmarError, RankDiedError, UsageError
 from .outputs import DEFAULT_TRACE_FILE, check_output_path, iris_report, trace_path_for, write_report
 from .report import log, print_figures
@@ -134,6 +134,18 @@ def config_from_args(args, backend, algorithm=None):
                      wire_dtype=args.wire_dtype if takes_dtypes else None, **knobs).validate()
 
 
+def choose_auto(backend, world_size, gpus, shape=None):
+    """``--algorithm auto``: (algorithm or "unfused", why). With a GPU per rank and the per-rank ``shape``
+    (M, N, K_r) known, the performance model's prediction for that shape, where the model reproduces the
+    measured figures (``analysis.model.choose``); otherwise the measured rule (``config.AUTO_RULE``)."""
+    from .analysis import model
+
+    rule = choose_algorithm(backend, world_size, gpus)
+    if rule == AUTO_RULE["gpus"] and shape is not None:
+        return model.choose(shape, world_size) or rule
+    return rule
+
+
 def cmd_bench(args):
     from .cluster import Cluster
 
@@ -141,7 +153,7 @@ def cmd_bench(args):
     backend = resolve_backend(args.backend, args.num_ranks) if 1 <= args.num_ranks <= 64 else "cpu"
     if args.algorithm == "auto":
         shape = (args.m, args.n, args.k // args.num_ranks) if args.k >= args.num_ranks >= 1 else None
-        args.algorithm, why = choose_algorithm(backend, args.num_ranks, gpu_count(), shape)
+        args.algorithm, why = choose_auto(backend, args.num_ranks, gpu_count(), shape)
         log("-", args.num_ranks, f"--algorithm auto: {args.algorithm}, because {why}")
         if args.algorithm == "unfused":
             return run_unfused(args, backend)

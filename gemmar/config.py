@@ -51,21 +51,12 @@ AUTO_RULE = {
 }
 
 
-def choose_algorithm(backend, world_size, gpus, shape=None):
-    """``--algorithm auto``: (algorithm or "unfused", why), by AUTO_RULE; with one GPU per rank and the
-    per-rank ``shape`` (M, N, K_r) known, by the performance model's prediction for that shape, where the
-    model reproduces the measured figures (``analysis.model.choose``)."""
+def choose_algorithm(backend, world_size, gpus):
+    """``--algorithm auto`` by the measured rule: (algorithm or "unfused", why), by AUTO_RULE. (With a GPU
+    per rank, ``cli.choose_auto`` first asks the performance model about the shape.)"""
     if backend != "cuda" or world_size > gpus:
         return AUTO_RULE["shared"]
-    if world_size == 1:
-        return AUTO_RULE["one_gpu"]
-    if shape is not None:
-        from .analysis import model
-
-        predicted = model.choose(shape, world_size)
-        if predicted is not None:
-            return predicted
-    return AUTO_RULE["gpus"]
+    return AUTO_RULE["one_gpu" if world_size == 1 else "gpus"]
 
 
 def tuned_defaults(backend, algorithm, capability=(0, 0), multiprocessors=0, shape=None, given=None):

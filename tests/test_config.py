@@ -49,16 +49,20 @@ def test_algorithm_auto_follows_the_measured_rule():
 
 
 def test_algorithm_auto_on_several_gpus_follows_the_model_per_shape():
-    from gemmar.config import choose_algorithm
+    from gemmar.cli import choose_auto
+    from gemmar.config import AUTO_RULE
 
     # A large GEMM whose all-reduce the model hides behind it, and a small one whose tiles do not fill the
     # GPU once communication programs take their share: the model answers differently, and says it predicts.
-    big, why = choose_algorithm("cuda", 2, 2, shape=(8192, 8192, 2048))
-    small, why_small = choose_algorithm("cuda", 2, 2, shape=(2048, 2048, 8192))
+    big, why = choose_auto("cuda", 2, 2, shape=(8192, 8192, 2048))
+    small, why_small = choose_auto("cuda", 2, 2, shape=(2048, 2048, 8192))
     assert (big, small) == ("two_shot", "unfused")
     for text in (why, why_small):
         assert "predicts two_shot" in text and "a prediction" in text and "within 15 %" in text
     assert "2048 x 2048 x 8192 per rank on 2 GPUs" in why_small
+    # Without the shape, and wherever the ranks share a GPU or there is one rank, the measured rule.
+    assert choose_auto("cuda", 2, 2) == AUTO_RULE["gpus"] and choose_auto("cuda", 4, 1) == AUTO_RULE["shared"]
+    assert choose_auto("cuda", 1, 1, shape=(8192, 8192, 8192)) == AUTO_RULE["one_gpu"]
 
 
 def test_triton_releases_outside_the_accepted_range_are_refused_in_one_line():
