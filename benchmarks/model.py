@@ -29,9 +29,10 @@ def main(args):
     print()
     for shape in [*measured, (4096, 4096, 4096), (2048, 2048, 8192), (16384, 16384, 4096)]:
         for W in (2, 8):
-            choice = model.choose(shape, W)
-            print(f"--algorithm auto, {' x '.join(map(str, shape))} per rank on {W} GPUs: "
-                  + (f"{choice[0]}: {choice[1].split('predicts ')[1].split(' for ')[0]}" if choice else "no choice"))
+            predicted = model.predict_unmeasured(shape, W)
+            print(f"--algorithm auto, {' x '.join(map(str, shape))} per rank on {W} GPUs: " + (
+                f"{'two_shot' if predicted[0] < predicted[1] else 'unfused'}: two_shot {predicted[0]:.3f} ms against "
+                f"cuBLAS then NCCL {predicted[1]:.3f} ms" if predicted else "the model does not speak"))
     try:
         predictions = model.predict("two_shot", list(measured), (2, 8), machine, one_gpu, rows)
     except ValueError as e:

@@ -159,32 +159,41 @@ def check_local(one_gpu_json, gpu):
     return rows
 
 
-def choose(shape, W, machine=None, gpu=None, data=DATA):
-    """``--algorithm auto`` with one GPU per rank: ("two_shot" or "unfused", why), by the model's prediction
-    of two_shot against matmul then NCCL at this per-rank shape (M, N, K_r). The model speaks only after it
-    reproduces the measured figures in ``data`` (the 2 x H200 run, and two_shot at world size 1) within
-    TOLERANCE; where it cannot (the files are not there, or it misses one), None."""
+def predict_unmeasured(shape, W, machine=None, gpu=None, data=DATA):
+    """(two_shot ms, matmul then NCCL ms) predicted for the per-rank shape (M, N, K_r) on W GPUs, two_shot's
+    one-GPU time estimated (``two_shot_local_ms``). The model speaks only after it reproduces the measured
+    figures in ``data`` (the 2 x H200 run, and two_shot at world size 1) within TOLERANCE; where it cannot
+    (the files are not there, or it misses one), None. ``machine``: the target's links (default: those the
+    checks ran with) and matmul times (default: ``gpu.matmul_tflops``)."""
     gpu = gpu or Gpu()
     paths = [os.path.join(data, name) for name in CHECKED_AGAINST]
     if not all(os.path.exists(p) for p in paths):
         return None
     measured, checked_machine, one_gpu = load_inputs(*paths)
-    machine = machine or Machine(matmul_ms={}, link_gb_s=checked_machine.link_gb_s,
-                                 nccl_bus_gb_s=checked_machine.nccl_bus_gb_s, latency_us=checked_machine.latency_us)
     errors = [r[4] for r in check(measured, 2, checked_machine, one_gpu)] + [r[3] for r in check_local(paths[1], gpu)]
     if max(abs(e) for e in errors) > TOLERANCE:
         return None
-    mm = machine.matmul_ms.get(tuple(shape)) or matmul_ms(shape, gpu)
-    m, n, _ = shape
-    fused = max(two_shot_local_ms(shape, mm, W, gpu), link_bytes("two_shot", m, n, W) / (machine.link_gb_s * 1e6)) \
-        + one_gpu.two_shot_tail_us / 1e3
-    sequential = predict_ms("sequential", shape, W, Machine(matmul_ms={tuple(shape): mm}, link_gb_s=machine.link_gb_s,
-                                                            nccl_bus_gb_s=machine.nccl_bus_gb_s,
-                                                            latency_us=machine.latency_us), one_gpu)
+    links = machine or checked_machine
+    shape = tuple(shape)
+    mm = links.matmul_ms.get(shape) if machine else None
+    mm = mm or matmul_ms(shape, gpu)
+    target = dataclasses.replace(links, matmul_ms={shape: mm})
+    estimated = dataclasses.replace(one_gpu, ratio={"two_shot": {shape: two_shot_local_ms(shape, mm, W, gpu) / mm}})
+    return predict_ms("two_shot", shape, W, target, estimated), predict_ms("sequential", shape, W, target, estimated)
+
+
+def choose(shape, W, machine=None, gpu=None, data=DATA):
+    """``--algorithm auto`` with one GPU per rank: ("two_shot" or "unfused", why), by
+    :func:`predict_unmeasured` at this per-rank shape; None where the model does not speak."""
+    predicted = predict_unmeasured(shape, W, machine, gpu, data)
+    if predicted is None:
+        return None
+    fused, sequential = predicted
+    m, n, k = shape
     pick = "two_shot" if fused < sequential else "unfused"
     return pick, (f"the performance model (gemmar/analysis/model.py, within {100 * TOLERANCE:.0f} % of every figure "
                   f"measured on 2 x H200 and one H200) predicts two_shot {fused:.3f} ms against cuBLAS then NCCL "
-                  f"{sequential:.3f} ms for {m} x {n} x {shape[2]} per rank on {W} GPUs; a prediction, since "
+                  f"{sequential:.3f} ms for {m} x {n} x {k} per rank on {W} GPUs; a prediction, since "
                   f"two_shot has not yet been measured across GPUs")
 
 
