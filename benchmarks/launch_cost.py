@@ -4,7 +4,9 @@ process, with no engines: the ranks of one GPU in one process, as an engine host
     python3 benchmarks/launch_cost.py [--world_size 2] [--algorithm two_shot] [--profile]
 
 Per launch: the host time of ``FusedGemmAllReduce.__call__(wait=False)`` for each rank in turn (median of
-50), and with ``--profile`` where it goes (cProfile, the top entries).
+50); the host time of ``launch_ranks`` (every rank's first kernel, then every rank's second: how the runs
+launch ranks that share a GPU) and of its first step alone, the one that sets how far apart the ranks start;
+and with ``--profile`` where it goes (cProfile, the top entries).
 """
 
 import argparse
@@ -48,10 +50,31 @@ def main(W, algorithm, profile, m=8192, n=8192, k_per_rank=4096, launches=50):
         for f in fused:
             f.check()
     profiler.disable()
+    together, first_step = [], []
+    for i in range(launches + 5):
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        calls = [f._prepared_launches(a, b) for f, a, b in zip(fused, A, B)]
+        for launch, per_launch in (c[0] for c in calls):
+            launch(**per_launch)
+        t_first = time.perf_counter()
+        for launch, per_launch in (c[1] for c in calls if len(c) > 1):
+            launch(**per_launch)
+        for f in fused:
+            f._launched(wait=False)
+        t_end = time.perf_counter()
+        if i >= 5:
+            together.append(t_end - t)
+            first_step.append(t_first - t)
+        for f in fused:
+            f.check()
     med = np.median(per_rank, axis=0) * 1e6
     print(f"[launch] {algorithm} W={W} ({config.num_sms} + {config.comm_sms} programs): host time per launch "
           f"by rank {', '.join(f'{x:.0f}' for x in med)} us (median of {launches}); "
           f"{sum(p.launcher is not None for f in fused for p in f.prepared[1])} kernels launched directly", flush=True)
+    print(f"[launch] {algorithm} W={W}, kernel by kernel (launch_ranks, written out): all ranks "
+          f"{np.median(together) * 1e6:.0f} us, of which every rank's first kernel {np.median(first_step) * 1e6:.0f} us "
+          f"(median of {launches})", flush=True)
     if profile:
         pstats.Stats(profiler).sort_stats("cumulative").print_stats(25)
 

@@ -31,12 +31,21 @@ def tail_figures(trace):
     return rows
 
 
+def phase_medians(trace):
+    """The median duration (us) of each kind of event, the first iteration (the first launch) left out."""
+    d = trace.events
+    d = d[d["iteration"] > 0] if (d["iteration"] > 0).any() else d
+    return (d["end_us"] - d["start_us"]).groupby(d["kind"]).median().to_dict()
+
+
 def print_figures(name, trace):
     for r in tail_figures(trace):
         gaps = ", ".join(f"{g:.0f}" for g in r["start_gaps_us"]) or "-"
         print(f"[tail] {name} iteration {r['iteration']}: span {r['span_us']:.0f} us, after the last GEMM tile "
               f"{r['tail_us']:.0f} us ({100 * r['tail_share']:.1f} %), consecutive ranks start {gaps} us apart",
               flush=True)
+    medians = ", ".join(f"{kind} {us:.2f}" for kind, us in sorted(phase_medians(trace).items()))
+    print(f"[tail] {name} median event durations (us): {medians}", flush=True)
 
 
 def main(out_dir, world_sizes, k_per_rank):

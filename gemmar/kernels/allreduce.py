@@ -88,10 +88,8 @@ def one_shot_all_reduce(x, numel, out, partials, partial_ready, partials_read, w
         device.wait_at_least(partial_ready + tile_id, world_size * (epoch + 1), timeout_ns, watchdog, rank, tile_id,
                              PARTIAL_READY_FLAG, tile_id)
         tl.debug_barrier()   # every thread reads the copies only after the acquire above
-        slot = slot_pointers(partials, tile_id, BLOCK_M, BLOCK_N)
-        total = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
-        for source in range(world_size):
-            total += tl.load(device.translate(slot, rank, source, heap_bases), cache_modifier=PEER_CACHE).to(tl.float32)
+        total = sum_partials(slot_pointers(partials, tile_id, BLOCK_M, BLOCK_N), rank, world_size, heap_bases,
+                             PEER_CACHE)
         offsets, mask = tile_offsets(tile_id, 0, M, N, N, 1, BLOCK_M, BLOCK_N)
         tl.store(out + offsets, total.to(out.dtype.element_ty), mask=mask)
         tl.debug_barrier()   # every thread has read before anyone says so

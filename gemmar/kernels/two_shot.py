@@ -25,9 +25,10 @@ reduction without either.
      ``epoch``'s partial (the counter only grows, by W per launch, so no host reset is ever needed);
   5. read the W partials - rank 0's, then rank 1's, ... - and add them in fp32. The order is fixed, so
      every rank gets the same bits, and the same inputs give the same C run after run;
-  6. write the sum, in C's dtype, into C on every rank, then (one block barrier, then a release-add per
-     peer) add 1 to ``results_in[rank]`` in each peer's heap: how many of this owner's tiles have reached
-     that peer's C, counted over every launch;
+  6. write the sum, in C's dtype, into C on every rank. After its last tile, each communication program
+     adds the number of tiles it wrote (one block barrier, then a release-add per peer) to
+     ``results_in[rank]`` in each peer's heap: how many of this owner's tiles have reached that peer's C,
+     counted over every launch;
 
   and then the last communication program, for each other owner ``q``:
 
@@ -161,6 +162,7 @@ def reduce_owned_tiles(
     total_tiles = num_pid_m * num_pid_n
     n_events = tl.zeros((), tl.int32)
     owned = tl.maximum(total_tiles - rank + world_size - 1, 0) // world_size
+    broadcast = tl.zeros((), tl.int32)   # tiles this program has written into every rank's C
     for j in range(c, owned, COMM_SMS):
         tile_id = rank + j * world_size
         pid_m, pid_n = tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_SIZE_M)
@@ -175,16 +177,21 @@ def reduce_owned_tiles(
         total = SUM_PARTIALS(slot_pointers(partials, tile_id, BLOCK_M, BLOCK_N), rank, world_size, heap_bases,
                              PEER_CACHE)
         n_events, t = event(trace, n_events, t, REDUCE, tile_id, pid_m, pid_n, 0, -1, TRACE_CAPACITY)
-        # 6. The sum, in C's dtype, into every rank's C (ours first); then count it in at each peer.
+        # 6. The sum, in C's dtype, into every rank's C (ours first).
         offsets, mask = tile_offsets(pid_m, pid_n, M, N, stride_cm, stride_cn, BLOCK_M, BLOCK_N)
         result = total.to(C.dtype.element_ty)
         for step in range(world_size):
             device.store(C + offsets, result, rank, (rank + step) % world_size, heap_bases, mask=mask)
+        n_events, t = event(trace, n_events, t, BROADCAST, tile_id, pid_m, pid_n, 0, -1, TRACE_CAPACITY)
+        broadcast += 1
+    # ... and the tiles this program wrote counted in at each peer, once, after its last one. A release per
+    # tile and peer waited each time for the tile's stores to land (3.4 us a tile at W = 2 on an H200, more
+    # than the stores); nobody needs the count sooner, since only step 7 reads it.
+    if broadcast > 0:
         tl.debug_barrier()   # every thread's stores are in before the one thread that releases them
         for step in range(1, world_size):
-            device.atomic_add(results_in + rank * FLAG_STRIDE, 1, rank, (rank + step) % world_size, heap_bases,
-                              sem="release", scope="sys")
-        n_events, t = event(trace, n_events, t, BROADCAST, tile_id, pid_m, pid_n, 0, -1, TRACE_CAPACITY)
+            device.atomic_add(results_in + rank * FLAG_STRIDE, broadcast, rank, (rank + step) % world_size,
+                              heap_bases, sem="release", scope="sys")
     # 7. Every other owner's tiles: the last communication program waits for each owner's count, after its
     # own reductions. (Under the interpreter every reduction of this rank has then run before any of its
     # waits, which is what keeps the ranks from waiting on each other in a circle there.)

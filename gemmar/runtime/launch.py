@@ -113,12 +113,11 @@ class FusedGemmAllReduce:
         """Launch once, on this rank's stream; return this rank's C (M x N, ``config.c_dtype``). Atomics:
         valid until the next launch.
 
-        ``wait=False`` (GPU timing loops, and ranks that share a GPU, which must all launch before any
-        waits) only enqueues the work, with no host synchronisation and no watchdog check: call
-        :meth:`check` afterwards.
+        ``wait=False`` (GPU timing loops) only enqueues the work, with no host synchronisation and no
+        watchdog check: call :meth:`check` afterwards. Ranks that share a GPU launch through
+        :func:`launch_ranks` instead.
         """
-        self.check_inputs(A, B)
-        return self._launch(A, B, wait)
+        return launch_ranks([self], [(A, B)], wait)[0]
 
     def prepare(self, A, B):
         """GPU: compile and load this launch's kernels before any rank launches. Ranks that share a GPU
@@ -141,12 +140,13 @@ class FusedGemmAllReduce:
         if self.config.delay_rank == self.heap.rank and self.config.delay_us > 0:
             self.heap.delay(0)
 
-    def _launch(self, A, B, wait):
+    def _prepared_launches(self, A, B):
+        """This launch's kernels, prepared once per pair of input tensors (runtime/compiled_launch.py), each
+        with the values of the arguments the spec names in ``Launch.per_launch``."""
         cfg, heap = self.config, self.heap
+        self.check_inputs(A, B)
         if cfg.delay_rank == heap.rank and cfg.delay_us > 0:
             heap.delay(self.delays.uniform(0.5, 1.0) * cfg.delay_us * 1e-6)
-        # Prepared once per pair of input tensors (runtime/compiled_launch.py); per launch only the
-        # arguments the spec names in Launch.per_launch change.
         key = tuple((t.data_ptr(), t.dtype, tuple(t.shape), t.stride()) for t in (A, B))
         if self.prepared is None or self.prepared[0] != key:
             launches = self._kernel_calls(A, B)
@@ -154,17 +154,20 @@ class FusedGemmAllReduce:
             self.prepared = (key, [PreparedLaunch(launch.kernel, launch.grid, (), launch.kwargs, self._stream(launch),
                                                   launch.per_launch) for launch in launches])
         per_launch = {"epoch": self.launches, "parity": self.launches % 2}
-        for launch in self.prepared[1]:
-            launch(**{name: value for name, value in per_launch.items() if name in launch.per_launch})
+        return [(launch, {name: value for name, value in per_launch.items() if name in launch.per_launch})
+                for launch in self.prepared[1]]
+
+    def _launched(self, wait):
+        """After this launch's kernels are enqueued: order the streams, count the launch, return C."""
         out = self.spec.output(self.buffers, self.launches)
         if self.joins_side_stream:
             # Whatever this rank runs next waits for the side stream's kernels (two_shot: its next GEMM
             # overwrites the partials, which the reduction reads until every owner has them).
-            heap.join_side_stream()
+            self.heap.join_side_stream()
         self.launches += 1
         if self.spec.barrier_after_launch:
             # Remote writes into our C may still be in flight from other ranks until all have finished.
-            heap.barrier(cfg.timeout_s, wait=wait)
+            self.heap.barrier(self.config.timeout_s, wait=wait)
         if wait:
             self.check()
         return out
@@ -198,3 +201,22 @@ class FusedGemmAllReduce:
             return np.zeros((0, len(events.COLUMNS)), np.int64), 0
         return events.rows(self.trace.cpu().numpy(), self.trace_counts.cpu().tolist(), self.trace_capacity,
                            self.heap.rank, iteration)
+
+
+def launch_ranks(fused, inputs, wait=False):
+    """Launch each rank of ``fused`` (this process's ranks: one, or several sharing a GPU) once, with its
+    ``(A, B)`` from ``inputs``; return each rank's C.
+
+    Kernel by kernel across the ranks: every rank's first kernel, then every rank's second. Ranks that share
+    a GPU start as far apart as the host time between their first kernels; rank by rank, that was a whole
+    launch (two kernels and the stream bookkeeping), and consecutive ranks started 115-198 us apart.
+    ``wait=True`` (one rank) waits for the work and checks the watchdog, as ``fused(A, B)`` does.
+    """
+    calls = [f._prepared_launches(A, B) for f, (A, B) in zip(fused, inputs)]
+    for step in range(max(len(c) for c in calls)):
+        for c in calls:
+            if step < len(c):
+                launch, per_launch = c[step]
+                launch(**per_launch)
+    return [f._launched(wait) for f in fused]
+

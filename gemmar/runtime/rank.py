@@ -20,7 +20,7 @@ import torch
 
 from ..errors import DeadlockError, GemmarError, UsageError
 from .heap import barrier_all, create_heap
-from .launch import FusedGemmAllReduce
+from .launch import FusedGemmAllReduce, launch_ranks
 from .parts import failure_text, load_parts
 from .problem import rank_slice, seeded_problem, tolerance
 from .shipping import unship
@@ -238,7 +238,7 @@ def _run_gemm_all_reduce(config, inputs, reference, scale, mistake, return_c, va
                 # this the next iteration's trace would show a rank waiting for a late peer.
                 exits.append(barrier_all(heaps, config.timeout_s))
             t0 = time.perf_counter()
-            outs = [run.fused(run.A, run.B, wait=False) for run in runs]
+            outs = launch_ranks([run.fused for run in runs], [(run.A, run.B) for run in runs])
             check_all([run.fused for run in runs])
             seconds.append(time.perf_counter() - t0)
             for run, C in zip(runs, outs):

@@ -9,7 +9,7 @@ import torch
 
 from ..errors import UsageError
 from .heap import barrier_all
-from .launch import FusedGemmAllReduce
+from .launch import FusedGemmAllReduce, launch_ranks
 from .problem import rank_slice, seeded_problem, tolerance
 from .rank import errors_as_results, check_all, local_ranks
 
@@ -67,7 +67,7 @@ def benchmark_rank(configs, reps=20, warmup=5, baseline=True, problem=None):
             fused = [FusedGemmAllReduce(scopes.enter_context(h.scope()), config) for h in heaps]
 
             def launch_all():
-                return [f(A, B, wait=False) for f, (A, B, _) in zip(fused, inputs)]
+                return launch_ranks(fused, [(A, B) for A, B, _ in inputs])
 
             def checked_diffs():
                 Cs = launch_all()
