@@ -11,50 +11,29 @@ launcher does: ``config.shared_gpu_programs``). Writes each trace as OUTDIR/h200
 import argparse
 import os
 
-import numpy as np
-
 import gemmar
 from gemmar.config import tuned_defaults
 from gemmar.runtime.backends import gpu_properties
 
 
-def tail_figures(trace):
-    """Per iteration: span (first event of any rank to last), tail (last event after the last GEMM tile of
-    any rank), the gaps between consecutive ranks' first events; all in us."""
-    rows = []
-    for iteration, d in trace.events.groupby("iteration"):
-        start, end = d["start_us"].min(), d["end_us"].max()
-        last_gemm = d.loc[d["kind"] == "gemm", "end_us"].max()
-        firsts = d.groupby("rank")["start_us"].min().sort_index().to_numpy()
-        rows.append(dict(iteration=int(iteration), span_us=end - start, tail_us=end - last_gemm,
-                         tail_share=(end - last_gemm) / (end - start), start_gaps_us=np.diff(firsts).tolist()))
-    return rows
-
-
-def phase_medians(trace):
-    """The median duration (us) of each kind of event, the first iteration (the first launch) left out."""
-    d = trace.events
-    d = d[d["iteration"] > 0] if (d["iteration"] > 0).any() else d
-    return (d["end_us"] - d["start_us"]).groupby(d["kind"]).median().to_dict()
-
-
 def print_figures(name, trace):
-    for r in tail_figures(trace):
+    for iteration, r in trace.launches().iterrows():
         gaps = ", ".join(f"{g:.0f}" for g in r["start_gaps_us"]) or "-"
-        print(f"[tail] {name} iteration {r['iteration']}: span {r['span_us']:.0f} us, after the last GEMM tile "
+        print(f"[tail] {name} iteration {iteration}: span {r['span_us']:.0f} us, after the last GEMM tile "
               f"{r['tail_us']:.0f} us ({100 * r['tail_share']:.1f} %), consecutive ranks start {gaps} us apart",
               flush=True)
-    medians = ", ".join(f"{kind} {us:.2f}" for kind, us in sorted(phase_medians(trace).items()))
+    medians = ", ".join(f"{kind} {us:.2f}" for kind, us in sorted(trace.event_medians().items()))
     print(f"[tail] {name} median event durations (us): {medians}", flush=True)
 
 
-def main(out_dir, world_sizes, k_per_rank):
+def main(out_dir, world_sizes, k_per_rank, comm_sms=None):
     os.makedirs(out_dir, exist_ok=True)
     for W in world_sizes:
         with gemmar.Cluster(world_size=W, backend="cuda", heap_size=1 << 30) as cluster:
             _, capability, sms = gpu_properties("cuda")
             knobs = tuned_defaults("cuda", "two_shot", capability, sms // W,   # all resident at once
-                                   shape=(8192, 8192, k_per_rank, W))
+                                   shape=(8192, 8192, k_per_rank, W),
+                                   given={"comm_sms": comm_sms} if comm_sms else None)
             config = gemmar.RunConfig(m=8192, n=8192, k=k_per_rank * W, datatype="bf16", algorithm="two_shot",
                                       world_size=W, trace=True, iterations=4, **knobs)
             result = cluster.bench(config)
@@ -70,6 +49,7 @@ if __name__ == "__main__":
     parser.add_argument("out_dir", nargs="?")
     parser.add_argument("--world_sizes", type=int, nargs="+", default=[2, 4])
     parser.add_argument("--k_per_rank", type=int, default=4096)
+    parser.add_argument("--comm_sms", type=int, help="communication programs per rank (default: config.split_programs)")
     parser.add_argument("--read", nargs="+", help="saved traces to read instead of running")
     args = parser.parse_args()
     if args.read:
@@ -78,4 +58,4 @@ if __name__ == "__main__":
     elif not args.out_dir:
         parser.error("give OUTDIR (to run on the GPU) or --read TRACE...")
     else:
-        main(args.out_dir, args.world_sizes, args.k_per_rank)
+        main(args.out_dir, args.world_sizes, args.k_per_rank, args.comm_sms)

@@ -93,3 +93,20 @@ def test_two_shot_traces_still_load_with_their_owner_waits():
     waits = trace.events[trace.events["kind"] == "result_wait"]
     assert len(waits) and (waits["tile"] == -1).all() and set(waits["peer"]) == {0, 1, 2, 3}
     assert np.isfinite(trace.summary()["span_us"]).all()
+
+
+def test_launch_figures_of_a_saved_two_shot_trace():
+    """Trace.launches and Trace.event_medians give the figures BENCHMARKS.md reports for this trace (4 ranks
+    sharing one H200, launched kernel by kernel, 2026-12-03)."""
+    trace = Trace.load(os.path.join(DATA, "h200x1-two_shot-4ranks-8192x8192x16384-2026-12-03.trace.json.gz"))
+    launches = trace.launches()
+    assert list(launches.index) == [0, 1, 2, 3]
+    assert all(len(gaps) == 3 for gaps in launches["start_gaps_us"])
+    assert max(max(gaps) for gaps in launches["start_gaps_us"][1:]) < 40     # 16-37 us
+    assert launches["tail_us"].between(10, 25).all() and (launches["tail_share"] < 0.015).all()
+    assert launches["span_us"].between(3300, 3600).all()
+    medians = trace.event_medians()
+    assert 3.5 < medians["broadcast"] < 5 and 40 < medians["gemm"] < 44
+    # A trace of one iteration (the first) keeps it for the medians.
+    first = Trace(trace.raw[trace.raw[:, RAW_COLUMNS.index("iteration")] == 0], trace.meta)
+    assert first.event_medians()["gemm"] > 40 and list(first.launches().index) == [0]

@@ -305,6 +305,27 @@ class Trace:
                              hidden_share=_overlap(gemm, comm) / comm_len if comm_len > 0 else float("nan")))
         return pd.DataFrame(rows).set_index("rank")
 
+    def launches(self):
+        """Per iteration (one launch of every rank): its span (µs, the first event of any rank to the last),
+        how long it went on after the last GEMM tile of any rank (``tail_us``, and ``tail_share`` of the
+        span), and the gaps between consecutive ranks' first events (``start_gaps_us``: how far apart the
+        host launched them)."""
+        rows = []
+        for iteration, d in self.events.groupby("iteration"):
+            start, end = d["start_us"].min(), d["end_us"].max()
+            last_gemm = d.loc[d["kind"] == "gemm", "end_us"].max()
+            firsts = d.groupby("rank")["start_us"].min().sort_index().to_numpy()
+            rows.append(dict(iteration=int(iteration), span_us=end - start, tail_us=end - last_gemm,
+                             tail_share=(end - last_gemm) / (end - start), start_gaps_us=np.diff(firsts).tolist()))
+        return pd.DataFrame(rows).set_index("iteration")
+
+    def event_medians(self):
+        """The median duration (µs) of each kind of event, the first iteration (whose launch also loaded
+        the kernels) left out when there are others."""
+        d = self.events
+        d = d[d["iteration"] > 0] if (d["iteration"] > 0).any() else d
+        return (d["end_us"] - d["start_us"]).groupby(d["kind"]).median()
+
     def gantt(self, iteration=-1, max_lanes=48, ranks=None, programs=None, path=None, figsize=None):
         """Gantt chart: one lane per (rank, program), bars coloured by phase (see ``plots.gantt``)."""
         from .plots import gantt

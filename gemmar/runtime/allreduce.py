@@ -78,6 +78,7 @@ class SymmetricAllReduce:
         self.copy_in = (numel * self.partials.element_size() < COPY_IN_KERNEL_BELOW_BYTES
                         or heap.ranks_on_device > 1)
         self.prepared = None   # the PreparedLaunch of the kernel
+        self.out_views = {}    # x's shape -> the view of out returned for it
 
     def _kernel_call(self, x):
         """(kernel, grid, args, kwargs) of one launch reducing ``x`` (flat, 16-byte aligned)."""
@@ -112,19 +113,22 @@ class SymmetricAllReduce:
             raise UsageError(f"rank {self.heap.rank}: x must be a tensor of {self.numel} {self.dtype} values on "
                              f"{self.heap.device}, got {getattr(x, 'numel', lambda: '?')()} of "
                              f"{getattr(x, 'dtype', type(x).__name__)} on {getattr(x, 'device', '?')}")
-        flat = x.reshape(-1)
-        if not flat.is_contiguous() or flat.data_ptr() % 16:   # (the kernel is compiled for 16-byte aligned x)
-            flat = flat.contiguous().clone()
+        # The kernel reads x as numel values from its first: any contiguous x is already that. (Each torch call
+        # here costs a microsecond or more of host time, and at 1 MiB host time is what an all-reduce takes.)
+        flat = x if x.is_contiguous() and x.data_ptr() % 16 == 0 else x.reshape(-1).contiguous().clone()
         if not self.copy_in:
             with self.heap.on_stream():
-                self.partials.view(-1)[:self.numel].copy_(flat)
+                self.partials.view(-1)[:self.numel].copy_(flat.view(-1))
         if self.prepared is None:   # built once: per launch only x and the epoch change (runtime/compiled_launch.py)
             self.prepared = PreparedLaunch(*self._kernel_call(flat), self.heap.stream)
         self.prepared(x=flat, epoch=self.launches)
         self.launches += 1
         if wait:
             self.check()
-        return self.out.view(-1)[:self.numel].view(x.shape)
+        out = self.out_views.get(x.shape)
+        if out is None:
+            out = self.out_views[x.shape] = self.out.view(-1)[:self.numel].view(x.shape)
+        return out
 
     def check(self):
         self.heap.synchronize()

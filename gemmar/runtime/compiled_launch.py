@@ -40,6 +40,8 @@ class PreparedLaunch:
     def __call__(self, **changed):
         for name, value in changed.items():
             old = self.values[self.index[name]]
+            if value is old:
+                continue
             # A specialised argument could need another compiled kernel; a tensor is specialised only on its
             # dtype and whether its address is a multiple of 16, so another one alike runs the same kernel.
             if name not in self.free and not _same_specialisation(old, value):
