@@ -17,7 +17,7 @@ from gemmar.config import tuned_defaults
 from gemmar.runtime.backends import gpu_properties
 
 SHAPES = [(8192, 8192, 8192), (4096, 8192, 14336), (8192, 8192, 2048)]
-FIXED = (4, 8, 16, 24)
+FIXED = (4, 8, 16)
 
 
 def main(out_path=None):

@@ -102,17 +102,23 @@ def test_two_shot_trace_gemm_programs_never_wait_and_owners_wait_for_every_parti
     assert len(ev) == 2 * t.expected_event_count()
     for (rank, it), d in ev.groupby(["rank", "iteration"]):
         gemm_lanes = d[d["program"] < gemm_programs]
-        assert set(gemm_lanes["kind"]) == {"gemm", "publish"}            # GEMM programs never wait
+        # GEMM programs never wait: they compute and publish, then may take owned tiles that are complete.
+        assert set(gemm_lanes["kind"]) <= {"gemm", "publish", "take", "reduce", "broadcast"}
         assert sorted(gemm_lanes.loc[gemm_lanes["kind"] == "gemm", "tile"]) == list(range(TILES))
-        owned = sorted(d.loc[d["kind"] == "reduce", "tile"])
+        for program, lane in gemm_lanes.groupby("program"):
+            helped = lane[lane["kind"].isin(["take", "reduce", "broadcast"])]
+            assert (helped["t_start_ns"] >= lane.loc[lane["kind"] == "publish", "t_end_ns"].max()).all()
+        owned = sorted(d.loc[d["kind"] == "reduce", "tile"])   # each owned tile reduced once, by someone
         assert owned == [t for t in range(TILES) if t % W == rank]
+        firsts = d[d["kind"].isin(["partial_wait", "take"])]   # one wait or take per owned tile
+        assert sorted(firsts["tile"]) == owned
         waits = d[d["kind"] == "result_wait"]   # one per other owner, by the last communication program
         assert sorted(waits["peer"]) == [q for q in range(W) if q != rank] and set(waits["tile"]) == {-1}
         assert set(waits["program"]) == {gemm_programs + 2 - 1}   # (comm_sms=2)
     publish = ev[ev["kind"] == "publish"].set_index(["rank", "iteration", "tile"])
     broadcast = ev[ev["kind"] == "broadcast"].set_index(["iteration", "tile"])
-    for e in ev[ev["kind"] == "partial_wait"].itertuples():
-        # The owner's wait ends only after every rank has started publishing its partial of the tile ...
+    for e in ev[ev["kind"].isin(["partial_wait", "take"])].itertuples():
+        # The owner's wait (or take) ends only after every rank has started publishing its partial of the tile ...
         for source in range(W):
             assert e.t_end_ns >= publish.loc[(source, e.iteration, e.tile), "t_start_ns"]
     for e in ev[ev["kind"] == "result_wait"].itertuples():

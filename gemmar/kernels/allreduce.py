@@ -64,8 +64,9 @@ def two_shot_all_reduce(x, numel, out, partials, partial_ready, results_in, watc
             if tile_id < total_tiles:
                 copy_in_and_publish(x, numel, partials, partial_ready, heap_bases, rank, world_size, tile_id,
                                     BLOCK_M, BLOCK_N, False, COPY_IN)
-    reduce_owned_tiles(out, partials, partial_ready, results_in, watchdog, heap_bases, rank, world_size, epoch, M, N,
-                       N, 1, timeout_ns, no_trace, c, BLOCK_M, BLOCK_N, 1, COMM_SMS, 0, 0, PEER_CACHE, sum_partials)
+    reduce_owned_tiles(out, partials, partial_ready, results_in, partial_ready, watchdog, heap_bases, rank, world_size,
+                       epoch, M, N, N, 1, timeout_ns, no_trace, c, BLOCK_M, BLOCK_N, 1, COMM_SMS, 0, 0, PEER_CACHE,
+                       sum_partials, False)   # (no CLAIM: nothing is taken, so any pointer will do for taken)
 
 
 @triton.jit(do_not_specialize=["numel", "rank", "epoch", "timeout_ns"])

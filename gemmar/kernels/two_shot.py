@@ -19,7 +19,14 @@ reduction without either.
   3. release-add 1 to ``partial_ready[tile]`` in the owner's heap, after a block-wide barrier so the
      count can never be seen before the data. Then go straight on to the next tile: nothing to wait for.
 
-- **communication programs** (``two_shot_reduce``, ``COMM_SMS`` of them), for the tiles this rank owns:
+  With its own tiles done, a GEMM program *helps* (:func:`help_reduce`): it looks at the tiles this rank
+  owns, from the last one back, and does steps 5 and 6 for each one whose partials are all in already and
+  that no other program has taken (``taken[tile]``, moved from ``epoch`` to ``epoch + 1`` by whoever takes
+  the tile, with a compare-and-swap: one program per tile per launch). A tile that is not complete yet it
+  leaves alone, so it still never waits.
+
+- **communication programs** (``two_shot_reduce``, ``COMM_SMS`` of them), for the tiles this rank owns
+  that no GEMM program took (``c, c + COMM_SMS, ...``, each taken as above first):
 
   4. acquire-wait until ``partial_ready[tile] >= W * (epoch + 1)``: every rank has published launch
      ``epoch``'s partial (the counter only grows, by W per launch, so no host reset is ever needed);
@@ -40,16 +47,20 @@ reduction without either.
 Why back-to-back launches are safe without a barrier: a rank's GEMM of launch ``e + 1`` starts only after
 its reduction of launch ``e`` has ended (the launcher orders the two streams so), i.e. after every owner
 has written every tile into its C (step 7), which every owner does only after reading all of launch
-``e``'s partials (step 5). ``results_in`` grows by ``owned(q)`` per launch, so it needs no reset either. So when a rank overwrites ``partials`` in launch ``e + 1``, nobody still needs
-launch ``e``'s.
+``e``'s partials (step 5). So when a rank overwrites ``partials`` in launch ``e + 1``, nobody still needs
+launch ``e``'s. ``results_in`` grows by ``owned(q)`` per launch and ``taken`` by 1, so neither needs a reset:
+every tile of launch ``e`` has been taken before the reduction of launch ``e`` ends (a communication program
+passes over a tile only once someone has taken it), so ``taken[tile]`` is ``e + 1`` when launch ``e + 1``
+starts, and a GEMM program of launch ``e`` that looks late finds the tile taken.
 
 Why it cannot deadlock on a GPU: GEMM programs wait for nothing, so they always finish; communication
-programs only wait for GEMM programs (of any rank) and for owners' communication programs. Under the
-Triton interpreter each rank's GEMM kernel has run to the end before its reduction starts.
+programs only wait for GEMM programs (of any rank) and for owners' programs. Under the Triton interpreter
+each rank's GEMM kernel has run to the end before its reduction starts (its programs one after another:
+the later ones find more tiles complete and help more).
 
 ``MISTAKE`` turns on a teaching bug: 1 reads the partials without waiting for ``partial_ready``, so a
-late rank's partial is read before it is written. Step 5 is :func:`sum_partials`, passed to the reduction
-kernel as ``SUM_PARTIALS`` so that notebook 6's puzzle can run a participant's own version of it.
+late rank's partial is read before it is written. Step 5 is :func:`sum_partials`, passed to both kernels
+as ``SUM_PARTIALS`` so that notebook 6's puzzle can run a participant's own version of it.
 """
 
 from dataclasses import dataclass
@@ -71,8 +82,9 @@ PHASES = (GEMM_PHASE,
           Phase(6, "reduce", "reduce"),
           Phase(11, "broadcast", "comm"),      # the owner writes the sum into every rank's C
           Phase(12, "result_wait", "wait", "waits for results_in (every tile rank {peer} owns, written into this "
-                                           "rank's C)", whole_launch=True))
-PUBLISH, PARTIAL_WAIT, REDUCE, BROADCAST, RESULT_WAIT = (tl.constexpr(p.kind_id) for p in PHASES[1:])
+                                           "rank's C)", whole_launch=True),
+          Phase(13, "take", "comm"))          # a GEMM program finds all partials of a tile in, and takes it
+PUBLISH, PARTIAL_WAIT, REDUCE, BROADCAST, RESULT_WAIT, TAKE = (tl.constexpr(p.kind_id) for p in PHASES[1:])
 
 MISTAKES = ("none", "skip_partial_wait")
 SKIP_PARTIAL_WAIT = tl.constexpr(MISTAKES.index("skip_partial_wait"))
@@ -98,14 +110,15 @@ def sum_partials(slot, rank, world_size, heap_bases, PEER_CACHE: tl.constexpr):
     return total
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["rank", "epoch"])
 def two_shot_gemm(
-        A, B, partials, partial_ready, heap_bases, rank, world_size, M, N, K, stride_am, stride_ak, stride_bk,
-        stride_bn, trace, trace_counts,
+        A, B, C, partials, partial_ready, results_in, taken, heap_bases, rank, world_size, epoch, M, N, K,
+        stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn, trace, trace_counts,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_SIZE_M: tl.constexpr,
         NUM_SMS: tl.constexpr, DOT_PRECISION: tl.constexpr, TRACE_CAPACITY: tl.constexpr, EVEN_K: tl.constexpr,
-        TMA: tl.constexpr):
-    """The GEMM programs: compute each tile, publish it, move on (steps 1-3).
+        TMA: tl.constexpr, PEER_CACHE: tl.constexpr, SUM_PARTIALS: tl.constexpr):
+    """The GEMM programs: compute each tile, publish it, move on (steps 1-3); then help with the reduction
+    of what is ready (:func:`help_reduce`), still without waiting.
 
     The tile loop is a plain loop, not ``tl.range(..., flatten=True)``: with the publishing epilogue (a
     block barrier and an atomic) inside a flattened loop, Triton 3.6-3.9 gives up software-pipelining the
@@ -128,35 +141,81 @@ def two_shot_gemm(
         tl.debug_barrier()
         device.atomic_add(partial_ready + tile_id, 1, rank, owner, heap_bases, sem="release", scope="sys")
         n_events, t = event(trace, n_events, t, PUBLISH, tile_id, pid_m, pid_n, 0, owner, TRACE_CAPACITY)
+    n_events = help_reduce(C, partials, partial_ready, results_in, taken, heap_bases, rank, world_size, epoch, M, N,
+                           stride_cm, stride_cn, trace, n_events, pid, BLOCK_M, BLOCK_N, GROUP_SIZE_M, NUM_SMS,
+                           TRACE_CAPACITY, PEER_CACHE, SUM_PARTIALS)
     finish_trace(trace_counts, n_events, TRACE_CAPACITY)
 
 
 @triton.jit(do_not_specialize=["rank", "epoch", "timeout_ns"])
 def two_shot_reduce(
-        C, partials, partial_ready, results_in, watchdog, heap_bases, rank, world_size, epoch, M, N,
+        C, partials, partial_ready, results_in, taken, watchdog, heap_bases, rank, world_size, epoch, M, N,
         stride_cm, stride_cn, timeout_ns, trace, trace_counts,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_SIZE_M: tl.constexpr, COMM_SMS: tl.constexpr,
         TRACE_CAPACITY: tl.constexpr, MISTAKE: tl.constexpr, PEER_CACHE: tl.constexpr,
         SUM_PARTIALS: tl.constexpr):
-    """The communication programs: reduce the tiles this rank owns, then wait for the others (steps 4-7).
-    ``trace`` and ``trace_counts`` start at this kernel's own region of the rank's trace buffer.
-    ``results_in`` holds one counter per owner, ``FLAG_STRIDE`` int32s apart (a cache line each)."""
+    """The communication programs: reduce the tiles this rank owns that no GEMM program took, then wait for
+    the others (steps 4-7). ``trace`` and ``trace_counts`` start at this kernel's own region of the rank's
+    trace buffer. ``results_in`` holds one counter per owner, ``FLAG_STRIDE`` int32s apart (a cache line
+    each)."""
     n_events = reduce_owned_tiles(
-        C, partials, partial_ready, results_in, watchdog, heap_bases, rank, world_size, epoch, M, N, stride_cm,
-        stride_cn, timeout_ns, trace, tl.program_id(0), BLOCK_M, BLOCK_N, GROUP_SIZE_M, COMM_SMS, TRACE_CAPACITY,
-        MISTAKE, PEER_CACHE, SUM_PARTIALS)
+        C, partials, partial_ready, results_in, taken, watchdog, heap_bases, rank, world_size, epoch, M, N,
+        stride_cm, stride_cn, timeout_ns, trace, tl.program_id(0), BLOCK_M, BLOCK_N, GROUP_SIZE_M, COMM_SMS,
+        TRACE_CAPACITY, MISTAKE, PEER_CACHE, SUM_PARTIALS, True)
     finish_trace(trace_counts, n_events, TRACE_CAPACITY)
 
 
 @triton.jit
+def reduce_and_broadcast(C, partials, heap_bases, rank, world_size, M, N, stride_cm, stride_cn, trace, n_events, t,
+                         tile_id, pid_m, pid_n, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                         TRACE_CAPACITY: tl.constexpr, PEER_CACHE: tl.constexpr, SUM_PARTIALS: tl.constexpr):
+    """Steps 5 and 6 for one tile whose partials are all in: their sum, in rank order and fp32, written in
+    C's dtype into every rank's C (ours first). Returns (n_events, t) after its reduce and broadcast events."""
+    total = SUM_PARTIALS(slot_pointers(partials, tile_id, BLOCK_M, BLOCK_N), rank, world_size, heap_bases, PEER_CACHE)
+    n_events, t = event(trace, n_events, t, REDUCE, tile_id, pid_m, pid_n, 0, -1, TRACE_CAPACITY)
+    offsets, mask = tile_offsets(pid_m, pid_n, M, N, stride_cm, stride_cn, BLOCK_M, BLOCK_N)
+    result = total.to(C.dtype.element_ty)
+    for step in range(world_size):
+        device.store(C + offsets, result, rank, (rank + step) % world_size, heap_bases, mask=mask)
+    n_events, t = event(trace, n_events, t, BROADCAST, tile_id, pid_m, pid_n, 0, -1, TRACE_CAPACITY)
+    return n_events, t
+
+
+@triton.jit
+def count_in_at_peers(results_in, broadcast, rank, world_size, heap_bases):
+    """The end of step 6 for one program: the ``broadcast`` tiles it wrote counted in at each peer, once,
+    after its last one. (A release per tile and peer waited each time for the tile's stores to land: 3.4 us
+    a tile at W = 2 on an H200, more than the stores. Nobody needs the count sooner: only step 7 reads it.)"""
+    if broadcast > 0:
+        tl.debug_barrier()   # every thread's stores are in before the one thread that releases them
+        for step in range(1, world_size):
+            device.atomic_add(results_in + rank * FLAG_STRIDE, broadcast, rank, (rank + step) % world_size,
+                              heap_bases, sem="release", scope="sys")
+
+
+@triton.jit
+def take_tile(taken, tile_id, epoch, CLAIM: tl.constexpr):
+    """Whether this program reduces tile ``tile_id`` in launch ``epoch``: the first program to move
+    ``taken[tile_id]`` from ``epoch`` to ``epoch + 1`` does. Once per launch per tile, so the counter is
+    ``epoch`` when a launch starts and needs no reset. Without ``CLAIM`` (nobody else reduces this rank's
+    tiles) every tile is the program's own."""
+    if CLAIM:
+        mine = tl.atomic_cas(taken + tile_id, epoch, epoch + 1, sem="relaxed", scope="gpu") == epoch
+    else:
+        mine = tl.full((), 1, tl.int1)
+    return mine
+
+
+@triton.jit
 def reduce_owned_tiles(
-        C, partials, partial_ready, results_in, watchdog, heap_bases, rank, world_size, epoch, M, N,
+        C, partials, partial_ready, results_in, taken, watchdog, heap_bases, rank, world_size, epoch, M, N,
         stride_cm, stride_cn, timeout_ns, trace, c,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_SIZE_M: tl.constexpr, COMM_SMS: tl.constexpr,
         TRACE_CAPACITY: tl.constexpr, MISTAKE: tl.constexpr, PEER_CACHE: tl.constexpr,
-        SUM_PARTIALS: tl.constexpr):
+        SUM_PARTIALS: tl.constexpr, CLAIM: tl.constexpr):
     """Steps 4-7 for communication program ``c``: owned tiles ``c, c + COMM_SMS, ...`` (in the order this rank
-    owns them); returns the number of events it recorded. Also the standalone all-reduce's reduction."""
+    owns them), less those a GEMM program has taken (``CLAIM``); returns the number of events it recorded.
+    Also the standalone all-reduce's reduction (no ``CLAIM``)."""
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
     total_tiles = num_pid_m * num_pid_n
@@ -165,33 +224,21 @@ def reduce_owned_tiles(
     broadcast = tl.zeros((), tl.int32)   # tiles this program has written into every rank's C
     for j in range(c, owned, COMM_SMS):
         tile_id = rank + j * world_size
-        pid_m, pid_n = tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_SIZE_M)
-        # 4. Every rank's partial of launch `epoch` is in.
-        t = stamp(TRACE_CAPACITY)
-        if MISTAKE != SKIP_PARTIAL_WAIT:
-            device.wait_at_least(partial_ready + tile_id, world_size * (epoch + 1), timeout_ns, watchdog,
-                                 rank, tile_id, PARTIAL_READY_FLAG, tile_id)
-        tl.debug_barrier()  # every thread reads the partials only after the acquire above
-        n_events, t = event(trace, n_events, t, PARTIAL_WAIT, tile_id, pid_m, pid_n, 0, -1, TRACE_CAPACITY)
-        # 5. Sum the partials in rank order, in fp32.
-        total = SUM_PARTIALS(slot_pointers(partials, tile_id, BLOCK_M, BLOCK_N), rank, world_size, heap_bases,
-                             PEER_CACHE)
-        n_events, t = event(trace, n_events, t, REDUCE, tile_id, pid_m, pid_n, 0, -1, TRACE_CAPACITY)
-        # 6. The sum, in C's dtype, into every rank's C (ours first).
-        offsets, mask = tile_offsets(pid_m, pid_n, M, N, stride_cm, stride_cn, BLOCK_M, BLOCK_N)
-        result = total.to(C.dtype.element_ty)
-        for step in range(world_size):
-            device.store(C + offsets, result, rank, (rank + step) % world_size, heap_bases, mask=mask)
-        n_events, t = event(trace, n_events, t, BROADCAST, tile_id, pid_m, pid_n, 0, -1, TRACE_CAPACITY)
-        broadcast += 1
-    # ... and the tiles this program wrote counted in at each peer, once, after its last one. A release per
-    # tile and peer waited each time for the tile's stores to land (3.4 us a tile at W = 2 on an H200, more
-    # than the stores); nobody needs the count sooner, since only step 7 reads it.
-    if broadcast > 0:
-        tl.debug_barrier()   # every thread's stores are in before the one thread that releases them
-        for step in range(1, world_size):
-            device.atomic_add(results_in + rank * FLAG_STRIDE, broadcast, rank, (rank + step) % world_size,
-                              heap_bases, sem="release", scope="sys")
+        if take_tile(taken, tile_id, epoch, CLAIM):
+            pid_m, pid_n = tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_SIZE_M)
+            # 4. Every rank's partial of launch `epoch` is in.
+            t = stamp(TRACE_CAPACITY)
+            if MISTAKE != SKIP_PARTIAL_WAIT:
+                device.wait_at_least(partial_ready + tile_id, world_size * (epoch + 1), timeout_ns, watchdog,
+                                     rank, tile_id, PARTIAL_READY_FLAG, tile_id)
+            tl.debug_barrier()  # every thread reads the partials only after the acquire above
+            n_events, t = event(trace, n_events, t, PARTIAL_WAIT, tile_id, pid_m, pid_n, 0, -1, TRACE_CAPACITY)
+            # 5 and 6.
+            n_events, t = reduce_and_broadcast(C, partials, heap_bases, rank, world_size, M, N, stride_cm,
+                                               stride_cn, trace, n_events, t, tile_id, pid_m, pid_n, BLOCK_M,
+                                               BLOCK_N, TRACE_CAPACITY, PEER_CACHE, SUM_PARTIALS)
+            broadcast += 1
+    count_in_at_peers(results_in, broadcast, rank, world_size, heap_bases)
     # 7. Every other owner's tiles: the last communication program waits for each owner's count, after its
     # own reductions. (Under the interpreter every reduction of this rank has then run before any of its
     # waits, which is what keeps the ranks from waiting on each other in a circle there.)
@@ -206,6 +253,41 @@ def reduce_owned_tiles(
     return n_events
 
 
+@triton.jit
+def help_reduce(C, partials, partial_ready, results_in, taken, heap_bases, rank, world_size, epoch, M, N,
+                stride_cm, stride_cn, trace, n_events, pid,
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_SIZE_M: tl.constexpr, NUM_SMS: tl.constexpr,
+                TRACE_CAPACITY: tl.constexpr, PEER_CACHE: tl.constexpr, SUM_PARTIALS: tl.constexpr):
+    """A GEMM program that has published all its tiles helps with the owned tiles' reduction without ever
+    waiting: it looks at owned tiles from the last one back (``owned - 1 - pid``, then ``NUM_SMS`` further
+    back, ...), and reduces each whose partials are all in already and that no program has taken yet (steps
+    5 and 6); one that is not ready it leaves to the communication programs. Returns ``n_events``.
+
+    Why: the communication programs keep up with the GEMM only if there are enough of them, and each one
+    is an SM the GEMM does not have (16 of 132 at K_r 2048 made the GEMM take 18 waves of tiles instead of
+    16). With the GEMM programs draining what is left when their own tiles are done, fewer suffice."""
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    owned = tl.maximum(num_pid_m * num_pid_n - rank + world_size - 1, 0) // world_size
+    broadcast = tl.zeros((), tl.int32)
+    for k in range(pid, owned, NUM_SMS):
+        tile_id = rank + (owned - 1 - k) * world_size
+        t = stamp(TRACE_CAPACITY)
+        # An acquire look, not a wait: a tile not complete yet is a communication program's.
+        seen = tl.atomic_add(partial_ready + tile_id, 0, sem="acquire", scope="sys")
+        if seen >= world_size * (epoch + 1):
+            if take_tile(taken, tile_id, epoch, True):
+                tl.debug_barrier()  # every thread reads the partials only after the acquire above
+                pid_m, pid_n = tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_SIZE_M)
+                n_events, t = event(trace, n_events, t, TAKE, tile_id, pid_m, pid_n, 0, -1, TRACE_CAPACITY)
+                n_events, t = reduce_and_broadcast(C, partials, heap_bases, rank, world_size, M, N, stride_cm,
+                                                   stride_cn, trace, n_events, t, tile_id, pid_m, pid_n, BLOCK_M,
+                                                   BLOCK_N, TRACE_CAPACITY, PEER_CACHE, SUM_PARTIALS)
+                broadcast += 1
+    count_in_at_peers(results_in, broadcast, rank, world_size, heap_bases)
+    return n_events
+
+
 # -- the spec --------------------------------------------------------------------------------------------
 @dataclass
 class TwoShotBuffers:
@@ -213,6 +295,7 @@ class TwoShotBuffers:
     partials: object       # one BLOCK_M x BLOCK_N slot per tile, in the wire dtype: this rank's partials
     partial_ready: object  # per tile (at its owner): partials counted in, W per launch
     results_in: object     # per owner, a cache line each: that owner's tiles written into our C
+    taken: object          # per tile (at its owner): launches in which a program has taken it to reduce
 
 
 def buffers(alloc, config, world_size):
@@ -220,7 +303,7 @@ def buffers(alloc, config, world_size):
     return TwoShotBuffers(C=alloc((config.m, config.n), config.c_dtype),
                           partials=alloc((tiles, config.BLK_M * config.BLK_N), config.partial_dtype),
                           partial_ready=alloc(tiles, torch.int32),
-                          results_in=alloc(world_size * FLAG_WORDS, torch.int32))
+                          results_in=alloc(world_size * FLAG_WORDS, torch.int32), taken=alloc(tiles, torch.int32))
 
 
 def launches(ctx):
@@ -228,13 +311,15 @@ def launches(ctx):
     next launch waits for it). The reduction records into the trace buffer after the GEMM programs'."""
     cfg, buf = ctx.config, ctx.buffers
     gemm = Launch(two_shot_gemm, (cfg.num_sms,), ctx.tuning(
-        A=ctx.A, B=ctx.B, partials=buf.partials, partial_ready=buf.partial_ready, heap_bases=ctx.heap.heap_bases,
-        rank=ctx.rank, world_size=ctx.world_size, M=cfg.m, N=cfg.n, K=ctx.K, **ctx.strides, trace=ctx.trace,
-        trace_counts=ctx.trace_counts, **ctx.gemm))
+        A=ctx.A, B=ctx.B, C=buf.C, partials=buf.partials, partial_ready=buf.partial_ready,
+        results_in=buf.results_in, taken=buf.taken, heap_bases=ctx.heap.heap_bases, rank=ctx.rank,
+        world_size=ctx.world_size, epoch=0, M=cfg.m, N=cfg.n, K=ctx.K, **ctx.strides, stride_cm=cfg.n, stride_cn=1,
+        trace=ctx.trace, trace_counts=ctx.trace_counts, **ctx.gemm, PEER_CACHE=ctx.peer_cache,
+        SUM_PARTIALS=ctx.parts["sum_partials"]), per_launch=("epoch",))
     trace, trace_counts = ctx.trace_region(cfg.num_sms, cfg.comm_sms)
     reduce = Launch(two_shot_reduce, (cfg.comm_sms,), ctx.tuning(
         C=buf.C, partials=buf.partials, partial_ready=buf.partial_ready, results_in=buf.results_in,
-        watchdog=ctx.watchdog, heap_bases=ctx.heap.heap_bases, rank=ctx.rank, world_size=ctx.world_size, epoch=0,
+        taken=buf.taken, watchdog=ctx.watchdog, heap_bases=ctx.heap.heap_bases, rank=ctx.rank, world_size=ctx.world_size, epoch=0,
         M=cfg.m, N=cfg.n, stride_cm=cfg.n, stride_cn=1, timeout_ns=ctx.timeout_ns, trace=trace,
         trace_counts=trace_counts, BLOCK_M=cfg.BLK_M, BLOCK_N=cfg.BLK_N, GROUP_SIZE_M=cfg.gsize_m,
         COMM_SMS=cfg.comm_sms, TRACE_CAPACITY=ctx.gemm["TRACE_CAPACITY"], MISTAKE=ctx.mistake,
@@ -255,7 +340,9 @@ def reduce_events(owned, world_size, programs):
 
 
 def events_per_program(config, world_size):
-    gemm = -(-config.tile_count // config.num_sms) * 2   # gemm, publish
+    # gemm and publish per tile; take, reduce and broadcast per owned tile it helps with
+    gemm = -(-config.tile_count // config.num_sms) * 2 + max(
+        3 * -(-owned_tiles(config.tile_count, world_size, r) // config.num_sms) for r in range(world_size))
     return max([gemm] + [reduce_events(owned_tiles(config.tile_count, world_size, r), world_size, config.comm_sms)
                          for r in range(world_size)])
 
