@@ -2,16 +2,24 @@
 predictions for two_shot at W = 2 and W = 8; no GPU needed.
 
     python3 benchmarks/model.py [--two_gpu data/h200-bench.json] [--one_gpu data/h200x1-bench-2026-12-02.json]
-                                [--link_gb_s 450] [--nccl_bus_gb_s 270]
+                                [--two_shot_from LATER_RUN.json] [--link_gb_s 450] [--nccl_bus_gb_s 270]
+
+``--two_shot_from``: two_shot's world-size-1 ratios from a later one-GPU run (``h200_bench.py --world_size 1
+--algorithms two_shot``), atomics' and ring's still from ``--one_gpu``.
 """
 
 import argparse
+import sys
 
 from gemmar.analysis import model
 
 
 def main(args):
     measured, machine, one_gpu = model.load_inputs(args.two_gpu, args.one_gpu)
+    if args.two_shot_from:
+        later = model.load_inputs(args.two_gpu, args.two_shot_from, algorithms=("two_shot",))[2]
+        one_gpu.ratio["two_shot"] = later.ratio["two_shot"]
+        print(f"two_shot's world-size-1 ratios from {args.two_shot_from}")
     machine.link_gb_s, machine.nccl_bus_gb_s = args.link_gb_s, args.nccl_bus_gb_s
     print(f"inputs: matmul times of {args.two_gpu}, world-size-1 ratios of {args.one_gpu}; link "
           f"{machine.link_gb_s:g} GB/s per direction, NCCL bus {machine.nccl_bus_gb_s:g} GB/s, two_shot tail "
@@ -47,6 +55,10 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--two_gpu", default="data/h200-bench.json")
     parser.add_argument("--one_gpu", default="data/h200x1-bench-2026-12-02.json")
+    parser.add_argument("--two_shot_from", help="a later world-size-1 run for two_shot's ratios")
     parser.add_argument("--link_gb_s", type=float, default=model.Machine.link_gb_s)
     parser.add_argument("--nccl_bus_gb_s", type=float, default=model.Machine.nccl_bus_gb_s)
-    main(parser.parse_args())
+    try:
+        main(parser.parse_args())
+    except model.UsageError as e:
+        sys.exit(f"model: {e}")

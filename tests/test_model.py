@@ -46,6 +46,16 @@ def test_the_saved_figures_load():
     assert set(measured[SHAPE]) == {"atomics", "ring", "sequential"}
 
 
+def test_a_one_gpu_run_without_every_algorithm_is_refused_in_one_line():
+    two, later = os.path.join(DATA, "h200-bench.json"), os.path.join(DATA, "h200x1-bench-2026-12-03.json")
+    with pytest.raises(model.UsageError, match=r"has no world-size-1 figure for atomics at 8192 x 8192 x 8192, .*"
+                                               r"needs atomics, ring, two_shot at every shape"):
+        model.load_inputs(two, later)
+    only = model.load_inputs(two, later, algorithms=("two_shot",))[2]   # what --two_shot_from reads
+    assert set(only.ratio) == {"two_shot"} and set(only.ratio["two_shot"]) == set(model.load_inputs(two, later, (
+        "two_shot",))[0])
+
+
 def test_two_shot_one_gpu_estimate_follows_its_formula_and_the_saved_run():
     gpu = model.Gpu(sms=132, hbm_gb_s=4000.0, matmul_tflops=705.0)
     # 2048 tiles of 128 x 256 take 16 waves on the 128 GEMM programs left beside 4 communication programs, as

@@ -36,6 +36,8 @@ import dataclasses
 import json
 import os
 
+from ..errors import UsageError
+
 TOLERANCE = 0.15
 EXPOSURE = {"atomics": 0.5, "ring": 1.0}
 
@@ -99,9 +101,10 @@ def predict(algorithm, shapes, world_sizes, machine, one_gpu, checked_rows):
             for s in shapes for W in world_sizes}
 
 
-def load_inputs(two_gpu_json, one_gpu_json):
+def load_inputs(two_gpu_json, one_gpu_json, algorithms=("atomics", "ring", "two_shot")):
     """(measured {shape: {alg: ms}}, Machine, OneGpu) from h200_bench.py's JSON files: the 2-GPU run gives
-    the figures to check and the target's matmul times; the 1-GPU run the ratios."""
+    the figures to check and the target's matmul times; the 1-GPU run the ratios of ``algorithms``, which it
+    must hold at every shape of the 2-GPU run."""
     with open(two_gpu_json) as f:
         two = json.load(f)
     with open(one_gpu_json) as f:
@@ -110,7 +113,11 @@ def load_inputs(two_gpu_json, one_gpu_json):
                 for r in two["results"]}
     machine = Machine(matmul_ms={tuple(r["shape"]): r["matmul_ms"] for r in two["results"]})
     ratio = {a: {tuple(r["shape"]): r[f"{a}_ms"] / r["matmul_ms"] for r in one["results"] if f"{a}_ms" in r}
-             for a in ("atomics", "ring", "two_shot")}
+             for a in algorithms}
+    missing = [f"{a} at {' x '.join(map(str, shape))}" for a in ratio for shape in measured if shape not in ratio[a]]
+    if missing:
+        raise UsageError(f"{one_gpu_json} has no world-size-1 figure for {', '.join(missing)}: the model needs "
+                         f"{', '.join(algorithms)} at every shape of {two_gpu_json} (h200_bench.py --world_size 1)")
     return measured, machine, OneGpu(ratio=ratio)
 
 
