@@ -4,9 +4,9 @@ process, with no engines: the ranks of one GPU in one process, as an engine host
     python3 benchmarks/launch_cost.py [--world_size 2] [--algorithm two_shot] [--profile]
 
 Per launch: the host time of ``FusedGemmAllReduce.__call__(wait=False)`` for each rank in turn (median of
-50); the host time of ``launch_ranks`` (every rank's first kernel, then every rank's second: how the runs
-launch ranks that share a GPU) and of its first step alone, the one that sets how far apart the ranks start;
-and with ``--profile`` where it goes (cProfile, the top entries).
+50); the host time of ``launch_ranks`` for all ranks (every rank's first kernel, then every rank's second:
+how the runs launch ranks that share a GPU; how far apart the ranks then start is in the traces of
+``two_shot_tail.py``); and with ``--profile`` where it goes (cProfile, the top entries).
 """
 
 import argparse
@@ -21,7 +21,7 @@ import gemmar
 from gemmar.config import tuned_defaults
 from gemmar.runtime import rank as rank_runtime
 from gemmar.runtime.backends import gpu_properties
-from gemmar.runtime.launch import FusedGemmAllReduce
+from gemmar.runtime.launch import FusedGemmAllReduce, launch_ranks
 
 
 def main(W, algorithm, profile, m=8192, n=8192, k_per_rank=4096, launches=50):
@@ -50,30 +50,20 @@ def main(W, algorithm, profile, m=8192, n=8192, k_per_rank=4096, launches=50):
         for f in fused:
             f.check()
     profiler.disable()
-    together, first_step = [], []
+    together = []
     for i in range(launches + 5):
         torch.cuda.synchronize()
         t = time.perf_counter()
-        calls = [f._prepared_launches(a, b) for f, a, b in zip(fused, A, B)]
-        for launch, per_launch in (c[0] for c in calls):
-            launch(**per_launch)
-        t_first = time.perf_counter()
-        for launch, per_launch in (c[1] for c in calls if len(c) > 1):
-            launch(**per_launch)
-        for f in fused:
-            f._launched(wait=False)
-        t_end = time.perf_counter()
+        launch_ranks(fused, list(zip(A, B)))
         if i >= 5:
-            together.append(t_end - t)
-            first_step.append(t_first - t)
+            together.append(time.perf_counter() - t)
         for f in fused:
             f.check()
     med = np.median(per_rank, axis=0) * 1e6
     print(f"[launch] {algorithm} W={W} ({config.num_sms} + {config.comm_sms} programs): host time per launch "
           f"by rank {', '.join(f'{x:.0f}' for x in med)} us (median of {launches}); "
           f"{sum(p.launcher is not None for f in fused for p in f.prepared[1])} kernels launched directly", flush=True)
-    print(f"[launch] {algorithm} W={W}, kernel by kernel (launch_ranks, written out): all ranks "
-          f"{np.median(together) * 1e6:.0f} us, of which every rank's first kernel {np.median(first_step) * 1e6:.0f} us "
+    print(f"[launch] {algorithm} W={W}, kernel by kernel (launch_ranks): all ranks {np.median(together) * 1e6:.0f} us "
           f"(median of {launches})", flush=True)
     if profile:
         pstats.Stats(profiler).sort_stats("cumulative").print_stats(25)

@@ -166,11 +166,22 @@ def two_shot_reduce(
 
 
 @triton.jit
+def owned_count(total_tiles, owner, world_size):
+    """How many of ``total_tiles`` tiles rank ``owner`` owns (tile t belongs to rank t % world_size)."""
+    return tl.maximum(total_tiles - owner + world_size - 1, 0) // world_size
+
+
+@triton.jit
 def reduce_and_broadcast(C, partials, heap_bases, rank, world_size, M, N, stride_cm, stride_cn, trace, n_events, t,
-                         tile_id, pid_m, pid_n, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                         TRACE_CAPACITY: tl.constexpr, PEER_CACHE: tl.constexpr, SUM_PARTIALS: tl.constexpr):
-    """Steps 5 and 6 for one tile whose partials are all in: their sum, in rank order and fp32, written in
-    C's dtype into every rank's C (ours first). Returns (n_events, t) after its reduce and broadcast events."""
+                         tile_id, num_pid_m, num_pid_n, FIRST: tl.constexpr, BLOCK_M: tl.constexpr,
+                         BLOCK_N: tl.constexpr, GROUP_SIZE_M: tl.constexpr, TRACE_CAPACITY: tl.constexpr,
+                         PEER_CACHE: tl.constexpr, SUM_PARTIALS: tl.constexpr):
+    """Steps 5 and 6 for one tile whose partials are all in (acquired by this program since ``t``, by a wait
+    or a look, recorded as a ``FIRST`` event): their sum, in rank order and fp32, written in C's dtype into
+    every rank's C (ours first). Returns ``n_events`` after its three events."""
+    tl.debug_barrier()  # every thread reads the partials only after the acquire
+    pid_m, pid_n = tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_SIZE_M)
+    n_events, t = event(trace, n_events, t, FIRST, tile_id, pid_m, pid_n, 0, -1, TRACE_CAPACITY)
     total = SUM_PARTIALS(slot_pointers(partials, tile_id, BLOCK_M, BLOCK_N), rank, world_size, heap_bases, PEER_CACHE)
     n_events, t = event(trace, n_events, t, REDUCE, tile_id, pid_m, pid_n, 0, -1, TRACE_CAPACITY)
     offsets, mask = tile_offsets(pid_m, pid_n, M, N, stride_cm, stride_cn, BLOCK_M, BLOCK_N)
@@ -178,7 +189,7 @@ def reduce_and_broadcast(C, partials, heap_bases, rank, world_size, M, N, stride
     for step in range(world_size):
         device.store(C + offsets, result, rank, (rank + step) % world_size, heap_bases, mask=mask)
     n_events, t = event(trace, n_events, t, BROADCAST, tile_id, pid_m, pid_n, 0, -1, TRACE_CAPACITY)
-    return n_events, t
+    return n_events
 
 
 @triton.jit
@@ -220,23 +231,20 @@ def reduce_owned_tiles(
     num_pid_n = tl.cdiv(N, BLOCK_N)
     total_tiles = num_pid_m * num_pid_n
     n_events = tl.zeros((), tl.int32)
-    owned = tl.maximum(total_tiles - rank + world_size - 1, 0) // world_size
+    owned = owned_count(total_tiles, rank, world_size)
     broadcast = tl.zeros((), tl.int32)   # tiles this program has written into every rank's C
     for j in range(c, owned, COMM_SMS):
         tile_id = rank + j * world_size
         if take_tile(taken, tile_id, epoch, CLAIM):
-            pid_m, pid_n = tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_SIZE_M)
             # 4. Every rank's partial of launch `epoch` is in.
             t = stamp(TRACE_CAPACITY)
             if MISTAKE != SKIP_PARTIAL_WAIT:
                 device.wait_at_least(partial_ready + tile_id, world_size * (epoch + 1), timeout_ns, watchdog,
                                      rank, tile_id, PARTIAL_READY_FLAG, tile_id)
-            tl.debug_barrier()  # every thread reads the partials only after the acquire above
-            n_events, t = event(trace, n_events, t, PARTIAL_WAIT, tile_id, pid_m, pid_n, 0, -1, TRACE_CAPACITY)
             # 5 and 6.
-            n_events, t = reduce_and_broadcast(C, partials, heap_bases, rank, world_size, M, N, stride_cm,
-                                               stride_cn, trace, n_events, t, tile_id, pid_m, pid_n, BLOCK_M,
-                                               BLOCK_N, TRACE_CAPACITY, PEER_CACHE, SUM_PARTIALS)
+            n_events = reduce_and_broadcast(C, partials, heap_bases, rank, world_size, M, N, stride_cm, stride_cn,
+                                            trace, n_events, t, tile_id, num_pid_m, num_pid_n, PARTIAL_WAIT, BLOCK_M,
+                                            BLOCK_N, GROUP_SIZE_M, TRACE_CAPACITY, PEER_CACHE, SUM_PARTIALS)
             broadcast += 1
     count_in_at_peers(results_in, broadcast, rank, world_size, heap_bases)
     # 7. Every other owner's tiles: the last communication program waits for each owner's count, after its
@@ -246,7 +254,7 @@ def reduce_owned_tiles(
     t = stamp(TRACE_CAPACITY)
     for step in range(1, tl.where(last, world_size, 1)):
         owner = (rank + step) % world_size
-        target = (tl.maximum(total_tiles - owner + world_size - 1, 0) // world_size) * (epoch + 1)
+        target = owned_count(total_tiles, owner, world_size) * (epoch + 1)
         device.wait_at_least(results_in + owner * FLAG_STRIDE, target, timeout_ns, watchdog, rank, -1,
                              RESULTS_IN_FLAG, owner)
         n_events, t = event(trace, n_events, t, RESULT_WAIT, -1, -1, -1, 0, owner, TRACE_CAPACITY)
@@ -268,7 +276,7 @@ def help_reduce(C, partials, partial_ready, results_in, taken, heap_bases, rank,
     16). With the GEMM programs draining what is left when their own tiles are done, fewer suffice."""
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
-    owned = tl.maximum(num_pid_m * num_pid_n - rank + world_size - 1, 0) // world_size
+    owned = owned_count(num_pid_m * num_pid_n, rank, world_size)
     broadcast = tl.zeros((), tl.int32)
     for k in range(pid, owned, NUM_SMS):
         tile_id = rank + (owned - 1 - k) * world_size
@@ -277,12 +285,10 @@ def help_reduce(C, partials, partial_ready, results_in, taken, heap_bases, rank,
         seen = tl.atomic_add(partial_ready + tile_id, 0, sem="acquire", scope="sys")
         if seen >= world_size * (epoch + 1):
             if take_tile(taken, tile_id, epoch, True):
-                tl.debug_barrier()  # every thread reads the partials only after the acquire above
-                pid_m, pid_n = tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_SIZE_M)
-                n_events, t = event(trace, n_events, t, TAKE, tile_id, pid_m, pid_n, 0, -1, TRACE_CAPACITY)
-                n_events, t = reduce_and_broadcast(C, partials, heap_bases, rank, world_size, M, N, stride_cm,
-                                                   stride_cn, trace, n_events, t, tile_id, pid_m, pid_n, BLOCK_M,
-                                                   BLOCK_N, TRACE_CAPACITY, PEER_CACHE, SUM_PARTIALS)
+                n_events = reduce_and_broadcast(C, partials, heap_bases, rank, world_size, M, N, stride_cm,
+                                                stride_cn, trace, n_events, t, tile_id, num_pid_m, num_pid_n, TAKE,
+                                                BLOCK_M, BLOCK_N, GROUP_SIZE_M, TRACE_CAPACITY, PEER_CACHE,
+                                                SUM_PARTIALS)
                 broadcast += 1
     count_in_at_peers(results_in, broadcast, rank, world_size, heap_bases)
     return n_events
