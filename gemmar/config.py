@@ -78,6 +78,11 @@ def tuned_defaults(backend, algorithm, capability=(0, 0), multiprocessors=0, sha
         comm = 0
     elif "comm_sms" in given:
         comm = given["comm_sms"]
+    elif family == "hopper" and spec.comm_beside_gemm:
+        # One communication program beside each GEMM program, on its SM (launch.share_sms): the GEMM keeps
+        # every SM. On an H200 that took two_shot from 1.04-1.29x torch.matmul to 1.00-1.19x (BENCHMARKS.md).
+        gemm = given.get("num_sms", sms)
+        return {**knobs, "num_sms": gemm, "comm_sms": gemm}
     elif shape is not None:
         m, n, k_rank, world_size = shape
         tiles = -(-m // knobs["BLK_M"]) * -(-n // knobs["BLK_N"])

@@ -89,8 +89,12 @@ def test_communication_programs_follow_the_shape():
     assert split_programs(33, 2048, 4096, 4) == 5    # needs 5; 74 waves on 28 GEMM programs
     assert split_programs(132, 2048, 4096) == 11     # needs 8; 17 waves on 121 GEMM programs as on 124
     assert split_programs(132, 4, 100) == 4          # never more than there are tiles to reduce
-    knobs = tuned_defaults("cuda", "two_shot", (9, 0), 132, shape=(8192, 8192, 8192, 1))
-    assert (knobs["num_sms"], knobs["comm_sms"], knobs["BLK_N"]) == (128, 4, 256)
+    # Hopper: one communication program beside each GEMM program, on its SM; other GPUs: the split above.
+    knobs = tuned_defaults("cuda", "two_shot", (9, 0), 132, shape=(8192, 8192, 2048, 1))
+    assert (knobs["num_sms"], knobs["comm_sms"], knobs["BLK_N"]) == (132, 132, 256)
+    assert tuned_defaults("cuda", "two_shot", (9, 0), 66, given={"num_sms": 60})["comm_sms"] == 60
+    knobs = tuned_defaults("cuda", "two_shot", (8, 0), 108, shape=(8192, 8192, 2048, 1))
+    assert (knobs["num_sms"], knobs["comm_sms"]) == (108 - split_programs(108, 4096, 2048), split_programs(108, 4096, 2048))
     knobs = tuned_defaults("cuda", "two_shot", (9, 0), 132, shape=(8192, 8192, 8192, 1), given={"comm_sms": 8})
     assert (knobs["num_sms"], knobs["comm_sms"]) == (124, 8)   # the user's count, the rest to the GEMM
     assert tuned_defaults("cuda", "ring", (9, 0), 132, shape=(8192, 8192, 8192, 1))["comm_sms"] == 0

@@ -66,7 +66,7 @@ def two_shot_all_reduce(x, numel, out, partials, partial_ready, results_in, watc
                                     BLOCK_M, BLOCK_N, False, COPY_IN)
     reduce_owned_tiles(out, partials, partial_ready, results_in, partial_ready, watchdog, heap_bases, rank, world_size,
                        epoch, M, N, N, 1, timeout_ns, no_trace, c, BLOCK_M, BLOCK_N, 1, COMM_SMS, 0, 0, PEER_CACHE,
-                       sum_partials, False)   # (no CLAIM: nothing is taken, so any pointer will do for taken)
+                       sum_partials, False, BLOCK_M)   # no CLAIM: nothing is taken, so any pointer does for taken
 
 
 @triton.jit(do_not_specialize=["numel", "rank", "epoch", "timeout_ns"])

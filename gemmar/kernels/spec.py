@@ -134,11 +134,12 @@ class LaunchContext:
         trace = self.trace[start:] if capacity else self.trace
         return trace, self.trace_counts[first_program:first_program + programs]
 
-    def tuning(self, num_stages=None, **kwargs):
-        """``kwargs`` plus, on GPUs, num_warps and num_stages (the config's, or ``num_stages``: a kernel with
-        no loop to pipeline takes 1). The interpreter takes neither."""
+    def tuning(self, num_stages=None, num_warps=None, **kwargs):
+        """``kwargs`` plus, on GPUs, num_warps and num_stages (the config's, or the ones given: a kernel with
+        no loop to pipeline takes 1 stage). The interpreter takes neither."""
         if self.gpu:
-            kwargs.update(num_warps=self.config.num_warps, num_stages=num_stages or self.config.num_stages)
+            kwargs.update(num_warps=num_warps or self.config.num_warps,
+                          num_stages=num_stages or self.config.num_stages)
         return kwargs
 
 
@@ -167,6 +168,8 @@ class AlgorithmSpec:
     mistakes: tuple = ("none",)
     mistake_parts: dict = field(default_factory=dict)  # mistake -> {part name: function}
     comm_programs: bool = False        # launches comm_sms communication programs besides the GEMM's
+    comm_beside_gemm: bool = False     # they are small enough to share an SM with a GEMM program: on Hopper
+    #                                    GPUs the default is then one beside each (config.tuned_defaults)
     wire_dtype: bool = False           # partials travel in a dtype of their own (RunConfig.wire_dtype)
     barrier_after_launch: bool = False  # remote writes may be in flight until every rank has finished
     gpu_tuning: dict = field(default_factory=dict)  # GPU family ("hopper", "default") -> (BLK_M, BLK_N, BLK_K,

@@ -1,4 +1,4 @@
-"""GEMM + all-reduce, two-shot by tile owner: the GEMM programs never wait, a few programs do the reduction.
+"""GEMM + all-reduce, two-shot by tile owner: the GEMM programs never wait, small programs beside them reduce.
 
 Every rank computes a partial of every output tile (its K-slice). Tile ``t`` is *owned* by rank
 ``t % world_size``; the owner sums the tile's partials from all ranks and hands the sum back to every rank.
@@ -8,7 +8,10 @@ links ``2 (W - 1) / W`` times in the wire dtype, as NCCL's ring all-reduce does.
 A launch is two kernels, which run at the same time on two streams of the rank (one after the other under
 the interpreter, the GEMM first). Two kernels rather than one with two kinds of programs, so that each is
 compiled for its own job: the GEMM with its software pipeline and the tile's warps and stages, the
-reduction without either.
+reduction without either. On Hopper GPUs the reduction's programs are small enough (4 warps, summing
+``REDUCE_ROWS`` rows of a tile at a time: 63 registers a thread) to run on the same SMs as the GEMM's, one
+beside each: the GEMM keeps every SM, and the reduction streams alongside it (``launch.share_sms`` and
+``launch.check_co_resident`` make sure they fit).
 
 - **GEMM programs** (``two_shot_gemm``, ``NUM_SMS`` of them), the persistent GEMM: for each tile
   ``pid, pid + NUM_SMS, ...``
@@ -19,7 +22,8 @@ reduction without either.
   3. release-add 1 to ``partial_ready[tile]`` in the owner's heap, after a block-wide barrier so the
      count can never be seen before the data. Then go straight on to the next tile: nothing to wait for.
 
-  With its own tiles done, a GEMM program *helps* (:func:`help_reduce`): it looks at the tiles this rank
+  With its own tiles done, and when the communication programs are fewer than the GEMM's (each then an SM
+  the GEMM does not have), a GEMM program *helps* (:func:`help_reduce`): it looks at the tiles this rank
   owns, from the last one back, and does steps 5 and 6 for each one whose partials are all in already and
   that no other program has taken (``taken[tile]``, moved from ``epoch`` to ``epoch + 1`` by whoever takes
   the tile, with a compare-and-swap: one program per tile per launch). A tile that is not complete yet it
@@ -86,6 +90,10 @@ PHASES = (GEMM_PHASE,
           Phase(13, "take", "comm"))          # a GEMM program finds all partials of a tile in, and takes it
 PUBLISH, PARTIAL_WAIT, REDUCE, BROADCAST, RESULT_WAIT, TAKE = (tl.constexpr(p.kind_id) for p in PHASES[1:])
 
+# A communication program sums a tile REDUCE_ROWS rows at a time, with COMM_WARPS warps: 63 registers a
+# thread on an H200, small enough to share an SM with a GEMM program of the 128 x 256 tile (189 registers at
+# 8 warps), so that the GEMM keeps every SM (BENCHMARKS.md, 2026-12-03 evening).
+REDUCE_ROWS, COMM_WARPS = 32, 4
 MISTAKES = ("none", "skip_partial_wait")
 SKIP_PARTIAL_WAIT = tl.constexpr(MISTAKES.index("skip_partial_wait"))
 
@@ -96,8 +104,23 @@ def slot_pointers(partials, tile_id, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexp
     is never stored in C). Built from the tile id each time, like C's offsets: a 2-D offset tensor made once
     outside the tile loop would stay live in registers beside the accumulator and push the GEMM into
     spilling (that measured three times slower on an H200)."""
-    rows = tl.cast(tile_id, tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    return slot_rows(partials, tile_id, 0, BLOCK_M, BLOCK_M, BLOCK_N)
+
+
+@triton.jit
+def slot_rows(partials, tile_id, first, ROWS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Rows ``first`` .. ``first + ROWS - 1`` of tile ``tile_id``'s slot."""
+    rows = tl.cast(tile_id, tl.int64) * BLOCK_M + first + tl.arange(0, ROWS)
     return partials + rows[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+
+
+@triton.jit
+def chunk_offsets(pid_m, pid_n, first, M, N, stride_cm, stride_cn, ROWS: tl.constexpr, BLOCK_M: tl.constexpr,
+                  BLOCK_N: tl.constexpr):
+    """Element offsets in C of rows ``first`` .. ``first + ROWS - 1`` of tile (pid_m, pid_n), and their mask."""
+    rm = pid_m * BLOCK_M + first + tl.arange(0, ROWS)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    return rm[:, None] * stride_cm + rn[None, :] * stride_cn, (rm[:, None] < M) & (rn[None, :] < N)
 
 
 @triton.jit
@@ -116,7 +139,8 @@ def two_shot_gemm(
         stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn, trace, trace_counts,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_SIZE_M: tl.constexpr,
         NUM_SMS: tl.constexpr, DOT_PRECISION: tl.constexpr, TRACE_CAPACITY: tl.constexpr, EVEN_K: tl.constexpr,
-        TMA: tl.constexpr, PEER_CACHE: tl.constexpr, SUM_PARTIALS: tl.constexpr):
+        TMA: tl.constexpr, PEER_CACHE: tl.constexpr, SUM_PARTIALS: tl.constexpr, HELP: tl.constexpr,
+        REDUCE_ROWS: tl.constexpr):
     """The GEMM programs: compute each tile, publish it, move on (steps 1-3); then help with the reduction
     of what is ready (:func:`help_reduce`), still without waiting.
 
@@ -141,9 +165,10 @@ def two_shot_gemm(
         tl.debug_barrier()
         device.atomic_add(partial_ready + tile_id, 1, rank, owner, heap_bases, sem="release", scope="sys")
         n_events, t = event(trace, n_events, t, PUBLISH, tile_id, pid_m, pid_n, 0, owner, TRACE_CAPACITY)
-    n_events = help_reduce(C, partials, partial_ready, results_in, taken, heap_bases, rank, world_size, epoch, M, N,
-                           stride_cm, stride_cn, trace, n_events, pid, BLOCK_M, BLOCK_N, GROUP_SIZE_M, NUM_SMS,
-                           TRACE_CAPACITY, PEER_CACHE, SUM_PARTIALS)
+    if HELP:
+        n_events = help_reduce(C, partials, partial_ready, results_in, taken, heap_bases, rank, world_size, epoch, M,
+                               N, stride_cm, stride_cn, trace, n_events, pid, BLOCK_M, BLOCK_N, GROUP_SIZE_M, NUM_SMS,
+                               TRACE_CAPACITY, PEER_CACHE, SUM_PARTIALS, REDUCE_ROWS)
     finish_trace(trace_counts, n_events, TRACE_CAPACITY)
 
 
@@ -153,7 +178,7 @@ def two_shot_reduce(
         stride_cm, stride_cn, timeout_ns, trace, trace_counts,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_SIZE_M: tl.constexpr, COMM_SMS: tl.constexpr,
         TRACE_CAPACITY: tl.constexpr, MISTAKE: tl.constexpr, PEER_CACHE: tl.constexpr,
-        SUM_PARTIALS: tl.constexpr):
+        SUM_PARTIALS: tl.constexpr, HELP: tl.constexpr, REDUCE_ROWS: tl.constexpr):
     """The communication programs: reduce the tiles this rank owns that no GEMM program took, then wait for
     the others (steps 4-7). ``trace`` and ``trace_counts`` start at this kernel's own region of the rank's
     trace buffer. ``results_in`` holds one counter per owner, ``FLAG_STRIDE`` int32s apart (a cache line
@@ -161,7 +186,7 @@ def two_shot_reduce(
     n_events = reduce_owned_tiles(
         C, partials, partial_ready, results_in, taken, watchdog, heap_bases, rank, world_size, epoch, M, N,
         stride_cm, stride_cn, timeout_ns, trace, tl.program_id(0), BLOCK_M, BLOCK_N, GROUP_SIZE_M, COMM_SMS,
-        TRACE_CAPACITY, MISTAKE, PEER_CACHE, SUM_PARTIALS, True)
+        TRACE_CAPACITY, MISTAKE, PEER_CACHE, SUM_PARTIALS, HELP, REDUCE_ROWS)
     finish_trace(trace_counts, n_events, TRACE_CAPACITY)
 
 
@@ -175,19 +200,41 @@ def owned_count(total_tiles, owner, world_size):
 def reduce_and_broadcast(C, partials, heap_bases, rank, world_size, M, N, stride_cm, stride_cn, trace, n_events, t,
                          tile_id, num_pid_m, num_pid_n, FIRST: tl.constexpr, BLOCK_M: tl.constexpr,
                          BLOCK_N: tl.constexpr, GROUP_SIZE_M: tl.constexpr, TRACE_CAPACITY: tl.constexpr,
-                         PEER_CACHE: tl.constexpr, SUM_PARTIALS: tl.constexpr):
+                         PEER_CACHE: tl.constexpr, SUM_PARTIALS: tl.constexpr, REDUCE_ROWS: tl.constexpr):
     """Steps 5 and 6 for one tile whose partials are all in (acquired by this program since ``t``, by a wait
     or a look, recorded as a ``FIRST`` event): their sum, in rank order and fp32, written in C's dtype into
-    every rank's C (ours first). Returns ``n_events`` after its three events."""
+    every rank's C (ours first). Returns ``n_events`` after its three events.
+
+    ``REDUCE_ROWS`` < ``BLOCK_M`` sums the tile ``REDUCE_ROWS`` rows at a time into our C, then copies it
+    from there to the peers: a whole 128 x 256 fp32 sum needs 128 registers a thread at 8 warps, a
+    32-row one 64 at 4 warps, small enough for a communication program to share an SM with a GEMM
+    program (the GEMM then keeps every SM)."""
     tl.debug_barrier()  # every thread reads the partials only after the acquire
     pid_m, pid_n = tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_SIZE_M)
     n_events, t = event(trace, n_events, t, FIRST, tile_id, pid_m, pid_n, 0, -1, TRACE_CAPACITY)
-    total = SUM_PARTIALS(slot_pointers(partials, tile_id, BLOCK_M, BLOCK_N), rank, world_size, heap_bases, PEER_CACHE)
-    n_events, t = event(trace, n_events, t, REDUCE, tile_id, pid_m, pid_n, 0, -1, TRACE_CAPACITY)
-    offsets, mask = tile_offsets(pid_m, pid_n, M, N, stride_cm, stride_cn, BLOCK_M, BLOCK_N)
-    result = total.to(C.dtype.element_ty)
-    for step in range(world_size):
-        device.store(C + offsets, result, rank, (rank + step) % world_size, heap_bases, mask=mask)
+    if REDUCE_ROWS == BLOCK_M:
+        total = SUM_PARTIALS(slot_pointers(partials, tile_id, BLOCK_M, BLOCK_N), rank, world_size, heap_bases,
+                             PEER_CACHE)
+        n_events, t = event(trace, n_events, t, REDUCE, tile_id, pid_m, pid_n, 0, -1, TRACE_CAPACITY)
+        offsets, mask = tile_offsets(pid_m, pid_n, M, N, stride_cm, stride_cn, BLOCK_M, BLOCK_N)
+        result = total.to(C.dtype.element_ty)
+        for step in range(world_size):
+            device.store(C + offsets, result, rank, (rank + step) % world_size, heap_bases, mask=mask)
+    else:
+        for r0 in range(0, BLOCK_M, REDUCE_ROWS):
+            total = SUM_PARTIALS(slot_rows(partials, tile_id, r0, REDUCE_ROWS, BLOCK_M, BLOCK_N), rank, world_size,
+                                 heap_bases, PEER_CACHE)
+            offsets, mask = chunk_offsets(pid_m, pid_n, r0, M, N, stride_cm, stride_cn, REDUCE_ROWS, BLOCK_M,
+                                          BLOCK_N)
+            tl.store(C + offsets, total.to(C.dtype.element_ty), mask=mask)
+        n_events, t = event(trace, n_events, t, REDUCE, tile_id, pid_m, pid_n, 0, -1, TRACE_CAPACITY)
+        for step in range(1, world_size):
+            for r0 in range(0, BLOCK_M, REDUCE_ROWS):
+                offsets, mask = chunk_offsets(pid_m, pid_n, r0, M, N, stride_cm, stride_cn, REDUCE_ROWS, BLOCK_M,
+                                              BLOCK_N)
+                # Each thread reads back what it wrote itself, so no barrier is needed.
+                device.store(C + offsets, tl.load(C + offsets, mask=mask), rank, (rank + step) % world_size,
+                             heap_bases, mask=mask)
     n_events, t = event(trace, n_events, t, BROADCAST, tile_id, pid_m, pid_n, 0, -1, TRACE_CAPACITY)
     return n_events
 
@@ -223,7 +270,7 @@ def reduce_owned_tiles(
         stride_cm, stride_cn, timeout_ns, trace, c,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_SIZE_M: tl.constexpr, COMM_SMS: tl.constexpr,
         TRACE_CAPACITY: tl.constexpr, MISTAKE: tl.constexpr, PEER_CACHE: tl.constexpr,
-        SUM_PARTIALS: tl.constexpr, CLAIM: tl.constexpr):
+        SUM_PARTIALS: tl.constexpr, CLAIM: tl.constexpr, REDUCE_ROWS: tl.constexpr):
     """Steps 4-7 for communication program ``c``: owned tiles ``c, c + COMM_SMS, ...`` (in the order this rank
     owns them), less those a GEMM program has taken (``CLAIM``); returns the number of events it recorded.
     Also the standalone all-reduce's reduction (no ``CLAIM``)."""
@@ -244,7 +291,8 @@ def reduce_owned_tiles(
             # 5 and 6.
             n_events = reduce_and_broadcast(C, partials, heap_bases, rank, world_size, M, N, stride_cm, stride_cn,
                                             trace, n_events, t, tile_id, num_pid_m, num_pid_n, PARTIAL_WAIT, BLOCK_M,
-                                            BLOCK_N, GROUP_SIZE_M, TRACE_CAPACITY, PEER_CACHE, SUM_PARTIALS)
+                                            BLOCK_N, GROUP_SIZE_M, TRACE_CAPACITY, PEER_CACHE, SUM_PARTIALS,
+                                            REDUCE_ROWS)
             broadcast += 1
     count_in_at_peers(results_in, broadcast, rank, world_size, heap_bases)
     # 7. Every other owner's tiles: the last communication program waits for each owner's count, after its
@@ -265,7 +313,8 @@ def reduce_owned_tiles(
 def help_reduce(C, partials, partial_ready, results_in, taken, heap_bases, rank, world_size, epoch, M, N,
                 stride_cm, stride_cn, trace, n_events, pid,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_SIZE_M: tl.constexpr, NUM_SMS: tl.constexpr,
-                TRACE_CAPACITY: tl.constexpr, PEER_CACHE: tl.constexpr, SUM_PARTIALS: tl.constexpr):
+                TRACE_CAPACITY: tl.constexpr, PEER_CACHE: tl.constexpr, SUM_PARTIALS: tl.constexpr,
+                REDUCE_ROWS: tl.constexpr):
     """A GEMM program that has published all its tiles helps with the owned tiles' reduction without ever
     waiting: it looks at owned tiles from the last one back (``owned - 1 - pid``, then ``NUM_SMS`` further
     back, ...), and reduces each whose partials are all in already and that no program has taken yet (steps
@@ -288,7 +337,7 @@ def help_reduce(C, partials, partial_ready, results_in, taken, heap_bases, rank,
                 n_events = reduce_and_broadcast(C, partials, heap_bases, rank, world_size, M, N, stride_cm,
                                                 stride_cn, trace, n_events, t, tile_id, num_pid_m, num_pid_n, TAKE,
                                                 BLOCK_M, BLOCK_N, GROUP_SIZE_M, TRACE_CAPACITY, PEER_CACHE,
-                                                SUM_PARTIALS)
+                                                SUM_PARTIALS, REDUCE_ROWS)
                 broadcast += 1
     count_in_at_peers(results_in, broadcast, rank, world_size, heap_bases)
     return n_events
@@ -316,12 +365,18 @@ def launches(ctx):
     """Two kernels on two streams: the GEMM on the rank's, the reduction on its side stream (the rank's
     next launch waits for it). The reduction records into the trace buffer after the GEMM programs'."""
     cfg, buf = ctx.config, ctx.buffers
+    # GEMM programs help only when the communication programs are fewer than theirs (then each one is
+    # an SM the GEMM does not have, and there may be too few to keep up); with one beside each GEMM program
+    # there are enough, and looking over the tiles would only cost the GEMM programs time.
+    help = cfg.comm_sms < cfg.num_sms
+    reduce_rows = REDUCE_ROWS if ctx.gpu else 8   # (the interpreter's small tiles are summed in chunks too)
+    reduce_rows = reduce_rows if cfg.BLK_M % reduce_rows == 0 else cfg.BLK_M
     gemm = Launch(two_shot_gemm, (cfg.num_sms,), ctx.tuning(
         A=ctx.A, B=ctx.B, C=buf.C, partials=buf.partials, partial_ready=buf.partial_ready,
         results_in=buf.results_in, taken=buf.taken, heap_bases=ctx.heap.heap_bases, rank=ctx.rank,
         world_size=ctx.world_size, epoch=0, M=cfg.m, N=cfg.n, K=ctx.K, **ctx.strides, stride_cm=cfg.n, stride_cn=1,
         trace=ctx.trace, trace_counts=ctx.trace_counts, **ctx.gemm, PEER_CACHE=ctx.peer_cache,
-        SUM_PARTIALS=ctx.parts["sum_partials"]), per_launch=("epoch",))
+        SUM_PARTIALS=ctx.parts["sum_partials"], HELP=help, REDUCE_ROWS=reduce_rows), per_launch=("epoch",))
     trace, trace_counts = ctx.trace_region(cfg.num_sms, cfg.comm_sms)
     reduce = Launch(two_shot_reduce, (cfg.comm_sms,), ctx.tuning(
         C=buf.C, partials=buf.partials, partial_ready=buf.partial_ready, results_in=buf.results_in,
@@ -329,7 +384,8 @@ def launches(ctx):
         M=cfg.m, N=cfg.n, stride_cm=cfg.n, stride_cn=1, timeout_ns=ctx.timeout_ns, trace=trace,
         trace_counts=trace_counts, BLOCK_M=cfg.BLK_M, BLOCK_N=cfg.BLK_N, GROUP_SIZE_M=cfg.gsize_m,
         COMM_SMS=cfg.comm_sms, TRACE_CAPACITY=ctx.gemm["TRACE_CAPACITY"], MISTAKE=ctx.mistake,
-        PEER_CACHE=ctx.peer_cache, SUM_PARTIALS=ctx.parts["sum_partials"], num_stages=1),
+        PEER_CACHE=ctx.peer_cache, SUM_PARTIALS=ctx.parts["sum_partials"], HELP=help, REDUCE_ROWS=reduce_rows,
+        num_stages=1, num_warps=COMM_WARPS),
         stream="side", per_launch=("epoch",))
     return [gemm, reduce]
 
@@ -362,6 +418,6 @@ SPEC = AlgorithmSpec(
     events_per_launch=lambda cfg, W, rank: cfg.tile_count * 2 + reduce_events(
         owned_tiles(cfg.tile_count, W, rank), W, programs=1),
     parts={"sum_partials": Part(sum_partials, "the tile's fp32 sum")}, mistakes=MISTAKES,
-    comm_programs=True, wire_dtype=True,
+    comm_programs=True, comm_beside_gemm=True, wire_dtype=True,
     gpu_tuning={"hopper": (128, 256, 64, 8, 3, 8)},   # the TMA GEMM core's tile on 1 x H200 (BENCHMARKS.md)
     builtin=True)

@@ -54,24 +54,62 @@ def gemm_constexprs(config, k_r, trace_capacity, tma):
                 TRACE_CAPACITY=trace_capacity, EVEN_K=k_r % config.BLK_K == 0, TMA=tma)
 
 
-def check_co_resident(compiled, config, heap):
-    """Ranks that share a GPU spin on each other's flags, so all their programs must be on the GPU at once;
-    a grid that cannot be is refused here, before it could hang. Residency per SM is limited by threads,
-    registers and shared memory, read from the loaded kernel (``prepare`` has filled in its register count)."""
+def check_co_resident(kernels, heap):
+    """Refuse a launch whose programs could not all be resident on the GPU at once, before it could hang.
+
+    ``kernels``: [(loaded kernel, programs per rank)]. Waiting programs need the programs they wait for on
+    the GPU beside them: two_shot's communication programs wait for the GEMM's (of every rank, when ranks
+    share the GPU). When there are no more programs than SMs, each can have an SM of its own; with more,
+    they must share SMs, and the check assumes the GPU deals each kernel's programs out evenly over its SMs
+    (what an H200 did), so each SM must hold its share of every kernel at once. Residency per SM is limited
+    by threads, registers and shared memory, read from the loaded kernels (``prepare`` has filled in their
+    register counts)."""
     props = torch.cuda.get_device_properties(heap.device)
-    threads = compiled.metadata.num_warps * 32
-    registers = -(-compiled.n_regs // 8) * 8 * threads
-    shared = compiled.metadata.shared + 1024   # the driver reserves 1 KB of shared memory per program
-    shared_per_sm = getattr(props, "shared_memory_per_multiprocessor", 228 << 10)
-    per_sm = min(props.max_threads_per_multi_processor // threads,
-                 getattr(props, "regs_per_multiprocessor", 65536) // max(registers, 1), shared_per_sm // shared)
-    slots, needed = per_sm * props.multi_processor_count, heap.ranks_on_device * config.programs
-    if needed > slots:
-        raise UsageError(f"{heap.ranks_on_device} ranks x {config.programs} programs = {needed} programs cannot all "
-                         f"be resident on one {props.name} ({props.multi_processor_count} SMs x {per_sm} of these "
-                         f"programs each: {compiled.n_regs} registers x {threads} threads, {compiled.metadata.shared} "
-                         f"B shared memory), and ranks sharing a GPU wait on each other: use at most "
-                         f"{slots // heap.ranks_on_device} programs per rank (num_sms + comm_sms)")
+    sms, ranks = props.multi_processor_count, heap.ranks_on_device
+    total = sum(programs for _, programs in kernels) * ranks
+    if total <= sms:
+        return
+    used = dict(threads=0, registers=0, shared=0)
+    for compiled, programs in kernels:
+        per_sm = -(-programs * ranks // sms)
+        threads = compiled.metadata.num_warps * 32
+        used["threads"] += per_sm * threads
+        used["registers"] += per_sm * -(-compiled.n_regs // 8) * 8 * threads
+        used["shared"] += per_sm * (compiled.metadata.shared + 1024)   # the driver keeps 1 KB per program
+    room = dict(threads=props.max_threads_per_multi_processor,
+                registers=getattr(props, "regs_per_multiprocessor", 65536),
+                shared=getattr(props, "shared_memory_per_multiprocessor", 228 << 10))
+    short = [f"{used[k]} {k} of {room[k]}" for k in room if used[k] > room[k]]
+    if short:
+        programs = " + ".join(str(p) for _, p in kernels)
+        raise UsageError(f"{ranks} rank(s) x ({programs}) programs cannot all be resident on one {props.name} "
+                         f"({sms} SMs; each SM would need {', '.join(short)}), and these programs wait on each "
+                         f"other: use at most {sms // ranks} programs per rank (num_sms + comm_sms), or a "
+                         f"smaller tile")
+
+
+_PREFERRED_SHARED_CARVEOUT, _CACHE_PREFER_SHARED = 9, 1   # CUfunction_attribute, CUfunc_cache (cuda.h)
+
+
+def share_sms(compiled):
+    """Let this kernel's programs run on an SM beside programs of kernels that use most of its shared memory.
+
+    An SM splits its on-chip memory between L1 and shared memory one way at a time, and runs programs only
+    of kernels that agree with the split. Triton asks for the largest shared part only for kernels that
+    use more than 48 KiB of it, so two_shot's communication programs (a few KiB) could not share an SM with
+    the GEMM's: on an H200, 132 of them beside 132 GEMM programs took every SM first and the GEMM never
+    started (the watchdog's deadlock), and 66 made the launch 1.5-2x slower. Every kernel asks for the
+    largest shared part here, so all of them agree. (NVIDIA only: nothing to do on ROCm.)"""
+    if torch.version.hip:
+        return
+    import ctypes
+
+    libcuda = ctypes.CDLL("libcuda.so.1")
+    function = ctypes.c_void_p(compiled.function)
+    for name, status in (("cuFuncSetAttribute", libcuda.cuFuncSetAttribute(function, _PREFERRED_SHARED_CARVEOUT, 100)),
+                         ("cuFuncSetCacheConfig", libcuda.cuFuncSetCacheConfig(function, _CACHE_PREFER_SHARED))):
+        if status != 0:
+            raise RuntimeError(f"{name} failed with CUDA error {status}")
 
 
 class FusedGemmAllReduce:
@@ -95,6 +133,7 @@ class FusedGemmAllReduce:
         self.delays = np.random.default_rng(config.seed + 7919 * heap.rank)  # the straggler's draws
         self.kernel_resources = []   # GPU, after prepare(): each kernel's registers and spills
         self.prepared = None         # (A and B's key, [PreparedLaunch]) of the last A and B
+        self.prepared_for = None     # the key of the A and B prepare() last compiled and checked for
 
     def check_inputs(self, A, B):
         cfg, rank = self.config, self.heap.rank
@@ -128,15 +167,17 @@ class FusedGemmAllReduce:
             return
         self.check_inputs(A, B)
         launches = self._kernel_calls(A, B)
-        self.kernel_resources = []
+        self.kernel_resources, loaded = [], []
         for launch in launches:
             with torch.cuda.stream(self._stream(launch)):
                 compiled = launch.kernel.warmup(grid=launch.grid, **launch.kwargs)
                 compiled._init_handles()
+                share_sms(compiled)
                 self.kernel_resources.append(dict(kernel=launch.kernel.__name__, registers=int(compiled.n_regs),
                                                   spills=int(compiled.n_spills)))
-                if self.heap.ranks_on_device > 1 and launch is launches[0]:
-                    check_co_resident(compiled, self.config, self.heap)
+                loaded.append((compiled, launch.grid[0]))
+        check_co_resident(loaded, self.heap)
+        self.prepared_for = self._inputs_key(A, B)
         if self.config.delay_rank == self.heap.rank and self.config.delay_us > 0:
             self.heap.delay(0)
 
@@ -147,8 +188,10 @@ class FusedGemmAllReduce:
         self.check_inputs(A, B)
         if cfg.delay_rank == heap.rank and cfg.delay_us > 0:
             heap.delay(self.delays.uniform(0.5, 1.0) * cfg.delay_us * 1e-6)
-        key = tuple((t.data_ptr(), t.dtype, tuple(t.shape), t.stride()) for t in (A, B))
+        key = self._inputs_key(A, B)
         if self.prepared is None or self.prepared[0] != key:
+            if self.prepared_for != key:
+                self.prepare(A, B)   # (GPU: compiled, loaded and checked before the first launch)
             launches = self._kernel_calls(A, B)
             self.joins_side_stream = any(launch.stream == "side" for launch in launches)
             self.prepared = (key, [PreparedLaunch(launch.kernel, launch.grid, (), launch.kwargs, self._stream(launch),
@@ -156,6 +199,10 @@ class FusedGemmAllReduce:
         per_launch = {"epoch": self.launches, "parity": self.launches % 2}
         return [(launch, {name: value for name, value in per_launch.items() if name in launch.per_launch})
                 for launch in self.prepared[1]]
+
+    @staticmethod
+    def _inputs_key(A, B):
+        return tuple((t.data_ptr(), t.dtype, tuple(t.shape), t.stride()) for t in (A, B))
 
     def _launched(self, wait):
         """After this launch's kernels are enqueued: order the streams, count the launch, return C."""
