@@ -37,8 +37,9 @@ def _bench_parser(sub):
                                    "builds the same seeded A (M x K) and B (K x N) and keeps its K-slice.",
                        epilog="(tuned): left out, it is chosen for the device: on cpu 32/32/32 tiles and 4 "
                               "programs; on GPUs the algorithm's measured tile, one program per SM (shared out when "
-                              "ranks share a GPU), and for two_shot as many communication programs as the shape's "
-                              "reduction needs (config.split_programs). "
+                              "ranks share a GPU), and for two_shot one communication program beside each GEMM "
+                              "program on Hopper GPUs, elsewhere as many as the shape's reduction needs "
+                              "(config.split_programs). "
                               "(Iris): a flag of Iris's GEMM + all-reduce benchmark.py, taken with Iris's meaning. "
                               "(Iris, AMD) : accepted so that Iris command lines run, and said to mean nothing "
                               "here. Differences: no int8; --output_file is off unless given (Iris: log.json); "
