@@ -38,8 +38,8 @@ def _bench_parser(sub):
                        epilog="(tuned): left out, it is chosen for the device: on cpu 32/32/32 tiles and 4 "
                               "programs; on GPUs the algorithm's measured tile, one program per SM (shared out when "
                               "ranks share a GPU), and for two_shot one communication program beside each GEMM "
-                              "program on Hopper GPUs, elsewhere as many as the shape's reduction needs "
-                              "(config.split_programs). "
+                              "program on Hopper GPUs (untraced runs), otherwise as many as the shape's reduction "
+                              "needs (config.split_programs). "
                               "(Iris): a flag of Iris's GEMM + all-reduce benchmark.py, taken with Iris's meaning. "
                               "(Iris, AMD) : accepted so that Iris command lines run, and said to mean nothing "
                               "here. Differences: no int8; --output_file is off unless given (Iris: log.json); "
@@ -117,7 +117,7 @@ def config_from_args(args, backend, algorithm=None):
         sms //= args.num_ranks   # the ranks' programs must all be resident on the one GPU at once
     k_rank = -(-args.k // max(args.num_ranks, 1))
     knobs = tuned_defaults(backend, algorithm, capability, sms, shape=(args.m, args.n, k_rank, args.num_ranks),
-                           given={k: getattr(args, k) for k in TUNED_KNOBS})
+                           given={k: getattr(args, k) for k in TUNED_KNOBS}, trace=args.trace_tiles)
     spec = get_algorithm(algorithm)
     if args.total_sms is not None and spec.comm_programs:
         comm = args.total_sms - knobs["num_sms"]

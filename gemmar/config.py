@@ -59,7 +59,7 @@ def choose_algorithm(backend, world_size, gpus):
     return AUTO_RULE["one_gpu" if world_size == 1 else "gpus"]
 
 
-def tuned_defaults(backend, algorithm, capability=(0, 0), multiprocessors=0, shape=None, given=None):
+def tuned_defaults(backend, algorithm, capability=(0, 0), multiprocessors=0, shape=None, given=None, trace=False):
     """Settings that suit the device, for every knob the user did not set (``given``: the ones they did).
     On the cpu backend these are RunConfig's own defaults; on GPUs the algorithm's tile for the GPU's family
     and one program per SM, split between the GEMM and the communication programs by ``split_programs``
@@ -78,9 +78,11 @@ def tuned_defaults(backend, algorithm, capability=(0, 0), multiprocessors=0, sha
         comm = 0
     elif "comm_sms" in given:
         comm = given["comm_sms"]
-    elif family == "hopper" and spec.comm_beside_gemm:
+    elif family == "hopper" and spec.comm_beside_gemm and not (trace or given.get("trace")):
         # One communication program beside each GEMM program, on its SM (launch.share_sms): the GEMM keeps
-        # every SM. On an H200 that took two_shot from 1.04-1.29x torch.matmul to 1.00-1.19x (BENCHMARKS.md).
+        # every SM. On an H200 that took two_shot from 1.04-1.29x torch.matmul to 0.93-1.19x (BENCHMARKS.md).
+        # Not when traced: recording events takes registers, and the traced pair did not fit on one SM
+        # (76800 registers of 65536), so a traced run keeps the split below.
         gemm = given.get("num_sms", sms)
         return {**knobs, "num_sms": gemm, "comm_sms": gemm}
     elif shape is not None:

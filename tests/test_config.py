@@ -93,6 +93,8 @@ def test_communication_programs_follow_the_shape():
     knobs = tuned_defaults("cuda", "two_shot", (9, 0), 132, shape=(8192, 8192, 2048, 1))
     assert (knobs["num_sms"], knobs["comm_sms"], knobs["BLK_N"]) == (132, 132, 256)
     assert tuned_defaults("cuda", "two_shot", (9, 0), 66, given={"num_sms": 60})["comm_sms"] == 60
+    knobs = tuned_defaults("cuda", "two_shot", (9, 0), 132, shape=(8192, 8192, 2048, 1), trace=True)
+    assert (knobs["num_sms"], knobs["comm_sms"]) == (116, 16)   # traced kernels do not fit two to an SM
     knobs = tuned_defaults("cuda", "two_shot", (8, 0), 108, shape=(8192, 8192, 2048, 1))
     assert (knobs["num_sms"], knobs["comm_sms"]) == (108 - split_programs(108, 4096, 2048), split_programs(108, 4096, 2048))
     knobs = tuned_defaults("cuda", "two_shot", (9, 0), 132, shape=(8192, 8192, 8192, 1), given={"comm_sms": 8})
