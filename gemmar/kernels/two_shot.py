@@ -369,7 +369,12 @@ def launches(ctx):
     # an SM the GEMM does not have, and there may be too few to keep up); with one beside each GEMM program
     # there are enough, and looking over the tiles would only cost the GEMM programs time.
     help = cfg.comm_sms < cfg.num_sms
-    reduce_rows = REDUCE_ROWS if ctx.gpu else 8   # (the interpreter's small tiles are summed in chunks too)
+    # Beside the GEMM's, the communication programs must be small: they sum a tile in row chunks, at
+    # COMM_WARPS. Few of them, on SMs of their own, must be quick per tile: the whole tile at once, at the
+    # GEMM's warps (chunks at 4 warps took 11.7 us a tile instead of 3.1 there, and W = 2's tail grew from
+    # 1.3 % to 7 %). The interpreter sums in chunks of 8 rows, so the CPU suite runs the chunked code.
+    reduce_rows, comm_warps = (REDUCE_ROWS, COMM_WARPS) if not help else (cfg.BLK_M, cfg.num_warps)
+    reduce_rows = 8 if not ctx.gpu else reduce_rows
     reduce_rows = reduce_rows if cfg.BLK_M % reduce_rows == 0 else cfg.BLK_M
     gemm = Launch(two_shot_gemm, (cfg.num_sms,), ctx.tuning(
         A=ctx.A, B=ctx.B, C=buf.C, partials=buf.partials, partial_ready=buf.partial_ready,
@@ -385,7 +390,7 @@ def launches(ctx):
         trace_counts=trace_counts, BLOCK_M=cfg.BLK_M, BLOCK_N=cfg.BLK_N, GROUP_SIZE_M=cfg.gsize_m,
         COMM_SMS=cfg.comm_sms, TRACE_CAPACITY=ctx.gemm["TRACE_CAPACITY"], MISTAKE=ctx.mistake,
         PEER_CACHE=ctx.peer_cache, SUM_PARTIALS=ctx.parts["sum_partials"], HELP=help, REDUCE_ROWS=reduce_rows,
-        num_stages=1, num_warps=COMM_WARPS),
+        num_stages=1, num_warps=comm_warps),
         stream="side", per_launch=("epoch",))
     return [gemm, reduce]
 
