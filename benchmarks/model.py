@@ -9,6 +9,7 @@ predictions for two_shot at W = 2 and W = 8; no GPU needed.
 """
 
 import argparse
+import os
 import sys
 
 from gemmar.analysis import model
@@ -29,10 +30,11 @@ def main(args):
     for alg, shape, ms, pred, err in rows:
         print(f"| {alg} | {' x '.join(map(str, shape))} | {ms:.3f} ms | {pred:.3f} ms | {100 * err:+.1f} % |")
     gpu = model.Gpu()
+    local = args.two_shot_from or os.path.join(model.DATA, model.CHECKED_AGAINST[2])
     print(f"\ntwo_shot's one-GPU time estimated (for shapes nobody measured: --algorithm auto), against "
-          f"{args.one_gpu}; {gpu}")
+          f"{local}; {gpu}")
     print("| per-rank M x N x K | measured, world size 1 | estimate | error |\n|---|---|---|---|")
-    for shape, ms, estimate, err in model.check_local(args.one_gpu, gpu):
+    for shape, ms, estimate, err in model.check_local(local, gpu):
         print(f"| {' x '.join(map(str, shape))} | {ms:.3f} ms | {estimate:.3f} ms | {100 * err:+.1f} % |")
     print()
     for shape in [*measured, (4096, 4096, 4096), (2048, 2048, 8192), (16384, 16384, 4096)]:

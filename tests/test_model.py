@@ -58,14 +58,18 @@ def test_a_one_gpu_run_without_every_algorithm_is_refused_in_one_line():
 
 def test_two_shot_one_gpu_estimate_follows_its_formula_and_the_saved_run():
     gpu = model.Gpu(sms=132, hbm_gb_s=4000.0, matmul_tflops=705.0)
+    split = model.Gpu(sms=132, hbm_gb_s=4000.0, matmul_tflops=705.0, comm_beside_gemm=False)
     # 2048 tiles of 128 x 256 take 16 waves on the 128 GEMM programs left beside 4 communication programs, as
-    # on 132: only the partial's round trip (written and read in bf16) is added.
-    assert model.two_shot_local_ms((8192, 8192, 8192), 1.5, 1, gpu) == pytest.approx(1.5 + 2 * 8192 * 8192 * 2 / 4e9)
-    # 128 tiles on fewer than 128 GEMM programs: two waves where matmul needs one.
-    assert model.two_shot_local_ms((2048, 2048, 8192), 1.0, 2, gpu) == pytest.approx(2.0 + 2 * 2048 * 2048 * 2 / 4e9)
+    # on 132: only the partial's round trip (written and read in bf16) is added, in either layout.
+    for g in (gpu, split):
+        assert model.two_shot_local_ms((8192, 8192, 8192), 1.5, 1, g) == pytest.approx(1.5 + 2 * 8192 * 8192 * 2 / 4e9)
+    # 128 tiles on fewer than 128 GEMM programs: two waves where matmul needs one; on all 132, one.
+    assert model.two_shot_local_ms((2048, 2048, 8192), 1.0, 2, split) == pytest.approx(2.0 + 2 * 2048 * 2048 * 2 / 4e9)
+    assert model.two_shot_local_ms((2048, 2048, 8192), 1.0, 2, gpu) == pytest.approx(1.0 + 2 * 2048 * 2048 * 2 / 4e9)
     assert model.matmul_ms((8192, 8192, 8192), gpu) == pytest.approx(1.56, abs=0.01)
-    rows = model.check_local(os.path.join(DATA, "h200x1-bench-2026-12-02.json"), gpu)
+    rows = model.check_local(os.path.join(DATA, model.CHECKED_AGAINST[2]), gpu)
     assert [r[0] for r in rows] == [(8192, 8192, 8192), (4096, 8192, 14336), (8192, 8192, 2048)]
+    assert all(abs(r[3]) <= model.TOLERANCE for r in rows)
 
 
 def test_choose_refuses_to_speak_without_its_checks(tmp_path):

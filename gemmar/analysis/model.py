@@ -124,7 +124,9 @@ def load_inputs(two_gpu_json, one_gpu_json, algorithms=("atomics", "ring", "two_
 # -- shapes nobody measured: two_shot's one-GPU time estimated, and the choice of --algorithm auto ----------
 TWO_SHOT_TILE = (128, 256)            # two_shot's tile on Hopper (kernels/two_shot.py, gpu_tuning)
 DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "data")
-CHECKED_AGAINST = ("h200-bench.json", "h200x1-bench-2026-12-02.json")   # the 2-GPU and 1-GPU runs, in data/
+# In data/: the 2-GPU run; the 1-GPU run of every algorithm (their ratios); two_shot's latest 1-GPU run, of
+# the kernel as it is now (one communication program beside each GEMM program), for the one-GPU estimate.
+CHECKED_AGAINST = ("h200-bench.json", "h200x1-bench-2026-12-02.json", "h200x1-bench-beside-2026-12-03.json")
 
 
 @dataclasses.dataclass
@@ -134,6 +136,7 @@ class Gpu:
     sms: int = 132
     hbm_gb_s: float = 4000.0          # what a streaming kernel reaches of the H200's 4.8 TB/s (an assumption)
     matmul_tflops: float = 705.0      # torch.matmul, bf16, 8192^3 on one H200: 1.559 ms (BENCHMARKS.md, 2026-12-03)
+    comm_beside_gemm: bool = True     # two_shot's communication programs share the GEMM's SMs (Hopper's default)
 
 
 def matmul_ms(shape, gpu):
@@ -142,14 +145,15 @@ def matmul_ms(shape, gpu):
 
 
 def two_shot_local_ms(shape, mm_ms, W, gpu):
-    """two_shot's launch on one GPU (ms) from torch.matmul's ``mm_ms``: the GEMM on the programs left beside the
-    communication programs (``config.split_programs``), in whole waves of tiles, plus the partial's round
-    trip through memory."""
+    """two_shot's launch on one GPU (ms) from torch.matmul's ``mm_ms``: the GEMM in whole waves of tiles on its
+    programs - every SM when the communication programs run beside them (``gpu.comm_beside_gemm``), else
+    those left beside the communication programs (``config.split_programs``) - plus the partial's round trip
+    through memory."""
     from ..config import split_programs
 
     m, n, k = shape
     tiles = -(-m // TWO_SHOT_TILE[0]) * -(-n // TWO_SHOT_TILE[1])
-    gemm_programs = gpu.sms - split_programs(gpu.sms, tiles, k, W)
+    gemm_programs = gpu.sms if gpu.comm_beside_gemm else gpu.sms - split_programs(gpu.sms, tiles, k, W)
     waves = -(-tiles // gemm_programs) / -(-tiles // gpu.sms)
     return mm_ms * waves + 2 * m * n * 2 / (gpu.hbm_gb_s * 1e6)
 
@@ -176,8 +180,8 @@ def predict_unmeasured(shape, W, machine=None, gpu=None, data=DATA):
     paths = [os.path.join(data, name) for name in CHECKED_AGAINST]
     if not all(os.path.exists(p) for p in paths):
         return None
-    measured, checked_machine, one_gpu = load_inputs(*paths)
-    errors = [r[4] for r in check(measured, 2, checked_machine, one_gpu)] + [r[3] for r in check_local(paths[1], gpu)]
+    measured, checked_machine, one_gpu = load_inputs(*paths[:2])
+    errors = [r[4] for r in check(measured, 2, checked_machine, one_gpu)] + [r[3] for r in check_local(paths[2], gpu)]
     if max(abs(e) for e in errors) > TOLERANCE:
         return None
     links = machine or checked_machine
