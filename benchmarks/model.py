@@ -16,10 +16,8 @@ from gemmar.analysis import model
 
 
 def main(args):
-    measured, machine, one_gpu = model.load_inputs(args.two_gpu, args.one_gpu)
+    measured, machine, one_gpu = model.load_inputs(args.two_gpu, args.one_gpu, two_shot_from=args.two_shot_from)
     if args.two_shot_from:
-        later = model.load_inputs(args.two_gpu, args.two_shot_from, algorithms=("two_shot",))[2]
-        one_gpu.ratio["two_shot"] = later.ratio["two_shot"]
         print(f"two_shot's world-size-1 ratios from {args.two_shot_from}")
     machine.link_gb_s, machine.nccl_bus_gb_s = args.link_gb_s, args.nccl_bus_gb_s
     print(f"inputs: matmul times of {args.two_gpu}, world-size-1 ratios of {args.one_gpu}; link "

@@ -101,10 +101,15 @@ def predict(algorithm, shapes, world_sizes, machine, one_gpu, checked_rows):
             for s in shapes for W in world_sizes}
 
 
-def load_inputs(two_gpu_json, one_gpu_json, algorithms=("atomics", "ring", "two_shot")):
+def load_inputs(two_gpu_json, one_gpu_json, algorithms=("atomics", "ring", "two_shot"), two_shot_from=None):
     """(measured {shape: {alg: ms}}, Machine, OneGpu) from h200_bench.py's JSON files: the 2-GPU run gives
     the figures to check and the target's matmul times; the 1-GPU run the ratios of ``algorithms``, which it
-    must hold at every shape of the 2-GPU run."""
+    must hold at every shape of the 2-GPU run. ``two_shot_from``: a later 1-GPU run to take two_shot's
+    ratios from (``h200_bench.py --world_size 1 --algorithms two_shot``)."""
+    if two_shot_from:
+        measured, machine, one = load_inputs(two_gpu_json, one_gpu_json, [a for a in algorithms if a != "two_shot"])
+        one.ratio["two_shot"] = load_inputs(two_gpu_json, two_shot_from, ("two_shot",))[2].ratio["two_shot"]
+        return measured, machine, one
     with open(two_gpu_json) as f:
         two = json.load(f)
     with open(one_gpu_json) as f:
