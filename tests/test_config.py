@@ -100,3 +100,33 @@ def test_communication_programs_follow_the_shape():
     knobs = tuned_defaults("cuda", "two_shot", (9, 0), 132, shape=(8192, 8192, 8192, 1), given={"comm_sms": 8})
     assert (knobs["num_sms"], knobs["comm_sms"]) == (124, 8)   # the user's count, the rest to the GEMM
     assert tuned_defaults("cuda", "ring", (9, 0), 132, shape=(8192, 8192, 8192, 1))["comm_sms"] == 0
+
+
+def test_programs_that_cannot_share_an_sm_are_refused_in_one_line(monkeypatch):
+    """launch.check_co_resident with the resources an H200 reported on 2026-12-03: two_shot's GEMM (189
+    registers at 8 warps) beside its communication programs (63 registers at 4 warps) fits two to an SM;
+    the traced pair (76800 registers of 65536) does not, and is refused before anything launches."""
+    from types import SimpleNamespace
+
+    from gemmar.errors import UsageError
+    from gemmar.runtime import launch
+
+    props = SimpleNamespace(name="NVIDIA H200", multi_processor_count=132, max_threads_per_multi_processor=2048,
+                            regs_per_multiprocessor=65536, shared_memory_per_multiprocessor=233472)
+    monkeypatch.setattr(launch.torch.cuda, "get_device_properties", lambda device: props)
+
+    def kernel(registers, warps, shared):
+        return SimpleNamespace(n_regs=registers, metadata=SimpleNamespace(num_warps=warps, shared=shared))
+
+    gemm, comm = kernel(189, 8, 164096), kernel(63, 4, 0)
+    one, two = SimpleNamespace(device=None, ranks_on_device=1), SimpleNamespace(device=None, ranks_on_device=2)
+    launch.check_co_resident([(gemm, 132), (comm, 132)], one)      # one of each per SM
+    launch.check_co_resident([(gemm, 66), (comm, 66)], two)        # two ranks sharing: still one of each
+    launch.check_co_resident([(gemm, 116), (kernel(255, 8, 0), 16)], one)   # an SM each: nothing to share
+    with pytest.raises(UsageError, match=r"^2 rank\(s\) x \(66 \+ 66\) programs cannot all be resident on one NVIDIA "
+                                         r"H200 \(132 SMs; each SM would need 76800 registers of 65536\).*use at "
+                                         r"most 66 programs per rank"):
+        launch.check_co_resident([(kernel(232, 8, 164096), 66), (kernel(136, 4, 0), 66)], two)
+    launch.check_co_resident([(kernel(16, 32, 0), 264)], one)        # two 1024-thread programs to an SM fit
+    with pytest.raises(UsageError, match=r"each SM would need 3072 threads of 2048\)"):
+        launch.check_co_resident([(kernel(16, 32, 0), 396)], one)    # three do not
