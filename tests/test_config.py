@@ -52,14 +52,14 @@ def test_algorithm_auto_on_several_gpus_follows_the_model_per_shape():
     from gemmar.cli import choose_auto
     from gemmar.config import AUTO_RULE
 
-    # A large GEMM whose all-reduce the model hides behind it, and a small one whose tiles do not fill the
-    # GPU once communication programs take their share: the model answers differently, and says it predicts.
+    # A large GEMM whose all-reduce the model hides behind it, and a small one where two_shot's tail and its
+    # partials' round trip cost more than NCCL's latency: the model answers differently, and says it predicts.
     big, why = choose_auto("cuda", 2, 2, shape=(8192, 8192, 2048))
-    small, why_small = choose_auto("cuda", 2, 2, shape=(2048, 2048, 8192))
+    small, why_small = choose_auto("cuda", 2, 2, shape=(512, 512, 4096))
     assert (big, small) == ("two_shot", "unfused")
     for text in (why, why_small):
         assert "predicts two_shot" in text and "a prediction" in text and "within 15 %" in text
-    assert "2048 x 2048 x 8192 per rank on 2 GPUs" in why_small
+    assert "512 x 512 x 4096 per rank on 2 GPUs" in why_small
     # Without the shape, and wherever the ranks share a GPU or there is one rank, the measured rule.
     assert choose_auto("cuda", 2, 2) == AUTO_RULE["gpus"] and choose_auto("cuda", 4, 1) == AUTO_RULE["shared"]
     assert choose_auto("cuda", 1, 1, shape=(8192, 8192, 8192)) == AUTO_RULE["one_gpu"]
