@@ -42,9 +42,12 @@ AUTO_RULE = {
     "gpus": ("unfused", "on 2 x H200 the fused atomics and ring kernels measured 1.05-1.08x and more "
                         "slower than cuBLAS then NCCL at every shape tried, and two_shot has no two-GPU "
                         "figures yet (BENCHMARKS.md)"),
-    # One rank on one GPU: nothing to reduce; every fused kernel measured 1.09-1.57x torch.matmul.
-    "one_gpu": ("unfused", "with one rank there is nothing to reduce, and on an H200 every fused kernel "
-                           "measured 1.09-1.57x slower than torch.matmul alone (BENCHMARKS.md)"),
+    # One rank on one GPU: nothing to reduce, so torch.matmul alone is the whole job; a fused kernel adds its
+    # partials' trip through memory (on an H200 two_shot measured 0.92-1.15x torch.matmul, atomics and ring
+    # 1.09-1.57x).
+    "one_gpu": ("unfused", "with one rank there is nothing to reduce, so torch.matmul alone is the whole job; a "
+                           "fused kernel only adds its partials' trip through memory (on an H200 two_shot measured "
+                           "0.92-1.15x torch.matmul's time, atomics and ring 1.09-1.57x: BENCHMARKS.md)"),
     # CPU interpreter or ranks sharing a GPU: places to learn and test, with no NCCL between the ranks.
     "shared": ("two_shot", "there is no NCCL path between these ranks (cpu interpreter, or ranks sharing one "
                            "GPU), and two_shot is the fused kernel that gives every rank the same bits"),
