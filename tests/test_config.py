@@ -96,7 +96,8 @@ def test_communication_programs_follow_the_shape():
     knobs = tuned_defaults("cuda", "two_shot", (9, 0), 132, shape=(8192, 8192, 2048, 1), trace=True)
     assert (knobs["num_sms"], knobs["comm_sms"]) == (116, 16)   # traced kernels do not fit two to an SM
     knobs = tuned_defaults("cuda", "two_shot", (8, 0), 108, shape=(8192, 8192, 2048, 1))
-    assert (knobs["num_sms"], knobs["comm_sms"]) == (108 - split_programs(108, 4096, 2048), split_programs(108, 4096, 2048))
+    comm = split_programs(108, 4096, 2048)   # (the default tile there is 128 x 128: 4096 tiles)
+    assert (knobs["num_sms"], knobs["comm_sms"]) == (108 - comm, comm)
     knobs = tuned_defaults("cuda", "two_shot", (9, 0), 132, shape=(8192, 8192, 8192, 1), given={"comm_sms": 8})
     assert (knobs["num_sms"], knobs["comm_sms"]) == (124, 8)   # the user's count, the rest to the GEMM
     assert tuned_defaults("cuda", "ring", (9, 0), 132, shape=(8192, 8192, 8192, 1))["comm_sms"] == 0

@@ -385,7 +385,8 @@ def launches(ctx):
     trace, trace_counts = ctx.trace_region(cfg.num_sms, cfg.comm_sms)
     reduce = Launch(two_shot_reduce, (cfg.comm_sms,), ctx.tuning(
         C=buf.C, partials=buf.partials, partial_ready=buf.partial_ready, results_in=buf.results_in,
-        taken=buf.taken, watchdog=ctx.watchdog, heap_bases=ctx.heap.heap_bases, rank=ctx.rank, world_size=ctx.world_size, epoch=0,
+        taken=buf.taken, watchdog=ctx.watchdog, heap_bases=ctx.heap.heap_bases, rank=ctx.rank,
+        world_size=ctx.world_size, epoch=0,
         M=cfg.m, N=cfg.n, stride_cm=cfg.n, stride_cn=1, timeout_ns=ctx.timeout_ns, trace=trace,
         trace_counts=trace_counts, BLOCK_M=cfg.BLK_M, BLOCK_N=cfg.BLK_N, GROUP_SIZE_M=cfg.gsize_m,
         COMM_SMS=cfg.comm_sms, TRACE_CAPACITY=ctx.gemm["TRACE_CAPACITY"], MISTAKE=ctx.mistake,
