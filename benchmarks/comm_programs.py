@@ -1,5 +1,6 @@
-"""two_shot's communication programs per shape: the count ``config.split_programs`` chooses against fixed
-counts, at world size 1 on one GPU, each as a ratio to torch.matmul of the same per-rank shape in the same run.
+"""two_shot's communication programs per shape: the default layout (``config.tuned_defaults``: on Hopper one
+beside each GEMM program) against fixed counts on SMs of their own, at world size 1 on one GPU, each as a ratio
+to torch.matmul of the same per-rank shape in the same run.
 
     python3 benchmarks/comm_programs.py [OUT.json]
 
@@ -25,19 +26,24 @@ def main(out_path=None):
     rows = []
     with gemmar.Cluster(world_size=1, backend="cuda", heap_size=3 << 30) as cluster:
         for m, n, k in SHAPES:
-            chosen = tuned_defaults("cuda", "two_shot", capability, sms, shape=(m, n, k, 1))["comm_sms"]
+            default = tuned_defaults("cuda", "two_shot", capability, sms, shape=(m, n, k, 1))
             problem = gemmar.RunConfig(m=m, n=n, k=k, datatype="bf16", world_size=1, algorithm="two_shot")
             matmul = cluster.compare_to_unfused({}, problem=problem)["matmul_ms"]
-            for comm in sorted(set(FIXED) | {chosen}):
-                knobs = tuned_defaults("cuda", "two_shot", capability, sms, given={"comm_sms": comm})
+            # The default (on Hopper: one communication program beside each GEMM program), then fixed counts
+            # of communication programs on SMs of their own, the rest to the GEMM.
+            layouts = [default] + [tuned_defaults("cuda", "two_shot", capability, sms, given={"comm_sms": comm})
+                                   for comm in FIXED]
+            for knobs in layouts:
                 config = gemmar.RunConfig(m=m, n=n, k=k, datatype="bf16", algorithm="two_shot", world_size=1, **knobs)
                 f = cluster.compare_to_unfused(config, baseline=False)
                 ratio = f["two_shot_ms"] / matmul
-                rows.append(dict(shape=(m, n, k), comm_sms=comm, chosen=comm == chosen, ms=f["two_shot_ms"],
-                                 matmul_ms=matmul, ratio=ratio, max_abs_diff=f["two_shot_max_abs_diff"]))
-                print(f"[comm] {m} x {n} x {k}: {config.num_sms} GEMM + {comm:2d} communication programs "
+                chosen = knobs is default
+                rows.append(dict(shape=(m, n, k), num_sms=config.num_sms, comm_sms=config.comm_sms, chosen=chosen,
+                                 ms=f["two_shot_ms"], matmul_ms=matmul, ratio=ratio,
+                                 max_abs_diff=f["two_shot_max_abs_diff"]))
+                print(f"[comm] {m} x {n} x {k}: {config.num_sms} GEMM + {config.comm_sms:3d} communication programs "
                       f"{f['two_shot_ms']:.3f} ms = {ratio:.3f} x torch.matmul ({matmul:.3f} ms)"
-                      f"{'   <- chosen' if comm == chosen else ''}", flush=True)
+                      f"{'   <- the default' if chosen else ''}", flush=True)
     if out_path:
         with open(out_path, "w") as f:
             json.dump(dict(gpu=torch.cuda.get_device_name(0), torch=torch.__version__, rows=rows), f, indent=1)
