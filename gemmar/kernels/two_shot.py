@@ -208,7 +208,7 @@ def reduce_and_broadcast(C, partials, heap_bases, rank, world_size, M, N, stride
     ``REDUCE_ROWS`` < ``BLOCK_M`` sums the tile ``REDUCE_ROWS`` rows at a time into our C, then copies it
     from there to the peers: a whole 128 x 256 fp32 sum needs 128 registers a thread at 8 warps, a
     32-row one 64 at 4 warps, small enough for a communication program to share an SM with a GEMM
-    program (the GEMM then keeps every SM)."""
+    program (the GEMM then keeps every SM). The ``reduce`` event then covers the writes into our C too."""
     tl.debug_barrier()  # every thread reads the partials only after the acquire
     pid_m, pid_n = tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_SIZE_M)
     n_events, t = event(trace, n_events, t, FIRST, tile_id, pid_m, pid_n, 0, -1, TRACE_CAPACITY)
@@ -228,11 +228,13 @@ def reduce_and_broadcast(C, partials, heap_bases, rank, world_size, M, N, stride
                                           BLOCK_N)
             tl.store(C + offsets, total.to(C.dtype.element_ty), mask=mask)
         n_events, t = event(trace, n_events, t, REDUCE, tile_id, pid_m, pid_n, 0, -1, TRACE_CAPACITY)
+        # Our C's rows are read back by whichever thread the load's layout gives them to: the block barrier
+        # makes every thread's writes visible to all of them first.
+        tl.debug_barrier()
         for step in range(1, world_size):
             for r0 in range(0, BLOCK_M, REDUCE_ROWS):
                 offsets, mask = chunk_offsets(pid_m, pid_n, r0, M, N, stride_cm, stride_cn, REDUCE_ROWS, BLOCK_M,
                                               BLOCK_N)
-                # Each thread reads back what it wrote itself, so no barrier is needed.
                 device.store(C + offsets, tl.load(C + offsets, mask=mask), rank, (rank + step) % world_size,
                              heap_bases, mask=mask)
     n_events, t = event(trace, n_events, t, BROADCAST, tile_id, pid_m, pid_n, 0, -1, TRACE_CAPACITY)
