@@ -105,7 +105,14 @@ def traced_gemm_tile(A, B, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, 
 @triton.jit
 def tile_offsets(pid_m, pid_n, M, N, stride_cm, stride_cn, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """Element offsets of a tile in an M x N matrix, and the mask of the ones inside it."""
-    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    return tile_rows_offsets(pid_m, pid_n, 0, M, N, stride_cm, stride_cn, BLOCK_M, BLOCK_M, BLOCK_N)
+
+
+@triton.jit
+def tile_rows_offsets(pid_m, pid_n, first, M, N, stride_cm, stride_cn, ROWS: tl.constexpr, BLOCK_M: tl.constexpr,
+                      BLOCK_N: tl.constexpr):
+    """The same for rows ``first`` .. ``first + ROWS - 1`` of the tile only."""
+    rm = pid_m * BLOCK_M + first + tl.arange(0, ROWS)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offsets = rm[:, None] * stride_cm + rn[None, :] * stride_cn
     mask = (rm[:, None] < M) & (rn[None, :] < N)

@@ -76,7 +76,7 @@ import triton.language as tl
 from . import device
 from .device import FLAG_STRIDE, FLAG_WORDS, PARTIAL_READY_FLAG, RESULTS_IN_FLAG
 from .events import event, finish_trace, stamp
-from .gemm import GEMM_PHASE, tile_coords, tile_offsets, traced_gemm_tile
+from .gemm import GEMM_PHASE, tile_coords, tile_offsets, tile_rows_offsets, traced_gemm_tile
 from .spec import AlgorithmSpec, Done, Launch, Part, Phase
 
 PHASES = (GEMM_PHASE,
@@ -112,15 +112,6 @@ def slot_rows(partials, tile_id, first, ROWS: tl.constexpr, BLOCK_M: tl.constexp
     """Rows ``first`` .. ``first + ROWS - 1`` of tile ``tile_id``'s slot."""
     rows = tl.cast(tile_id, tl.int64) * BLOCK_M + first + tl.arange(0, ROWS)
     return partials + rows[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
-
-
-@triton.jit
-def chunk_offsets(pid_m, pid_n, first, M, N, stride_cm, stride_cn, ROWS: tl.constexpr, BLOCK_M: tl.constexpr,
-                  BLOCK_N: tl.constexpr):
-    """Element offsets in C of rows ``first`` .. ``first + ROWS - 1`` of tile (pid_m, pid_n), and their mask."""
-    rm = pid_m * BLOCK_M + first + tl.arange(0, ROWS)
-    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    return rm[:, None] * stride_cm + rn[None, :] * stride_cn, (rm[:, None] < M) & (rn[None, :] < N)
 
 
 @triton.jit
@@ -224,8 +215,8 @@ def reduce_and_broadcast(C, partials, heap_bases, rank, world_size, M, N, stride
         for r0 in range(0, BLOCK_M, REDUCE_ROWS):
             total = SUM_PARTIALS(slot_rows(partials, tile_id, r0, REDUCE_ROWS, BLOCK_M, BLOCK_N), rank, world_size,
                                  heap_bases, PEER_CACHE)
-            offsets, mask = chunk_offsets(pid_m, pid_n, r0, M, N, stride_cm, stride_cn, REDUCE_ROWS, BLOCK_M,
-                                          BLOCK_N)
+            offsets, mask = tile_rows_offsets(pid_m, pid_n, r0, M, N, stride_cm, stride_cn, REDUCE_ROWS,
+                                              BLOCK_M, BLOCK_N)
             tl.store(C + offsets, total.to(C.dtype.element_ty), mask=mask)
         n_events, t = event(trace, n_events, t, REDUCE, tile_id, pid_m, pid_n, 0, -1, TRACE_CAPACITY)
         # Our C's rows are read back by whichever thread the load's layout gives them to: the block barrier
@@ -233,8 +224,8 @@ def reduce_and_broadcast(C, partials, heap_bases, rank, world_size, M, N, stride
         tl.debug_barrier()
         for step in range(1, world_size):
             for r0 in range(0, BLOCK_M, REDUCE_ROWS):
-                offsets, mask = chunk_offsets(pid_m, pid_n, r0, M, N, stride_cm, stride_cn, REDUCE_ROWS, BLOCK_M,
-                                              BLOCK_N)
+                offsets, mask = tile_rows_offsets(pid_m, pid_n, r0, M, N, stride_cm, stride_cn, REDUCE_ROWS,
+                                                  BLOCK_M, BLOCK_N)
                 device.store(C + offsets, tl.load(C + offsets, mask=mask), rank, (rank + step) % world_size,
                              heap_bases, mask=mask)
     n_events, t = event(trace, n_events, t, BROADCAST, tile_id, pid_m, pid_n, 0, -1, TRACE_CAPACITY)
@@ -375,9 +366,10 @@ def launches(ctx):
     # COMM_WARPS. Few of them, on SMs of their own, must be quick per tile: the whole tile at once, at the
     # GEMM's warps (chunks at 4 warps took 11.7 us a tile instead of 3.1 there, and W = 2's tail grew from
     # 1.3 % to 7 %). The interpreter sums in chunks of 8 rows, so the CPU suite runs the chunked code.
-    reduce_rows, comm_warps = (REDUCE_ROWS, COMM_WARPS) if not help else (cfg.BLK_M, cfg.num_warps)
-    reduce_rows = 8 if not ctx.gpu else reduce_rows
-    reduce_rows = reduce_rows if cfg.BLK_M % reduce_rows == 0 else cfg.BLK_M
+    comm_warps = cfg.num_warps if help else COMM_WARPS
+    reduce_rows = (cfg.BLK_M if help else REDUCE_ROWS) if ctx.gpu else 8
+    if cfg.BLK_M % reduce_rows:
+        reduce_rows = cfg.BLK_M
     gemm = Launch(two_shot_gemm, (cfg.num_sms,), ctx.tuning(
         A=ctx.A, B=ctx.B, C=buf.C, partials=buf.partials, partial_ready=buf.partial_ready,
         results_in=buf.results_in, taken=buf.taken, heap_bases=ctx.heap.heap_bases, rank=ctx.rank,

@@ -186,12 +186,12 @@ class FusedGemmAllReduce:
         with the values of the arguments the spec names in ``Launch.per_launch``."""
         cfg, heap = self.config, self.heap
         self.check_inputs(A, B)
+        key = self._inputs_key(A, B)
+        if self.prepared_for != key and (self.prepared is None or self.prepared[0] != key):
+            self.prepare(A, B)   # (GPU: compiled, loaded and checked before the first launch, and any delay)
         if cfg.delay_rank == heap.rank and cfg.delay_us > 0:
             heap.delay(self.delays.uniform(0.5, 1.0) * cfg.delay_us * 1e-6)
-        key = self._inputs_key(A, B)
         if self.prepared is None or self.prepared[0] != key:
-            if self.prepared_for != key:
-                self.prepare(A, B)   # (GPU: compiled, loaded and checked before the first launch)
             launches = self._kernel_calls(A, B)
             self.joins_side_stream = any(launch.stream == "side" for launch in launches)
             self.prepared = (key, [PreparedLaunch(launch.kernel, launch.grid, (), launch.kwargs, self._stream(launch),
