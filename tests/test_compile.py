@@ -61,14 +61,14 @@ SCRIPT = textwrap.dedent('''
                 "results_in": "*i32", "taken": "*i32", "heap_bases": "*i64", "rank": "i32", "world_size": "i32",
                 "epoch": "i32", **{k: "i32" for k in ints}, "trace": "*i64", "trace_counts": "*i64"},
                dict(tiles, BLOCK_N=256, NUM_SMS=116, TMA=True, PEER_CACHE=".cg", SUM_PARTIALS=two_shot.sum_partials,
-                    HELP=True, REDUCE_ROWS=128))
+                    HELP=True, REDUCE_ROWS=128, ALONE=cap == 0))
         yield (two_shot.two_shot_reduce,
                {"C": "*" + dtype, "partials": "*" + dtype, "partial_ready": "*i32", "results_in": "*i32",
                 "taken": "*i32", "watchdog": "*i64", "heap_bases": "*i64", "rank": "i32", "world_size": "i32", "epoch": "i32",
                 "M": "i32", "N": "i32", "stride_cm": "i32", "stride_cn": "i32", "timeout_ns": "i64",
                 "trace": "*i64", "trace_counts": "*i64"},
                dict(BLOCK_M=128, BLOCK_N=256, GROUP_SIZE_M=8, COMM_SMS=16, TRACE_CAPACITY=cap, MISTAKE=0,
-                    PEER_CACHE=".cg", SUM_PARTIALS=two_shot.sum_partials, HELP=True, REDUCE_ROWS=32))
+                    PEER_CACHE=".cg", SUM_PARTIALS=two_shot.sum_partials, CLAIM=True, REDUCE_ROWS=32))
 
     for dtype in ("bf16", "fp16"):
         for cap in (0, 64):

@@ -129,8 +129,10 @@ def load_inputs(two_gpu_json, one_gpu_json, algorithms=("atomics", "ring", "two_
 # -- shapes nobody measured: two_shot's one-GPU time estimated, and the choice of --algorithm auto ----------
 TWO_SHOT_TILE = (128, 256)            # two_shot's tile on Hopper (kernels/two_shot.py, gpu_tuning)
 DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "data")
-# In data/: the 2-GPU run; the 1-GPU run of every algorithm (their ratios); two_shot's latest 1-GPU run, of
-# the kernel as it is now (one communication program beside each GEMM program), for the one-GPU estimate.
+# In data/: the 2-GPU run; the 1-GPU run of every algorithm (their ratios); two_shot's 1-GPU run with one
+# communication program beside each GEMM program, for the one-GPU estimate. That run's partials still went
+# through memory at world size 1, as every tile's do at W >= 2; since then (two_shot.write_alone_tile) a
+# world-size-1 run skips that trip, so it is no longer a rank's one-GPU cost at W >= 2 and is not used here.
 CHECKED_AGAINST = ("h200-bench.json", "h200x1-bench-2026-12-02.json", "h200x1-bench-beside-2026-12-03.json")
 
 

@@ -29,11 +29,17 @@ beside each: the GEMM keeps every SM, and the reduction streams alongside it (``
   the tile, with a compare-and-swap: one program per tile per launch). A tile that is not complete yet it
   leaves alone, so it still never waits.
 
+  At world size 1 a tile's one partial is its sum: the GEMM program writes it straight into C
+  (:func:`write_alone_tile`, steps 2-6 at once), takes the tile and counts itself in, and the
+  communication programs find every tile taken. The partial's trip through memory (written, read back,
+  written again as C) cost 1-13 % of the launch on an H200, the most at K 2048 (BENCHMARKS.md).
+
 - **communication programs** (``two_shot_reduce``, ``COMM_SMS`` of them), for the tiles this rank owns
-  that no GEMM program took (``c, c + COMM_SMS, ...``, each taken as above first):
+  (``c, c + COMM_SMS, ...``):
 
   4. acquire-wait until ``partial_ready[tile] >= W * (epoch + 1)``: every rank has published launch
-     ``epoch``'s partial (the counter only grows, by W per launch, so no host reset is ever needed);
+     ``epoch``'s partial (the counter only grows, by W per launch, so no host reset is ever needed); then
+     take the tile as above, unless a GEMM program has (where GEMM programs may take tiles at all);
   5. read the W partials - rank 0's, then rank 1's, ... - and add them in fp32. The order is fixed, so
      every rank gets the same bits, and the same inputs give the same C run after run;
   6. write the sum, in C's dtype, into C on every rank. After its last tile, each communication program
@@ -131,9 +137,10 @@ def two_shot_gemm(
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_SIZE_M: tl.constexpr,
         NUM_SMS: tl.constexpr, DOT_PRECISION: tl.constexpr, TRACE_CAPACITY: tl.constexpr, EVEN_K: tl.constexpr,
         TMA: tl.constexpr, PEER_CACHE: tl.constexpr, SUM_PARTIALS: tl.constexpr, HELP: tl.constexpr,
-        REDUCE_ROWS: tl.constexpr):
+        REDUCE_ROWS: tl.constexpr, ALONE: tl.constexpr):
     """The GEMM programs: compute each tile, publish it, move on (steps 1-3); then help with the reduction
-    of what is ready (:func:`help_reduce`), still without waiting.
+    of what is ready (:func:`help_reduce`), still without waiting. ``ALONE`` (world size 1): each tile goes
+    straight into C (:func:`write_alone_tile`).
 
     The tile loop is a plain loop, not ``tl.range(..., flatten=True)``: with the publishing epilogue (a
     block barrier and an atomic) inside a flattened loop, Triton 3.6-3.9 gives up software-pipelining the
@@ -143,6 +150,7 @@ def two_shot_gemm(
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
     n_events = tl.zeros((), tl.int32)
+    broadcast = tl.zeros((), tl.int32)   # tiles this program has written into every rank's C
     for tile_id in range(pid, num_pid_m * num_pid_n, NUM_SMS):
         # 1. Our partial of the tile.
         acc, pid_m, pid_n, n_events, t = traced_gemm_tile(
@@ -150,17 +158,54 @@ def two_shot_gemm(
             n_events, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_SIZE_M, DOT_PRECISION, EVEN_K, TMA, TRACE_CAPACITY,
             tile_coords)
         owner = tile_id % world_size
-        # 2. Our partial of this tile, into our own heap.
-        tl.store(slot_pointers(partials, tile_id, BLOCK_M, BLOCK_N), acc.to(partials.dtype.element_ty))
-        # 3. Count it in at the owner: release, after every thread's store.
-        tl.debug_barrier()
-        device.atomic_add(partial_ready + tile_id, 1, rank, owner, heap_bases, sem="release", scope="sys")
-        n_events, t = event(trace, n_events, t, PUBLISH, tile_id, pid_m, pid_n, 0, owner, TRACE_CAPACITY)
+        if ALONE:
+            n_events, t = write_alone_tile(acc, C, partials, partial_ready, taken, epoch, M, N, stride_cm, stride_cn,
+                                           trace, n_events, t, tile_id, pid_m, pid_n, BLOCK_M, BLOCK_N,
+                                           TRACE_CAPACITY)
+            broadcast += 1
+        else:
+            # 2. Our partial of this tile, into our own heap.
+            tl.store(slot_pointers(partials, tile_id, BLOCK_M, BLOCK_N), acc.to(partials.dtype.element_ty))
+            # 3. Count it in at the owner: release, after every thread's store.
+            tl.debug_barrier()
+            device.atomic_add(partial_ready + tile_id, 1, rank, owner, heap_bases, sem="release", scope="sys")
+            n_events, t = event(trace, n_events, t, PUBLISH, tile_id, pid_m, pid_n, 0, owner, TRACE_CAPACITY)
     if HELP:
-        n_events = help_reduce(C, partials, partial_ready, results_in, taken, heap_bases, rank, world_size, epoch, M,
-                               N, stride_cm, stride_cn, trace, n_events, pid, BLOCK_M, BLOCK_N, GROUP_SIZE_M, NUM_SMS,
-                               TRACE_CAPACITY, PEER_CACHE, SUM_PARTIALS, REDUCE_ROWS)
+        n_events, helped = help_reduce(C, partials, partial_ready, taken, heap_bases, rank, world_size, epoch, M,
+                                       N, stride_cm, stride_cn, trace, n_events, pid, BLOCK_M, BLOCK_N, GROUP_SIZE_M,
+                                       NUM_SMS, TRACE_CAPACITY, PEER_CACHE, SUM_PARTIALS, REDUCE_ROWS)
+        broadcast += helped
+    count_in_at_peers(results_in, broadcast, rank, world_size, heap_bases)
     finish_trace(trace_counts, n_events, TRACE_CAPACITY)
+
+
+@triton.jit
+def write_alone_tile(acc, C, partials, partial_ready, taken, epoch, M, N, stride_cm, stride_cn, trace, n_events, t,
+                     tile_id, pid_m, pid_n, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                     TRACE_CAPACITY: tl.constexpr):
+    """Steps 2-6 for a tile at world size 1, in the GEMM program: the tile's one partial is its sum, so it
+    goes straight into C instead of through ``partials`` (written, read back and written again as C: at
+    8192 x 8192 x 2048 on an H200 that round trip cost 0.07 ms on a 0.39 ms GEMM). Same bits as the
+    communication programs' sum (rounded to the wire dtype, then 0 + it in fp32, then to C's dtype).
+
+    Why not for every tile a rank owns at any world size: the GEMM program would then also read the W - 1
+    other partials, and that took the 128 x 256 tile's GEMM from 166 registers a thread to 255 with spills
+    (ptxas for sm_90), leaving no room for a communication program beside it.
+
+    Records take, reduce, broadcast and publish (the tile counted in): as many events as the other path."""
+    # Ours to take: a communication program takes a tile only once its count is complete, which it is only
+    # after our 1 below.
+    tl.atomic_xchg(taken + tile_id, epoch + 1, sem="relaxed", scope="gpu")
+    n_events, t = event(trace, n_events, t, TAKE, tile_id, pid_m, pid_n, 0, -1, TRACE_CAPACITY)
+    total = acc.to(partials.dtype.element_ty).to(tl.float32) + 0.0   # (+ 0.0: a -0.0 sum is +0.0, as from zero)
+    n_events, t = event(trace, n_events, t, REDUCE, tile_id, pid_m, pid_n, 0, -1, TRACE_CAPACITY)
+    offsets, mask = tile_offsets(pid_m, pid_n, M, N, stride_cm, stride_cn, BLOCK_M, BLOCK_N)
+    tl.store(C + offsets, total.to(C.dtype.element_ty), mask=mask)
+    n_events, t = event(trace, n_events, t, BROADCAST, tile_id, pid_m, pid_n, 0, -1, TRACE_CAPACITY)
+    # Our 1 in the count, after `taken`: the communication program that sees it (acquire) finds the tile
+    # taken and passes on. The count still grows by W per launch, so no reset is ever needed.
+    tl.atomic_add(partial_ready + tile_id, 1, sem="release", scope="gpu")
+    return event(trace, n_events, t, PUBLISH, tile_id, pid_m, pid_n, 0, 0, TRACE_CAPACITY)
 
 
 @triton.jit(do_not_specialize=["rank", "epoch", "timeout_ns"])
@@ -169,15 +214,15 @@ def two_shot_reduce(
         stride_cm, stride_cn, timeout_ns, trace, trace_counts,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_SIZE_M: tl.constexpr, COMM_SMS: tl.constexpr,
         TRACE_CAPACITY: tl.constexpr, MISTAKE: tl.constexpr, PEER_CACHE: tl.constexpr,
-        SUM_PARTIALS: tl.constexpr, HELP: tl.constexpr, REDUCE_ROWS: tl.constexpr):
-    """The communication programs: reduce the tiles this rank owns that no GEMM program took, then wait for
-    the others (steps 4-7). ``trace`` and ``trace_counts`` start at this kernel's own region of the rank's
-    trace buffer. ``results_in`` holds one counter per owner, ``FLAG_STRIDE`` int32s apart (a cache line
-    each)."""
+        SUM_PARTIALS: tl.constexpr, CLAIM: tl.constexpr, REDUCE_ROWS: tl.constexpr):
+    """The communication programs: reduce the tiles this rank owns that no GEMM program took (``CLAIM``: GEMM
+    programs may take tiles), then wait for the others (steps 4-7). ``trace`` and ``trace_counts`` start at
+    this kernel's own region of the rank's trace buffer. ``results_in`` holds one counter per owner,
+    ``FLAG_STRIDE`` int32s apart (a cache line each)."""
     n_events = reduce_owned_tiles(
         C, partials, partial_ready, results_in, taken, watchdog, heap_bases, rank, world_size, epoch, M, N,
         stride_cm, stride_cn, timeout_ns, trace, tl.program_id(0), BLOCK_M, BLOCK_N, GROUP_SIZE_M, COMM_SMS,
-        TRACE_CAPACITY, MISTAKE, PEER_CACHE, SUM_PARTIALS, HELP, REDUCE_ROWS)
+        TRACE_CAPACITY, MISTAKE, PEER_CACHE, SUM_PARTIALS, CLAIM, REDUCE_ROWS)
     finish_trace(trace_counts, n_events, TRACE_CAPACITY)
 
 
@@ -249,7 +294,8 @@ def take_tile(taken, tile_id, epoch, CLAIM: tl.constexpr):
     """Whether this program reduces tile ``tile_id`` in launch ``epoch``: the first program to move
     ``taken[tile_id]`` from ``epoch`` to ``epoch + 1`` does. Once per launch per tile, so the counter is
     ``epoch`` when a launch starts and needs no reset. Without ``CLAIM`` (nobody else reduces this rank's
-    tiles) every tile is the program's own."""
+    tiles) every tile is the program's own. (At world size 1 the GEMM program takes a tile with an exchange,
+    not this: nobody else can take it before it counts itself in.)"""
     if CLAIM:
         mine = tl.atomic_cas(taken + tile_id, epoch, epoch + 1, sem="relaxed", scope="gpu") == epoch
     else:
@@ -275,12 +321,14 @@ def reduce_owned_tiles(
     broadcast = tl.zeros((), tl.int32)   # tiles this program has written into every rank's C
     for j in range(c, owned, COMM_SMS):
         tile_id = rank + j * world_size
+        # 4. Every rank's partial of launch `epoch` is in. Then the tile is ours unless a GEMM program has
+        # taken it (it takes only complete tiles, so waiting first costs nothing; taking first would take
+        # tiles from under their owner's GEMM program, which sums its own tiles before counting itself in).
+        t = stamp(TRACE_CAPACITY)
+        if MISTAKE != SKIP_PARTIAL_WAIT:
+            device.wait_at_least(partial_ready + tile_id, world_size * (epoch + 1), timeout_ns, watchdog,
+                                 rank, tile_id, PARTIAL_READY_FLAG, tile_id)
         if take_tile(taken, tile_id, epoch, CLAIM):
-            # 4. Every rank's partial of launch `epoch` is in.
-            t = stamp(TRACE_CAPACITY)
-            if MISTAKE != SKIP_PARTIAL_WAIT:
-                device.wait_at_least(partial_ready + tile_id, world_size * (epoch + 1), timeout_ns, watchdog,
-                                     rank, tile_id, PARTIAL_READY_FLAG, tile_id)
             # 5 and 6.
             n_events = reduce_and_broadcast(C, partials, heap_bases, rank, world_size, M, N, stride_cm, stride_cn,
                                             trace, n_events, t, tile_id, num_pid_m, num_pid_n, PARTIAL_WAIT, BLOCK_M,
@@ -303,7 +351,7 @@ def reduce_owned_tiles(
 
 
 @triton.jit
-def help_reduce(C, partials, partial_ready, results_in, taken, heap_bases, rank, world_size, epoch, M, N,
+def help_reduce(C, partials, partial_ready, taken, heap_bases, rank, world_size, epoch, M, N,
                 stride_cm, stride_cn, trace, n_events, pid,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_SIZE_M: tl.constexpr, NUM_SMS: tl.constexpr,
                 TRACE_CAPACITY: tl.constexpr, PEER_CACHE: tl.constexpr, SUM_PARTIALS: tl.constexpr,
@@ -311,7 +359,8 @@ def help_reduce(C, partials, partial_ready, results_in, taken, heap_bases, rank,
     """A GEMM program that has published all its tiles helps with the owned tiles' reduction without ever
     waiting: it looks at owned tiles from the last one back (``owned - 1 - pid``, then ``NUM_SMS`` further
     back, ...), and reduces each whose partials are all in already and that no program has taken yet (steps
-    5 and 6); one that is not ready it leaves to the communication programs. Returns ``n_events``.
+    5 and 6); one that is not ready it leaves to the communication programs. Returns ``n_events`` and how
+    many tiles it wrote into every rank's C.
 
     Why: the communication programs keep up with the GEMM only if there are enough of them, and each one
     is an SM the GEMM does not have (16 of 132 at K_r 2048 made the GEMM take 18 waves of tiles instead of
@@ -332,8 +381,7 @@ def help_reduce(C, partials, partial_ready, results_in, taken, heap_bases, rank,
                                                 BLOCK_M, BLOCK_N, GROUP_SIZE_M, TRACE_CAPACITY, PEER_CACHE,
                                                 SUM_PARTIALS, REDUCE_ROWS)
                 broadcast += 1
-    count_in_at_peers(results_in, broadcast, rank, world_size, heap_bases)
-    return n_events
+    return n_events, broadcast
 
 
 # -- the spec --------------------------------------------------------------------------------------------
@@ -370,12 +418,17 @@ def launches(ctx):
     reduce_rows = (cfg.BLK_M if help else REDUCE_ROWS) if ctx.gpu else 8
     if cfg.BLK_M % reduce_rows:
         reduce_rows = cfg.BLK_M
+    # At world size 1 the GEMM programs write each tile into C themselves (write_alone_tile), with the
+    # package's own sum only: a participant's sum_partials (notebook 6) or a teaching mistake must see every
+    # tile, so then the communication programs sum them all.
+    alone = ctx.world_size == 1 and ctx.mistake == 0 and ctx.parts["sum_partials"] is sum_partials
     gemm = Launch(two_shot_gemm, (cfg.num_sms,), ctx.tuning(
         A=ctx.A, B=ctx.B, C=buf.C, partials=buf.partials, partial_ready=buf.partial_ready,
         results_in=buf.results_in, taken=buf.taken, heap_bases=ctx.heap.heap_bases, rank=ctx.rank,
         world_size=ctx.world_size, epoch=0, M=cfg.m, N=cfg.n, K=ctx.K, **ctx.strides, stride_cm=cfg.n, stride_cn=1,
         trace=ctx.trace, trace_counts=ctx.trace_counts, **ctx.gemm, PEER_CACHE=ctx.peer_cache,
-        SUM_PARTIALS=ctx.parts["sum_partials"], HELP=help, REDUCE_ROWS=reduce_rows), per_launch=("epoch",))
+        SUM_PARTIALS=ctx.parts["sum_partials"], HELP=help, REDUCE_ROWS=reduce_rows, ALONE=alone),
+        per_launch=("epoch",))
     trace, trace_counts = ctx.trace_region(cfg.num_sms, cfg.comm_sms)
     reduce = Launch(two_shot_reduce, (cfg.comm_sms,), ctx.tuning(
         C=buf.C, partials=buf.partials, partial_ready=buf.partial_ready, results_in=buf.results_in,
@@ -384,7 +437,8 @@ def launches(ctx):
         M=cfg.m, N=cfg.n, stride_cm=cfg.n, stride_cn=1, timeout_ns=ctx.timeout_ns, trace=trace,
         trace_counts=trace_counts, BLOCK_M=cfg.BLK_M, BLOCK_N=cfg.BLK_N, GROUP_SIZE_M=cfg.gsize_m,
         COMM_SMS=cfg.comm_sms, TRACE_CAPACITY=ctx.gemm["TRACE_CAPACITY"], MISTAKE=ctx.mistake,
-        PEER_CACHE=ctx.peer_cache, SUM_PARTIALS=ctx.parts["sum_partials"], HELP=help, REDUCE_ROWS=reduce_rows,
+        PEER_CACHE=ctx.peer_cache, SUM_PARTIALS=ctx.parts["sum_partials"], CLAIM=help or alone,
+        REDUCE_ROWS=reduce_rows,
         num_stages=1, num_warps=comm_warps),
         stream="side", per_launch=("epoch",))
     return [gemm, reduce]
@@ -402,8 +456,9 @@ def reduce_events(owned, world_size, programs):
 
 
 def events_per_program(config, world_size):
-    # gemm and publish per tile; take, reduce and broadcast per owned tile it helps with
-    gemm = -(-config.tile_count // config.num_sms) * 2 + max(
+    # gemm and publish per tile (with take, reduce and broadcast at world size 1); take, reduce and broadcast
+    # per owned tile it helps with
+    gemm = -(-config.tile_count // config.num_sms) * (5 if world_size == 1 else 2) + max(
         3 * -(-owned_tiles(config.tile_count, world_size, r) // config.num_sms) for r in range(world_size))
     return max([gemm] + [reduce_events(owned_tiles(config.tile_count, world_size, r), world_size, config.comm_sms)
                          for r in range(world_size)])
