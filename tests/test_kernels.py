@@ -4,11 +4,9 @@ two_shot's promise that every rank holds the same bits, run after run."""
 
 import pytest
 import torch
-import triton
-import triton.language as tl
 
 import gemmar
-from gemmar.kernels import device
+from gemmar.kernels import two_shot
 from inputs import allowed_error, random_inputs, reference
 
 ALGORITHMS = ["atomics", "ring", "two_shot"]
@@ -107,27 +105,18 @@ def test_two_shot_any_number_of_communication_programs(clusters, comm_sms):
     check(result, A, B, 4)
 
 
-@triton.jit
-def sum_in_rank_order(slot, rank, world_size, heap_bases, PEER_CACHE: tl.constexpr):
-    # The package's own sum, given as a participant's part: then the communication programs sum every tile.
-    total = tl.zeros(slot.shape, tl.float32)
-    for source in range(world_size):
-        total += tl.load(device.translate(slot, rank, source, heap_bases), cache_modifier=PEER_CACHE).to(tl.float32)
-    return total
-
-
 @pytest.mark.parametrize("out_dtype,wire_dtype", [(None, None), ("fp32", None), ("fp32", "fp32"), (None, "fp32")])
 def test_two_shot_at_one_rank_gemm_programs_write_the_bits_the_reduction_would(clusters, out_dtype, wire_dtype):
     # At world size 1 the GEMM programs write each tile straight into C (two_shot.write_alone_tile); with a
-    # participant's sum_partials the communication programs sum every tile (as many as the GEMM's, so no GEMM
-    # program helps). The same bits either way, and the trace shows who wrote C: GEMM programs (0 .. 2) or
-    # communication programs (3 .. 5).
+    # sum_partials given as a part (here the package's own, which travels as source like a participant's) the
+    # communication programs sum every tile (as many as the GEMM's, so no GEMM program helps). The same bits
+    # either way, and the trace shows who wrote C: GEMM programs (0 .. 2) or communication programs (3 .. 5).
     A, B = random_inputs(40, 56, 45, torch.bfloat16, seed=11)
     cluster = clusters(1)
     settings = dict(algorithm="two_shot", BLK_M=16, BLK_N=16, BLK_K=16, num_sms=3, comm_sms=3, iterations=3,
                     out_dtype=out_dtype, wire_dtype=wire_dtype, trace=True)
     direct = cluster.gemm_all_reduce(A, B, **settings)
-    through = cluster.gemm_all_reduce(A, B, parts={"sum_partials": sum_in_rank_order}, **settings)
+    through = cluster.gemm_all_reduce(A, B, parts={"sum_partials": two_shot.sum_partials}, **settings)
     for result, writers in ((direct, "GEMM"), (through, "communication")):
         check(result, A, B, 1)
         for iteration in range(3):
