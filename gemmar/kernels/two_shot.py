@@ -157,13 +157,13 @@ def two_shot_gemm(
             A, B, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, tile_id, num_pid_m, num_pid_n, trace,
             n_events, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_SIZE_M, DOT_PRECISION, EVEN_K, TMA, TRACE_CAPACITY,
             tile_coords)
-        owner = tile_id % world_size
         if ALONE:
             n_events, t = write_alone_tile(acc, C, partials, partial_ready, taken, epoch, M, N, stride_cm, stride_cn,
                                            trace, n_events, t, tile_id, pid_m, pid_n, BLOCK_M, BLOCK_N,
                                            TRACE_CAPACITY)
             broadcast += 1
         else:
+            owner = tile_id % world_size
             # 2. Our partial of this tile, into our own heap.
             tl.store(slot_pointers(partials, tile_id, BLOCK_M, BLOCK_N), acc.to(partials.dtype.element_ty))
             # 3. Count it in at the owner: release, after every thread's store.
