@@ -190,7 +190,7 @@ def cmd_run(args):
     if not 0 < args.timeout <= 86400:
         raise UsageError(f"--timeout {args.timeout:g}: use seconds from 0 to 86400")
     if not args.replace_iris:   # (the ranks would refuse too, each one; this says it once, before any work)
-        from .runtime.scripts import refuse_installed_iris
+        from .iris.rank import refuse_installed_iris
 
         refuse_installed_iris()
     backend = resolve_backend(args.backend, args.num_ranks)

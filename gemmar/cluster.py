@@ -17,7 +17,7 @@ from .runtime import rank as rank_runtime
 from .runtime.allreduce import SCHEMES, run_all_reduce
 from .runtime.problem import input_scale
 from .runtime.timing import benchmark_rank
-from .programs import ProgramRunner
+from .iris.runner import ProgramRunner
 from .runtime.engines import EngineCluster
 from .runtime.heap import size_text
 from .runtime.launch import heap_bytes_needed

@@ -110,84 +110,117 @@ def translate(ptr, from_rank, to_rank, heap_bases):
 
 
 @triton.jit
-def load(ptr, to_rank, from_rank, heap_bases, mask=None):
+def with_hint(ptr, hint: tl.constexpr = None):
+    """Iris's ``hint=``: tell the compiler that runs of ``hint`` addresses of ``ptr`` are contiguous and aligned
+    (an int, or a tuple per dimension), so a translated tile still moves in wide vector accesses."""
+    if hint is not None:
+        ptr = tl.max_contiguous(tl.multiple_of(ptr, hint), hint)
+    return ptr
+
+
+@triton.jit
+def load(ptr, to_rank, from_rank, heap_bases, mask=None, other=None, cache_modifier=None, volatile=False,
+         hint: tl.constexpr = None):
     """The caller (``to_rank``) reads ``from_rank``'s copy of ``ptr``."""
-    return tl.load(translate(ptr, to_rank, from_rank, heap_bases), mask=mask)
+    return tl.load(with_hint(translate(ptr, to_rank, from_rank, heap_bases), hint), mask=mask, other=other,
+                   cache_modifier=cache_modifier, volatile=volatile)
 
 
 @triton.jit
-def store(ptr, value, from_rank, to_rank, heap_bases, mask=None):
+def store(ptr, value, from_rank, to_rank, heap_bases, mask=None, hint: tl.constexpr = None, cache_modifier=None):
     """The caller (``from_rank``) writes ``value`` into ``to_rank``'s copy of ``ptr``."""
-    tl.store(translate(ptr, from_rank, to_rank, heap_bases), value, mask=mask)
+    tl.store(with_hint(translate(ptr, from_rank, to_rank, heap_bases), hint), value, mask=mask,
+             cache_modifier=cache_modifier)
 
 
 @triton.jit
-def get(from_ptr, to_ptr, from_rank, to_rank, heap_bases, mask=None):
+def copy(src_ptr, dst_ptr, from_rank, to_rank, cur_rank, heap_bases, mask=None, other=None,
+         load_cache_modifier=None, store_cache_modifier=None, hint: tl.constexpr = None):
+    """Copy ``from_rank``'s ``src_ptr`` data into ``to_rank``'s ``dst_ptr``; both pointers are addresses in
+    the caller's (``cur_rank``) heap, and either rank may be the caller or a third rank."""
+    data = tl.load(with_hint(translate(src_ptr, cur_rank, from_rank, heap_bases), hint), mask=mask, other=other,
+                   cache_modifier=load_cache_modifier)
+    tl.store(with_hint(translate(dst_ptr, cur_rank, to_rank, heap_bases), hint), data, mask=mask,
+             cache_modifier=store_cache_modifier)
+
+
+@triton.jit
+def get(from_ptr, to_ptr, from_rank, to_rank, heap_bases, mask=None, other=None, load_cache_modifier=None,
+        store_cache_modifier=None, hint: tl.constexpr = None):
     """Copy ``from_rank``'s ``from_ptr`` data into the caller's (``to_rank``) local ``to_ptr``."""
-    data = tl.load(translate(from_ptr, to_rank, from_rank, heap_bases), mask=mask)
-    tl.store(to_ptr, data, mask=mask)
+    copy(from_ptr, to_ptr, from_rank, to_rank, to_rank, heap_bases, mask, other, load_cache_modifier,
+         store_cache_modifier, hint)
 
 
 @triton.jit
-def put(from_ptr, to_ptr, from_rank, to_rank, heap_bases, mask=None):
+def put(from_ptr, to_ptr, from_rank, to_rank, heap_bases, mask=None, other=None, load_cache_modifier=None,
+        store_cache_modifier=None, hint: tl.constexpr = None):
     """Copy the caller's (``from_rank``) local ``from_ptr`` data into ``to_rank``'s ``to_ptr``."""
-    data = tl.load(from_ptr, mask=mask)
-    tl.store(translate(to_ptr, from_rank, to_rank, heap_bases), data, mask=mask)
+    copy(from_ptr, to_ptr, from_rank, to_rank, from_rank, heap_bases, mask, other, load_cache_modifier,
+         store_cache_modifier, hint)
 
 
 @triton.jit
-def atomic_add(ptr, value, from_rank, to_rank, heap_bases, mask=None, sem=None, scope=None):
+def atomic_add(ptr, value, from_rank, to_rank, heap_bases, mask=None, sem=None, scope=None, hint: tl.constexpr = None):
     """``to_rank``'s ``*ptr += value``; returns the old value."""
-    return tl.atomic_add(translate(ptr, from_rank, to_rank, heap_bases), value, mask=mask, sem=sem, scope=scope)
+    return tl.atomic_add(with_hint(translate(ptr, from_rank, to_rank, heap_bases), hint), value, mask=mask,
+                         sem=sem, scope=scope)
 
 
 @triton.jit
-def atomic_sub(ptr, value, from_rank, to_rank, heap_bases, mask=None, sem=None, scope=None):
+def atomic_sub(ptr, value, from_rank, to_rank, heap_bases, mask=None, sem=None, scope=None, hint: tl.constexpr = None):
     """``to_rank``'s ``*ptr -= value``; returns the old value."""
-    return tl.atomic_add(translate(ptr, from_rank, to_rank, heap_bases), -value, mask=mask, sem=sem,
+    return tl.atomic_add(with_hint(translate(ptr, from_rank, to_rank, heap_bases), hint), -value, mask=mask, sem=sem,
                          scope=scope)
 
 
 @triton.jit
-def atomic_cas(ptr, compare, value, from_rank, to_rank, heap_bases, sem=None, scope=None):
+def atomic_cas(ptr, compare, value, from_rank, to_rank, heap_bases, sem=None, scope=None, hint: tl.constexpr = None):
     """``to_rank``'s ``*ptr = value if *ptr == compare``; returns the old value."""
-    return tl.atomic_cas(translate(ptr, from_rank, to_rank, heap_bases), compare, value, sem=sem, scope=scope)
+    return tl.atomic_cas(with_hint(translate(ptr, from_rank, to_rank, heap_bases), hint), compare, value,
+                         sem=sem, scope=scope)
 
 
 @triton.jit
-def atomic_xchg(ptr, value, from_rank, to_rank, heap_bases, mask=None, sem=None, scope=None):
+def atomic_xchg(ptr, value, from_rank, to_rank, heap_bases, mask=None, sem=None, scope=None, hint: tl.constexpr = None):
     """``to_rank``'s ``*ptr = value``; returns the old value."""
-    return tl.atomic_xchg(translate(ptr, from_rank, to_rank, heap_bases), value, mask=mask, sem=sem, scope=scope)
+    return tl.atomic_xchg(with_hint(translate(ptr, from_rank, to_rank, heap_bases), hint), value, mask=mask,
+                          sem=sem, scope=scope)
 
 
 @triton.jit
-def atomic_min(ptr, value, from_rank, to_rank, heap_bases, mask=None, sem=None, scope=None):
+def atomic_min(ptr, value, from_rank, to_rank, heap_bases, mask=None, sem=None, scope=None, hint: tl.constexpr = None):
     """``to_rank``'s ``*ptr = min(*ptr, value)``; returns the old value."""
-    return tl.atomic_min(translate(ptr, from_rank, to_rank, heap_bases), value, mask=mask, sem=sem, scope=scope)
+    return tl.atomic_min(with_hint(translate(ptr, from_rank, to_rank, heap_bases), hint), value, mask=mask,
+                         sem=sem, scope=scope)
 
 
 @triton.jit
-def atomic_max(ptr, value, from_rank, to_rank, heap_bases, mask=None, sem=None, scope=None):
+def atomic_max(ptr, value, from_rank, to_rank, heap_bases, mask=None, sem=None, scope=None, hint: tl.constexpr = None):
     """``to_rank``'s ``*ptr = max(*ptr, value)``; returns the old value."""
-    return tl.atomic_max(translate(ptr, from_rank, to_rank, heap_bases), value, mask=mask, sem=sem, scope=scope)
+    return tl.atomic_max(with_hint(translate(ptr, from_rank, to_rank, heap_bases), hint), value, mask=mask,
+                         sem=sem, scope=scope)
 
 
 @triton.jit
-def atomic_and(ptr, value, from_rank, to_rank, heap_bases, mask=None, sem=None, scope=None):
+def atomic_and(ptr, value, from_rank, to_rank, heap_bases, mask=None, sem=None, scope=None, hint: tl.constexpr = None):
     """``to_rank``'s ``*ptr &= value``; returns the old value."""
-    return tl.atomic_and(translate(ptr, from_rank, to_rank, heap_bases), value, mask=mask, sem=sem, scope=scope)
+    return tl.atomic_and(with_hint(translate(ptr, from_rank, to_rank, heap_bases), hint), value, mask=mask,
+                         sem=sem, scope=scope)
 
 
 @triton.jit
-def atomic_or(ptr, value, from_rank, to_rank, heap_bases, mask=None, sem=None, scope=None):
+def atomic_or(ptr, value, from_rank, to_rank, heap_bases, mask=None, sem=None, scope=None, hint: tl.constexpr = None):
     """``to_rank``'s ``*ptr |= value``; returns the old value."""
-    return tl.atomic_or(translate(ptr, from_rank, to_rank, heap_bases), value, mask=mask, sem=sem, scope=scope)
+    return tl.atomic_or(with_hint(translate(ptr, from_rank, to_rank, heap_bases), hint), value, mask=mask,
+                        sem=sem, scope=scope)
 
 
 @triton.jit
-def atomic_xor(ptr, value, from_rank, to_rank, heap_bases, mask=None, sem=None, scope=None):
+def atomic_xor(ptr, value, from_rank, to_rank, heap_bases, mask=None, sem=None, scope=None, hint: tl.constexpr = None):
     """``to_rank``'s ``*ptr ^= value``; returns the old value."""
-    return tl.atomic_xor(translate(ptr, from_rank, to_rank, heap_bases), value, mask=mask, sem=sem, scope=scope)
+    return tl.atomic_xor(with_hint(translate(ptr, from_rank, to_rank, heap_bases), hint), value, mask=mask,
+                         sem=sem, scope=scope)
 
 
 # ---------------------------------------------------------------------------------------------------------

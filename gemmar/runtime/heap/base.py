@@ -61,6 +61,7 @@ class SymmetricHeap:
         # program allocates -- on some ranks and not others, or still held when its cell ends -- never moves
         # the offsets that gemmar's own runs hand out from the start, which must be the same on every rank.
         self._end = self.size
+        self._program_allocations = False   # inside allocating_for_program(): every allocation from the end
         self._barriers = 0
         words = self.arena[:HEADER_BYTES].view(torch.int64)
         self._barrier_counter = words[0:1]
@@ -85,6 +86,7 @@ class SymmetricHeap:
         return offset
 
     def empty(self, shape, dtype, from_end=False):
+        from_end = from_end or self._program_allocations
         shape = (shape,) if isinstance(shape, int) else tuple(shape)
         count = 1
         for s in shape:
@@ -96,6 +98,17 @@ class SymmetricHeap:
     def release_program_memory(self):
         """Everything taken from the heap's end (an Iris program's tensors) is free again."""
         self._end = self.size
+
+    @contextlib.contextmanager
+    def allocating_for_program(self):
+        """Allocations made inside come from the heap's end, as an Iris program's tensors do: what gemmar's
+        own kernels allocate for a program (``iris.ccl``, ``iris.ops``) lives and dies with the program."""
+        before = self._program_allocations
+        self._program_allocations = True
+        try:
+            yield self
+        finally:
+            self._program_allocations = before
 
     def zeros(self, shape, dtype):
         return self.empty(shape, dtype).zero_()

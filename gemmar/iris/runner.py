@@ -1,5 +1,5 @@
 """Iris programs on gemmar's ranks, from the client: ``Cluster.run_script`` (what ``gemmar run`` calls) and
-``Cluster.activate`` (ipyparallel's ``%%px`` magics over the ranks). The rank side is ``runtime/scripts.py``.
+``Cluster.activate`` (ipyparallel's ``%%px`` magics over the ranks). The rank side is ``rank.py``.
 
 Like ``mpirun -np N python SCRIPT ARGS``: every rank runs the program at once, its output comes back line
 by line tagged ``[rank r/N]``, and the run ends when every rank has. When a rank fails, the ranks still
@@ -7,13 +7,15 @@ running get ``FAILURE_GRACE_S`` to end on their own (they may be waiting for the
 stopped; so are ranks still running at the deadline. A stopped or dead rank means fresh ranks next time.
 """
 
+import contextlib
 import os
 import sys
 import time
+import uuid
 from dataclasses import dataclass, field
 
-from .errors import UsageError
-from .runtime import scripts as rank_scripts
+from ..errors import UsageError
+from . import rank as rank_scripts
 
 FAILURE_GRACE_S = 5.0
 DEADLINE_EXIT_CODE = 3
@@ -76,8 +78,10 @@ class ProgramRunner:
             print(f"[gemmar] restarting the cluster: {self.restart_reason}", file=err, flush=True)
             self.start()
         W = self.world_size
-        pending = [self.client[eid].apply_async(rank_scripts.run_program, path, list(args), os.getcwd(), replace_iris)
-                   for eid in self.engine_ids]
+        # Where this run's ranks meet for torch.distributed: a fresh file in the cluster's private folder.
+        store_path = os.path.join(self.profile_dir, f"dist-{uuid.uuid4().hex}.store")
+        pending = [self.client[eid].apply_async(rank_scripts.run_program, path, list(args), os.getcwd(), store_path,
+                                                replace_iris) for eid in self.engine_ids]
         shown = [[0, 0] for _ in pending]   # per rank: stdout, stderr characters shown (whole lines only)
         exit_codes, errors, stopped = [None] * W, [None] * W, []
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -137,6 +141,8 @@ class ProgramRunner:
             raise
         finally:
             self._in_run = False
+            with contextlib.suppress(OSError):
+                os.remove(store_path)
         if stopped or any(e and e.startswith("its process") for e in errors):
             self.stop()   # a rank may spin forever on a flag: fresh ranks next time
             lost = stopped or [r for r, c in enumerate(exit_codes) if c]

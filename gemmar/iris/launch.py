@@ -1,0 +1,130 @@
+"""How today's Iris programs start their ranks, made to start on gemmar's instead (the rank side of ``gemmar run``).
+
+Iris programs no longer expect ``mpirun``: most call ``torch.multiprocessing.spawn(fn, args, nprocs=N)`` to
+make N processes, the rest expect ``torchrun``'s environment; either way they then call
+``torch.distributed.init_process_group`` and use ``dist.barrier`` / ``all_gather`` / ``broadcast``. Under
+``gemmar run -r N`` every rank already is one of the N processes, with its heap, its watchdogs and its
+reaper, so while a program runs on a rank:
+
+- ``mp.spawn(fn, args, nprocs=N)`` calls ``fn(rank, *args)`` right there, once (``nprocs`` must be N);
+- ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR`` and ``MASTER_PORT`` are set
+  as torchrun sets them;
+- ``dist.init_process_group(...)`` joins the ranks of this run whatever its ``init_method`` says: through a
+  file store in the cluster's private folder (no port another user could reach), on ``gloo`` on the cpu
+  backend and for ranks sharing a GPU, on ``nccl`` with a GPU per rank. A backend or ``device_id`` that cannot
+  apply is mapped, said once; a ``rank`` or ``world_size`` other than gemmar's is refused in one line.
+A process group the program leaves open is closed when it ends, so the next program can start one.
+"""
+
+import contextlib
+import datetime
+import os
+import sys
+
+from ..errors import UsageError
+
+TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR",
+                      "MASTER_PORT")
+
+_run = None   # this rank's program while it runs: dict(rank, world_size, backend, device, store_path, told)
+
+
+def _say_once(key, message):
+    if key not in _run["told"] and _run["rank"] == 0:
+        print(f"[gemmar] {message}", file=sys.stderr, flush=True)
+    _run["told"].add(key)
+
+
+def _current():
+    if _run is None:
+        raise UsageError("this call works while a program runs on gemmar's ranks (gemmar run, Cluster.run_script)")
+    return _run
+
+
+def spawn(fn, args=(), nprocs=1, join=True, daemon=False, start_method="spawn"):
+    """``torch.multiprocessing.spawn`` on gemmar's ranks: ``fn(rank, *args)`` on this rank."""
+    run = _current()
+    if nprocs != run["world_size"]:
+        raise UsageError(f"mp.spawn(nprocs={nprocs}): gemmar run started {run['world_size']} ranks: run the program "
+                         f"with -r {nprocs}, or pass --num_ranks {run['world_size']} if it has that option")
+    fn(run["rank"], *args)
+    return None if join else _Joined()
+
+
+class _Joined:
+    """What ``spawn(join=False)`` returns: the function has already run on this rank."""
+
+    def join(self, timeout=None):
+        return True
+
+
+def init_process_group(backend=None, init_method=None, timeout=None, world_size=-1, rank=-1, store=None,
+                       group_name="", pg_options=None, device_id=None, **unused):
+    """``dist.init_process_group`` joining this run's ranks (see the module's docstring)."""
+    import torch.distributed as dist
+
+    run = _current()
+    for name, given, ours in (("rank", rank, run["rank"]), ("world_size", world_size, run["world_size"])):
+        if given not in (-1, None, ours):
+            raise UsageError(f"dist.init_process_group({name}={given}): this process is gemmar's rank {run['rank']} of "
+                             f"{run['world_size']} (gemmar run -r {run['world_size']})")
+    chosen = "nccl" if run["backend"] == "cuda" and run["gpu_per_rank"] else "gloo"
+    asked = (backend or "").split(":")[0].lower() or None
+    if asked not in (None, chosen):
+        where = "on the cpu backend" if run["backend"] == "cpu" else "for ranks sharing one GPU"
+        _say_once(("backend", asked), f"dist.init_process_group(backend={asked!r}): {chosen} between gemmar's "
+                                      f"ranks {where}")
+    if device_id is not None and run["backend"] == "cpu":
+        _say_once("device_id", f"dist.init_process_group(device_id={device_id}): the cpu backend has no GPU; dropped")
+        device_id = None
+    elif device_id is not None:
+        device_id = run["device"]
+    file_store = dist.FileStore(run["store_path"], run["world_size"])
+    options = dict(backend=chosen, store=file_store, rank=run["rank"], world_size=run["world_size"],
+                   timeout=timeout or datetime.timedelta(seconds=run["timeout_s"]))
+    if device_id is not None:
+        options["device_id"] = device_id
+    _original["init_process_group"](**options)
+
+
+_original = {}
+
+
+def install():
+    """Put :func:`spawn` and :func:`init_process_group` in place of torch's, on this rank, once."""
+    import torch.distributed as dist
+    import torch.distributed.distributed_c10d as c10d
+    import torch.multiprocessing as mp
+
+    if _original:
+        return
+    _original["spawn"], _original["init_process_group"] = mp.spawn, dist.init_process_group
+    mp.spawn = spawn
+    dist.init_process_group = c10d.init_process_group = init_process_group
+
+
+@contextlib.contextmanager
+def program_run(rank, world_size, backend, device, gpu_per_rank, store_path, timeout_s):
+    """While a program runs on this rank: torchrun's environment and the launch calls above."""
+    global _run
+    install()
+    saved = {name: os.environ.get(name) for name in TORCHRUN_VARIABLES}
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
+                      LOCAL_WORLD_SIZE=str(world_size), GROUP_RANK="0", MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT="0")   # (nothing listens: init_process_group meets through the file store)
+    _run = dict(rank=rank, world_size=world_size, backend=backend, device=device, gpu_per_rank=gpu_per_rank,
+                store_path=store_path, timeout_s=timeout_s, told=set())
+    try:
+        yield
+    finally:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            with contextlib.suppress(Exception):
+                dist.destroy_process_group()
+        _run = None
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value

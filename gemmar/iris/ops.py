@@ -1,0 +1,153 @@
+"""``iris.ops`` on gemmar: Iris's fused GEMM + collective ops, ``shmem.ops.matmul_all_reduce(out, A, B)`` first.
+
+``matmul_all_reduce`` runs one of gemmar's fused kernels (``FusedGemmAllReduce``, the launcher every gemmar run
+uses): each rank's ``A`` (M x K_r) and ``B`` (K_r x N) are its K-slice, and every rank ends with
+``out = sum over ranks of A_r @ B_r``. ``FusedConfig.all_reduce_variant`` picks the kernel: ``two_shot``
+(Iris's default; gemmar's two-shot by tile owner: the same bits on every rank, run after run), ``atomic``
+(gemmar's atomics), ``ring`` (gemmar's ring); ``one_shot`` and ``spinlock`` run two_shot, said once. Tiles
+and programs are gemmar's tuned defaults for the device unless the program passes a ``FusedConfig``, whose
+block sizes and ``num_sms`` are then used. Back-to-back calls with the same shapes reuse one launcher: no
+reset between them (its flags count launches).
+
+The other fused ops of Iris (``all_gather_matmul``, ``matmul_all_gather``, ``matmul_reduce_scatter``) are
+not fused here: they run gemmar's collective then ``torch.matmul`` (or the reverse), said once; their
+results are what Iris's give.
+"""
+
+from dataclasses import dataclass
+
+import torch
+
+from ..errors import UsageError
+
+VARIANT_ALGORITHM = {"two_shot": "two_shot", "atomic": "atomics", "ring": "ring", "one_shot": "two_shot",
+                     "spinlock": "two_shot"}
+
+
+@dataclass
+class FusedConfig:
+    """Iris's ``iris.ops.FusedConfig``: gemmar reads the block sizes, ``group_size_m``, ``num_sms`` and
+    ``all_reduce_variant``; the others are accepted and not used."""
+
+    block_size_m: int = 256
+    block_size_n: int = 64
+    block_size_k: int = 64
+    group_size_m: int = 1
+    num_sms: int = None
+    num_xcds: int = 1
+    chunk_size: int = 1
+    cache_modifier_a: str = ".ca"
+    cache_modifier_b: str = ".ca"
+    allow_tf32: bool = True
+    all_reduce_variant: str = "two_shot"
+    all_reduce_num_rings: int = 1
+
+    def validate(self, world_size=None):
+        if self.all_reduce_variant not in VARIANT_ALGORITHM:
+            raise UsageError(f"all_reduce_variant={self.all_reduce_variant!r} is not known: use one of "
+                             f"{', '.join(VARIANT_ALGORITHM)}")
+        return True
+
+
+class FusedOps:
+    """``shmem.ops``: the fused ops of one ``iris.iris()`` (its launchers, by shape)."""
+
+    def __init__(self, shmem):
+        self._shmem = shmem
+        self._launchers = {}   # settings -> FusedGemmAllReduce, reused call after call
+        self._told = set()
+
+    def _say_once(self, key, message):
+        if key not in self._told and self._shmem.cur_rank == 0:
+            self._shmem.info(message)
+        self._told.add(key)
+
+    def _settings(self, A, B, config):
+        """RunConfig settings for this rank's A (M x K_r) and B (K_r x N)."""
+        from ..config import dtype_name, tuned_defaults
+
+        shmem = self._shmem
+        heap, W = shmem._heap, shmem.num_ranks
+        M, k_r, N = A.shape[0], A.shape[1], B.shape[1]
+        algorithm = VARIANT_ALGORITHM[(config or FusedConfig()).all_reduce_variant]
+        given = {}
+        if config is not None:
+            given = dict(BLK_M=config.block_size_m, BLK_N=config.block_size_n, BLK_K=config.block_size_k,
+                         gsize_m=config.group_size_m, num_sms=config.num_sms)
+        device = heap.device
+        if device.type == "cuda":
+            props = torch.cuda.get_device_properties(device)
+            knobs = tuned_defaults("cuda", algorithm, (props.major, props.minor),
+                                   props.multi_processor_count // heap.ranks_on_device, (M, N, k_r, W), given)
+        else:
+            knobs = tuned_defaults("cpu", algorithm, given=given)
+        return dict(knobs, m=M, n=N, k=k_r * W, datatype=dtype_name(A.dtype), algorithm=algorithm, world_size=W,
+                    timeout_s=heap.timeout_s)
+
+    def matmul_all_reduce(self, output_tensor, A, B, bias=None, async_op=False, config=None, workspace=None):
+        """``output = sum over ranks of A @ B`` on every rank, by one of gemmar's fused kernels."""
+        from ..config import RunConfig
+        from ..runtime.launch import FusedGemmAllReduce
+
+        shmem = self._shmem
+        if config is not None:
+            config.validate(shmem.num_ranks)
+        if bias is not None:
+            raise UsageError("ops.matmul_all_reduce(bias=...): gemmar's fused kernels add no bias: add it to the "
+                             "output afterwards")
+        if async_op:
+            raise UsageError("ops.matmul_all_reduce(async_op=True): gemmar's op returns when done: use "
+                             "async_op=False")
+        for name, t in (("output", output_tensor), ("A", A), ("B", B)):
+            if not isinstance(t, torch.Tensor) or t.dim() != 2:
+                raise UsageError(f"ops.matmul_all_reduce: {name} must be a 2-D torch tensor, got "
+                                 f"{getattr(t, 'shape', type(t).__name__)}")
+        if A.shape[1] != B.shape[0] or tuple(output_tensor.shape) != (A.shape[0], B.shape[1]):
+            raise UsageError(f"ops.matmul_all_reduce: A is {tuple(A.shape)}, B {tuple(B.shape)} and output "
+                             f"{tuple(output_tensor.shape)}; need A: M x K, B: K x N, output: M x N")
+        if A.dtype != B.dtype:
+            raise UsageError(f"ops.matmul_all_reduce: A is {A.dtype} and B {B.dtype}: use one dtype")
+        settings = self._settings(A, B, config)
+        key = tuple(sorted(settings.items()))
+        if key not in self._launchers:
+            run = RunConfig.from_settings(settings)
+            heap = shmem._heap
+            with heap.allocating_for_program():
+                self._launchers[key] = FusedGemmAllReduce(heap, run)
+            self._say_once(("ran", run.algorithm), f"ops.matmul_all_reduce: gemmar's {run.algorithm} kernel, "
+                                                   f"{run.BLK_M} x {run.BLK_N} x {run.BLK_K} tiles, "
+                                                   f"{run.programs} programs per rank")
+            requested = (config or FusedConfig()).all_reduce_variant
+            if requested in ("one_shot", "spinlock"):
+                self._say_once(("variant", requested), f"ops.matmul_all_reduce: variant {requested!r} runs gemmar's "
+                                                       f"{run.algorithm}")
+        C = self._launchers[key](A.contiguous(), B.contiguous())
+        output_tensor.copy_(C)
+        return output_tensor
+
+    # -- not fused here: a collective, then torch.matmul (or the reverse) ----------------------------
+    def all_gather_matmul(self, output_tensor, A_sharded, B, bias=None, async_op=False, config=None, workspace=None):
+        """``output = all_gather(A_sharded along K) @ B`` (Iris: A's columns are split between the ranks)."""
+        self._say_once("ag", "ops.all_gather_matmul: not fused in gemmar: ccl.all_gather, then torch.matmul")
+        shmem = self._shmem
+        M, k_r = A_sharded.shape
+        gathered = shmem.zeros((shmem.num_ranks * M, k_r), dtype=A_sharded.dtype)
+        shmem.ccl.all_gather(gathered, A_sharded.contiguous())
+        A = gathered.view(shmem.num_ranks, M, k_r).permute(1, 0, 2).reshape(M, shmem.num_ranks * k_r)
+        output_tensor.copy_(A @ B + (bias if bias is not None else 0))
+        return output_tensor
+
+    def matmul_all_gather(self, output_tensor, A, B, bias=None, async_op=False, config=None, workspace=None):
+        """``output = all_gather(A @ B along M)``: each rank's rows, every rank's result."""
+        self._say_once("mag", "ops.matmul_all_gather: not fused in gemmar: torch.matmul, then ccl.all_gather")
+        local = (A @ B + (bias if bias is not None else 0)).contiguous()
+        self._shmem.ccl.all_gather(output_tensor, local)
+        return output_tensor
+
+    def matmul_reduce_scatter(self, output_tensor, A, B, bias=None, async_op=False, config=None, workspace=None):
+        """``output = reduce_scatter(A @ B)``, Iris's tile split (``ccl.reduce_scatter``)."""
+        self._say_once("mrs", "ops.matmul_reduce_scatter: not fused in gemmar: torch.matmul, then ccl.reduce_scatter")
+        local = self._shmem.zeros(tuple(output_tensor.shape), dtype=output_tensor.dtype)
+        local.copy_(A @ B + (bias if bias is not None else 0))
+        self._shmem.ccl.reduce_scatter(output_tensor, local)
+        return output_tensor
