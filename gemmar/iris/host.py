@@ -286,7 +286,9 @@ class Iris:
         """Whether ``tensor``'s memory lies in this rank's heap (so peers can reach it)."""
         arena = self._heap.arena
         start = tensor.data_ptr()
-        end = start + tensor.untyped_storage().nbytes() if tensor.numel() else start
+        # (the last element's end, whatever the strides)
+        end = start + (sum((n - 1) * st for n, st in zip(tensor.shape, tensor.stride())) + 1) * tensor.element_size() \
+            if tensor.numel() else start
         return tensor.device == arena.device and arena.data_ptr() <= start and end <= arena.data_ptr() + arena.numel()
 
     def as_symmetric(self, external_tensor):

@@ -218,7 +218,18 @@ def _cuda_on_cpu():
     for name in ("range_push", "range_pop", "mark"):
         setattr(cuda.nvtx, name, lambda *args, **kwargs: None)
     cuda.nvtx.range = lambda *args, **kwargs: contextlib.nullcontext()
+    cuda.get_device_properties = _cpu_properties
+    cuda.get_device_name = lambda device=None: _cpu_properties().name
+    cuda.manual_seed_all = lambda seed: None   # (torch.manual_seed already seeds the CPU)
     torch.__gemmar_cuda_on_cpu__ = True
+
+
+def _cpu_properties(device=None):
+    """torch.cuda.get_device_properties on the cpu backend: the machine, with its cores as multiprocessors
+    (what Iris's examples size their grids by)."""
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") if hasattr(os, "sysconf") else 0
+    return types.SimpleNamespace(name="cpu (gemmar's cpu backend)", multi_processor_count=os.cpu_count() or 1,
+                                 total_memory=memory, major=0, minor=0, warp_size=32, gcnArchName="cpu")
 
 
 class InterpretedLaunch:
