@@ -132,6 +132,9 @@ class Collectives:
                 self._all_reduces[key] = SymmetricAllReduce(heap, input_tensor.numel(), input_tensor.dtype, programs,
                                                             heap.timeout_s, scheme)
             self._all_reduces[key].prepare()
+            # Its flags were just zeroed on this rank: no peer may signal into them before every rank has
+            # done so (a signal that arrives first is wiped, and the launch waits for it forever).
+            self._shmem.barrier()
             self._say_once(("ran", scheme), f"ccl.all_reduce: gemmar's {scheme} all-reduce, {programs} programs "
                                             f"per rank")
         output_tensor.copy_(self._all_reduces[key](input_tensor))
@@ -146,6 +149,7 @@ class Collectives:
             raise UsageError(f"ccl.all_gather: output has {output_tensor.numel()} values; it needs world size x "
                              f"input's = {shmem.num_ranks} x {numel}")
         heap = shmem._heap
+        shmem.barrier()   # every rank's output is ready (allocated, zeroed) before peers write into it
         with heap.on_stream():
             _all_gather_kernel[(_programs(numel),)](input_tensor, output_tensor, numel, shmem.cur_rank,
                                                     shmem.num_ranks, heap.heap_bases, BLOCK=1024)
@@ -162,6 +166,7 @@ class Collectives:
                              f"world size {W}; got {tuple(input_tensor.shape)} and {tuple(output_tensor.shape)}")
         rows, cols = input_tensor.shape
         heap = shmem._heap
+        shmem.barrier()   # every rank's output is ready before peers write into it
         with heap.on_stream():
             _all_to_all_kernel[(triton.cdiv(rows, 16),)](input_tensor, output_tensor, rows, cols // W, shmem.cur_rank,
                                                          W, heap.heap_bases, BLOCK_M=16, BLOCK_N=64)

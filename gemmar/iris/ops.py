@@ -114,6 +114,7 @@ class FusedOps:
             heap = shmem._heap
             with heap.allocating_for_program():
                 self._launchers[key] = FusedGemmAllReduce(heap, run)
+            shmem.barrier()   # every rank's new flags are zeroed before any peer signals into them
             self._say_once(("ran", run.algorithm), f"ops.matmul_all_reduce: gemmar's {run.algorithm} kernel, "
                                                    f"{run.BLK_M} x {run.BLK_N} x {run.BLK_K} tiles, "
                                                    f"{run.programs} programs per rank")
