@@ -6,6 +6,7 @@ thing that is not as it should be.
 """
 
 import atexit
+import io
 import os
 import shutil
 import sys
@@ -63,6 +64,11 @@ with tempfile.TemporaryDirectory() as folder, gemmar.Cluster(world_size=2) as cl
     step("a wrong puzzle answer refused", said.startswith("not quite:"), f"({said[:60]}...)")
     said = exercises.check_tile_coords(cluster, tile_coords)
     step("the right puzzle answer accepted", said.startswith("right!"))
+    # Today's Iris launch and device API (mp.spawn, torch.distributed, DeviceContext) under this interpreter.
+    said = io.StringIO()
+    program = cluster.run_script(ROOT / "examples" / "iris_today" / "spawn_device_context.py", "-s", "200",
+                                 timeout=120, out=said, err=io.StringIO())
+    step("an Iris program with DeviceContext", program.ok and said.getvalue().count("200 of 200 values") == 2)
 
 import nbformat
 from nbclient import NotebookClient

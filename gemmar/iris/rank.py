@@ -62,7 +62,8 @@ def refuse_installed_iris():
 
 
 # Iris's package layout -> gemmar's modules (``gemmar.iris.<name>``); the AMD-only ones are refused on use.
-PACKAGE_LAYOUT = {"iris": "host", "iris.device": "device", "iris.device.utils": "device", "iris.device.triton": "device",
+PACKAGE_LAYOUT = {"iris": "host", "iris.device": "device", "iris.device.utils": "device",
+                  "iris.device.triton": "device",
                   "iris.mem": "device", "iris.mem.utils": "device", "iris.mem.triton": "device", "iris.hip": "hip",
                   "iris.ccl": "ccl", "iris.ops": "ops", "iris.host": "host", "iris.host.tracing": "tracing",
                   "iris.host.tracing.events": "tracing"}
