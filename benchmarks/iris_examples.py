@@ -78,7 +78,7 @@ def run_one(checkout, example, args, ranks, backend, timeout):
     command = [sys.executable, "-m", "gemmar", "run", "-r", str(ranks), "--backend", backend, "--replace_iris",
                "--timeout", str(timeout), os.path.join("examples", example)]
     command += [a.replace("{ranks}", str(ranks)) for a in args]
-    env = dict(os.environ, PYTHONPATH=checkout)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (checkout, os.environ.get("PYTHONPATH")) if p))
     start = time.monotonic()
     p = subprocess.run(command, cwd=checkout, env=env, capture_output=True, text=True, timeout=timeout + 120)
     lines = (p.stdout + p.stderr).splitlines()
