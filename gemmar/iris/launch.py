@@ -9,6 +9,7 @@ reaper, so while a program runs on a rank:
 - ``mp.spawn(fn, args, nprocs=N)`` calls ``fn(rank, *args)`` right there, once (``nprocs`` must be N);
 - ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR`` and ``MASTER_PORT`` are set
   as torchrun sets them;
+- ``torch.cuda.set_device(LOCAL_RANK)`` on ranks that share one GPU selects that GPU, said once;
 - ``dist.init_process_group(...)`` joins the ranks of this run whatever its ``init_method`` says: through a
   file store in the cluster's private folder (no port another user could reach), on ``gloo`` on the cpu
   backend and for ranks sharing a GPU, on ``nccl`` with a GPU per rank. A backend or ``device_id`` that cannot
@@ -87,6 +88,21 @@ def init_process_group(backend=None, init_method=None, timeout=None, world_size=
     _original["init_process_group"](**options)
 
 
+def set_device(device):
+    """``torch.cuda.set_device`` for ranks sharing one GPU: every rank's device is that GPU (a program's
+    ``set_device(LOCAL_RANK)`` names a GPU that is not there), said once."""
+    import torch
+
+    run = _run
+    if run is not None and run["backend"] == "cuda" and not run["gpu_per_rank"]:
+        asked = torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
+        if asked != run["device"]:
+            _say_once("set_device", f"torch.cuda.set_device({device}): these ranks share {run['device']}; "
+                                    f"each rank uses it")
+            device = run["device"]
+    return _original["set_device"](device)
+
+
 _original = {}
 
 
@@ -98,8 +114,12 @@ def install():
 
     if _original:
         return
+    import torch
+
     _original["spawn"], _original["init_process_group"] = mp.spawn, dist.init_process_group
+    _original["set_device"] = torch.cuda.set_device
     mp.spawn = spawn
+    torch.cuda.set_device = set_device
     dist.init_process_group = c10d.init_process_group = init_process_group
 
 
