@@ -13,6 +13,7 @@ import sys
 import textwrap
 
 import pytest
+from test_iris_programs import by_rank   # (each rank's output lines)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TODAY = os.path.join(ROOT, "examples", "iris_today")
@@ -23,15 +24,6 @@ def run(cluster, path, *args, timeout=180):
     out, err = io.StringIO(), io.StringIO()
     result = cluster.run_script(path, *args, timeout=timeout, out=out, err=err)
     return result, out.getvalue(), err.getvalue()
-
-
-def by_rank(text, W):
-    lines = {r: [] for r in range(W)}
-    for line in text.splitlines():
-        for r in range(W):
-            if line.startswith(f"[rank {r}/{W}] "):
-                lines[r].append(line[len(f"[rank {r}/{W}] "):])
-    return lines
 
 
 def own_lines(text, W):
