@@ -71,7 +71,6 @@ class Collectives:
     def __init__(self, shmem):
         self._shmem = shmem
         self._all_reduces = {}   # (numel, dtype, scheme, programs) -> SymmetricAllReduce, reused call after call
-        self._told = set()
 
     # -- checks ---------------------------------------------------------------------------------------
     def _check(self, what, output, input, on_heap=()):
@@ -102,10 +101,6 @@ class Collectives:
         if op is not None and op != dist.ReduceOp.SUM:
             raise UsageError(f"ccl.{what}(op={op}): gemmar's reduction is a sum: use op=None or ReduceOp.SUM")
 
-    def _say_once(self, key, message):
-        if key not in self._told and self._shmem.cur_rank == 0:
-            self._shmem.info(message)
-        self._told.add(key)
 
     # -- collectives ----------------------------------------------------------------------------------
     def all_reduce(self, output_tensor, input_tensor, op=None, group=None, async_op=False, config=None,
@@ -121,9 +116,8 @@ class Collectives:
         config = config or Config()
         scheme = config.all_reduce_variant if config.all_reduce_variant in GEMMAR_ALL_REDUCE else "two_shot"
         if scheme != config.all_reduce_variant:
-            self._say_once(("variant", config.all_reduce_variant),
-                           f"ccl.all_reduce: variant {config.all_reduce_variant!r} runs gemmar's two_shot (the same "
-                           f"sum, the same bits on every rank)")
+            self._shmem.info_once(f"ccl.all_reduce: variant {config.all_reduce_variant!r} runs gemmar's two_shot "
+                                  f"(the same sum, the same bits on every rank)")
         heap = self._shmem._heap
         programs = config.comm_sms or (16 if heap.device.type == "cuda" else 2)
         key = (input_tensor.numel(), input_tensor.dtype, scheme, programs)
@@ -135,8 +129,7 @@ class Collectives:
             # Its flags were just zeroed on this rank: no peer may signal into them before every rank has
             # done so (a signal that arrives first is wiped, and the launch waits for it forever).
             self._shmem.barrier()
-            self._say_once(("ran", scheme), f"ccl.all_reduce: gemmar's {scheme} all-reduce, {programs} programs "
-                                            f"per rank")
+            self._shmem.info_once(f"ccl.all_reduce: gemmar's {scheme} all-reduce, {programs} programs per rank")
         output_tensor.copy_(self._all_reduces[key](input_tensor))
         return None
 

@@ -95,6 +95,7 @@ class Iris:
         self.ops = ops.FusedOps(self)
         self.tracing = tracing.Tracing(self)
         self._device_context = None
+        self._said = set()   # info_once's messages
 
     # -- who and where --------------------------------------------------------------------------------
     def get_rank(self):
@@ -147,6 +148,12 @@ class Iris:
 
     def error(self, message):
         self._log(ERROR, message)
+
+    def info_once(self, message):
+        """``info`` from rank 0, once per distinct message (what ``ccl`` and ``ops`` ran, and why)."""
+        if message not in self._said and self.cur_rank == 0:
+            self.info(message)
+        self._said.add(message)
 
     log = log_stats = info           # the 3b4c197-era names
     log_debug = debug

@@ -55,12 +55,7 @@ class FusedOps:
     def __init__(self, shmem):
         self._shmem = shmem
         self._launchers = {}   # settings -> FusedGemmAllReduce, reused call after call
-        self._told = set()
 
-    def _say_once(self, key, message):
-        if key not in self._told and self._shmem.cur_rank == 0:
-            self._shmem.info(message)
-        self._told.add(key)
 
     def _settings(self, A, B, config):
         """RunConfig settings for this rank's A (M x K_r) and B (K_r x N)."""
@@ -115,13 +110,11 @@ class FusedOps:
             with heap.allocating_for_program():
                 self._launchers[key] = FusedGemmAllReduce(heap, run)
             shmem.barrier()   # every rank's new flags are zeroed before any peer signals into them
-            self._say_once(("ran", run.algorithm), f"ops.matmul_all_reduce: gemmar's {run.algorithm} kernel, "
-                                                   f"{run.BLK_M} x {run.BLK_N} x {run.BLK_K} tiles, "
-                                                   f"{run.programs} programs per rank")
+            shmem.info_once(f"ops.matmul_all_reduce: gemmar's {run.algorithm} kernel, {run.BLK_M} x {run.BLK_N} x "
+                            f"{run.BLK_K} tiles, {run.programs} programs per rank")
             requested = (config or FusedConfig()).all_reduce_variant
             if requested in ("one_shot", "spinlock"):
-                self._say_once(("variant", requested), f"ops.matmul_all_reduce: variant {requested!r} runs gemmar's "
-                                                       f"{run.algorithm}")
+                shmem.info_once(f"ops.matmul_all_reduce: variant {requested!r} runs gemmar's {run.algorithm}")
         C = self._launchers[key](A.contiguous(), B.contiguous())
         output_tensor.copy_(C)
         return output_tensor
@@ -129,7 +122,7 @@ class FusedOps:
     # -- not fused here: a collective, then torch.matmul (or the reverse) ----------------------------
     def all_gather_matmul(self, output_tensor, A_sharded, B, bias=None, async_op=False, config=None, workspace=None):
         """``output = all_gather(A_sharded along K) @ B`` (Iris: A's columns are split between the ranks)."""
-        self._say_once("ag", "ops.all_gather_matmul: not fused in gemmar: ccl.all_gather, then torch.matmul")
+        self._shmem.info_once("ops.all_gather_matmul: not fused in gemmar: ccl.all_gather, then torch.matmul")
         shmem = self._shmem
         M, k_r = A_sharded.shape
         gathered = shmem.zeros((shmem.num_ranks * M, k_r), dtype=A_sharded.dtype)
@@ -140,14 +133,14 @@ class FusedOps:
 
     def matmul_all_gather(self, output_tensor, A, B, bias=None, async_op=False, config=None, workspace=None):
         """``output = all_gather(A @ B along M)``: each rank's rows, every rank's result."""
-        self._say_once("mag", "ops.matmul_all_gather: not fused in gemmar: torch.matmul, then ccl.all_gather")
+        self._shmem.info_once("ops.matmul_all_gather: not fused in gemmar: torch.matmul, then ccl.all_gather")
         local = (A @ B + (bias if bias is not None else 0)).contiguous()
         self._shmem.ccl.all_gather(output_tensor, local)
         return output_tensor
 
     def matmul_reduce_scatter(self, output_tensor, A, B, bias=None, async_op=False, config=None, workspace=None):
         """``output = reduce_scatter(A @ B)``, Iris's tile split (``ccl.reduce_scatter``)."""
-        self._say_once("mrs", "ops.matmul_reduce_scatter: not fused in gemmar: torch.matmul, then ccl.reduce_scatter")
+        self._shmem.info_once("ops.matmul_reduce_scatter: not fused in gemmar: torch.matmul, then ccl.reduce_scatter")
         local = self._shmem.zeros(tuple(output_tensor.shape), dtype=output_tensor.dtype)
         local.copy_(A @ B + (bias if bias is not None else 0))
         self._shmem.ccl.reduce_scatter(output_tensor, local)
