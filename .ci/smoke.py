@@ -69,6 +69,11 @@ with tempfile.TemporaryDirectory() as folder, gemmar.Cluster(world_size=2) as cl
     program = cluster.run_script(ROOT / "examples" / "iris_today" / "spawn_device_context.py", "-s", "200",
                                  timeout=120, out=said, err=io.StringIO())
     step("an Iris program with DeviceContext", program.ok and said.getvalue().count("200 of 200 values") == 2)
+    said, trace_file = io.StringIO(), Path(folder) / "device_trace.json"
+    program = cluster.run_script(ROOT / "examples" / "iris_today" / "device_tracing.py", "-s", "200", "-o",
+                                 str(trace_file), timeout=120, out=said, err=io.StringIO())
+    drawn = program.ok and len(gemmar.Trace.load(str(trace_file)).events) == 2 * 3   # 2 ranks x (put, wait, reduce)
+    step("an Iris program's device trace, exported and read", drawn and said.getvalue().count("sums right") == 4)
 
 import nbformat
 from nbclient import NotebookClient

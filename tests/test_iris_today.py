@@ -119,12 +119,13 @@ def test_what_the_interpreter_cannot_run_is_named_in_one_line(clusters):
 
 
 def test_device_context_compiles_for_hopper(tmp_path):
-    """The compiled path of DeviceContext (Triton's aggregate, gemmar's device API inside), for sm_90."""
+    """The compiled path of DeviceContext (Triton's aggregate, gemmar's device API inside) and of its tracing
+    (TraceEvent constexprs, a lone pointer and a block as addresses), for sm_90."""
     script = textwrap.dedent('''
         import triton, triton.language as tl
         from triton.backends.compiler import GPUTarget
         from triton.compiler import ASTSource
-        from gemmar.iris.device import DeviceContext, read_realtime
+        from gemmar.iris.device import DeviceContext, TraceEvent, read_realtime
 
         @triton.jit
         def kernel(context, buffer, flag, rank: tl.constexpr, world_size: tl.constexpr):
@@ -143,6 +144,26 @@ def test_device_context_compiles_for_hopper(tmp_path):
                                   target=GPUTarget("cuda", 90, 32))
         ptx = compiled.asm["ptx"]
         print("globaltimer" in ptx, "atom.global.release.sys.cas" in ptx, ".cg" in ptx)
+
+        @triton.jit
+        def traced(context, buffer, flag, rank: tl.constexpr, world_size: tl.constexpr, TRACING: tl.constexpr):
+            ctx = DeviceContext.initialize(context, rank, world_size, tracing=TRACING)
+            offsets = tl.arange(0, 128)
+            handle = ctx.tracing.record_event_start(event_id=TraceEvent().put, target_rank=1, address=buffer + offsets,
+                                                    pid_m=0, pid_n=1, mask=offsets < 100)
+            ctx.put(buffer + offsets, buffer + 128 + offsets, to_rank=1)
+            ctx.tracing.record_event_end(handle)
+            handle = ctx.tracing.record_event_start(TraceEvent().wait, 1, flag, 0, 0)
+            ctx.atomic_add(flag, 1, to_rank=1)
+            ctx.tracing.record_event_end(handle)
+
+        for tracing in (True, False):
+            signature = {"context": "*i64", "buffer": "*fp32", "flag": "*i32", "rank": "constexpr",
+                         "world_size": "constexpr", "TRACING": "constexpr"}
+            source = ASTSource(fn=traced, signature=signature, constexprs={"rank": 0, "world_size": 2,
+                                                                           "TRACING": tracing})
+            ptx = triton.compile(source, target=GPUTarget("cuda", 90, 32)).asm["ptx"]
+            print(ptx.count("globaltimer"))
     ''')
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     (tmp_path / "compile_device_context.py").write_text(script)   # (Triton reads a kernel's source from its file)
@@ -151,4 +172,100 @@ def test_device_context_compiles_for_hopper(tmp_path):
     if "ptxas" in p.stderr and "not found" in p.stderr:  # pragma: no cover - wheel without ptxas
         pytest.skip("this Triton wheel carries no ptxas, so it cannot compile for NVIDIA here")
     assert p.returncode == 0, p.stderr[-3000:]
-    assert p.stdout.split() == ["True", "True", "True"], p.stdout
+    flags, traced, untraced = p.stdout.split("\n")[:3]
+    assert flags.split() == ["True", "True", "True"], p.stdout
+    assert int(traced) >= 4 and int(untraced) == 0, p.stdout   # tracing=False compiles the clock reads away
+
+
+def read_json(path):
+    import json
+
+    with open(path) as f:
+        return json.load(f)
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_device_tracing_exports_a_trace_gemmar_draws(clusters, world_size, tmp_path):
+    """ctx.tracing in a kernel records every put, wait and reduce with its program, peer, address and payload;
+    reset() forgets the warm-up run; export(merge=True) writes each rank's file and rank 0's merged one, which
+    Trace.load reads, gantt draws and to_perfetto writes. On one clock, each put ends before its receiver's wait
+    for it does (happens-before, as recorded)."""
+    from gemmar.analysis.trace import Trace
+
+    W, n, block = world_size, 300, 128
+    programs = -(-n // block)
+    output = tmp_path / "device_trace.json"
+    result, out, err = run(clusters(W), os.path.join(TODAY, "device_tracing.py"), "-s", str(n), "-b", str(block),
+                           "-o", str(output))
+    assert result.ok, (result, out, err)
+    per_rank = programs * (W - 1) + 2 * programs
+    for r, lines in own_lines(out, W).items():
+        assert f"[Iris] run 1: sums right; {per_rank} events recorded" in lines, out
+        assert f"[Iris] Exported rank {r} trace ({per_rank} events) to {tmp_path}/device_trace_rank{r}.json" in lines
+    for r in range(W):
+        doc = read_json(tmp_path / f"device_trace_rank{r}.json")
+        puts = [e for e in doc["traceEvents"] if e.get("name") == "put"]
+        assert len(puts) == programs * (W - 1) and {e["pid"] for e in puts} == {r}
+        for e in puts:
+            program = e["args"]["program_id"]
+            assert e["args"]["payload_size"] == 4 * min(block, n - program * block), e
+            assert e["args"]["target_rank"] == e["args"]["pid_n"] != r and e["ph"] == "X" and e["dur"] > 0
+        # reset() dropped the warm-up run: the operations are numbered from 0 again
+        assert sorted(e["args"]["op_index"] for e in doc["traceEvents"] if e["ph"] != "M") == list(range(per_rank))
+    trace = Trace.load(str(output))
+    assert repr(trace) == f"Trace(Iris trace of device_tracing.py, {W} ranks x {programs} programs, {W * per_rank} events)"
+    events = trace.events
+    assert (events.groupby("rank").size() == per_rank).all() and set(events["kind"]) == {"put", "wait", "reduce"}
+    waits = events[events["kind"] == "wait"].set_index(["rank", "program"])["end_us"]
+    for e in events[events["kind"] == "put"].itertuples():
+        assert e.end_us <= waits[(e.peer, e.program)], e
+    reduces = events[events["kind"] == "reduce"].set_index(["rank", "program"])["start_us"]
+    assert all(waits[key] <= reduces[key] for key in waits.index)
+    figure = trace.gantt(path=str(tmp_path / "gantt.png"))
+    assert os.path.getsize(tmp_path / "gantt.png") > 10_000 and figure.axes[0].get_title().startswith("Iris trace")
+    perfetto = trace.to_perfetto(str(tmp_path / "perfetto.json"))
+    assert len([e for e in perfetto["traceEvents"] if e["ph"] == "X"]) == W * per_rank
+
+
+def test_device_tracing_says_what_did_not_fit(clusters, tmp_path):
+    """More events than max_events: the first ones are kept, the rest counted and named in one line."""
+    from gemmar.analysis.trace import Trace
+
+    output = tmp_path / "small.json"
+    result, out, err = run(clusters(2), os.path.join(TODAY, "device_tracing.py"), "-s", "300", "-b", "128",
+                           "-o", str(output), "--max_events", "4")
+    assert result.ok, (result, out, err)
+    assert out.count("WARNING: tracing.export(): 5 events did not fit in max_events=4; the first 4 are kept") == 2
+    assert len(Trace.load(str(output)).events) == 8
+
+
+def test_a_trace_written_by_iris_on_amd_reads_in_cycles(tmp_path):
+    """Iris's own export (ts/dur in 100 MHz cycles, tid XCC<x>_CU<c>, no event_id) reads with the times in ns;
+    a trace with no events, or an event without a time, is one line."""
+    import json
+
+    from gemmar.analysis.trace import Trace
+    from gemmar.errors import UsageError
+
+    def event(name, ts, dur, rank, program, target):
+        return dict(name=name, cat="iris", ts=ts, dur=dur, ph="X", pid=rank, tid="XCC0_CU7",
+                    args=dict(program_id=program, pid_m=1, pid_n=2, target_rank=target, op_index=0, address="0x10",
+                              payload_size=64))
+
+    doc = dict(traceEvents=[event("put", 1000, 50, 0, 3, 1), event("atomic_add", 1100, 5, 1, 0, 0),
+                            event("compute", 900, 80, 1, 1, 1), dict(name="process_name", ph="M", pid=0)],
+               metadata=dict(time_unit="cycles (s_memrealtime @ 100MHz)", world_size=2))
+    path = tmp_path / "iris.json"
+    path.write_text(json.dumps(doc))
+    events = Trace.load(str(path)).events.set_index("kind")
+    assert events.loc["put", ["rank", "program", "peer", "pid_m", "pid_n"]].tolist() == [0, 3, 1, 1, 2]
+    assert events.loc["put", "t_start_ns"] == 1000 and events.loc["put", "duration_us"] == 0.5   # 100 cycles=1 µs
+    assert events.loc["atomic_add", "phase"] == "store" and events.loc["compute", "phase"] == "gemm"
+    doc["traceEvents"] = [dict(name="process_name", ph="M", pid=0), dict(name="put", cat="iris", pid=0)]
+    path.write_text(json.dumps(doc))
+    with pytest.raises(UsageError, match=r"Iris trace event 1 is not readable \(KeyError: 'ts'\)"):
+        Trace.load(str(path))
+    doc["traceEvents"] = [dict(name="put", cat="other", ts=1, pid=0)]
+    path.write_text(json.dumps(doc))
+    with pytest.raises(UsageError, match="is not a gemmar trace"):
+        Trace.load(str(path))

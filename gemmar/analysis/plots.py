@@ -90,11 +90,16 @@ def gantt(trace, iteration=-1, max_lanes=48, ranks=None, programs=None, path=Non
     comm = f" + {m['comm_sms']} communication" if m.get("comm_sms") else ""
     W = m.get("world_size") or 1
     k_rank = _k_per_rank(m["k"], W) if W > 1 and isinstance(m.get("k"), int) else "one rank"
-    ax.set_title(f"{m.get('algorithm')} all-reduce, M x N x K = {m.get('m')} x {m.get('n')} x {m.get('k')} "
-                 f"{m.get('datatype')} (K split over the ranks: {k_rank}), blocks {m.get('BLK_M')}x{m.get('BLK_N')}x"
-                 f"{m.get('BLK_K')}\n{plural(m.get('world_size'), 'rank')} x {m.get('num_sms')}{comm} "
-                 f"{'program' if m.get('num_sms') == 1 and not comm else 'programs'}, {m.get('backend')} backend, "
-                 f"iteration {it}", fontsize=10)
+    if m.get("source") == "iris":   # a program's own events: no GEMM shape to name
+        ax.set_title(f"{m['algorithm']}: {plural(m.get('world_size'), 'rank')} x {m.get('num_sms')} programs, "
+                     f"{len(df)} events", fontsize=10)
+    else:
+        ax.set_title(f"{m.get('algorithm')} all-reduce, M x N x K = {m.get('m')} x {m.get('n')} x {m.get('k')} "
+                     f"{m.get('datatype')} (K split over the ranks: {k_rank}), blocks "
+                     f"{m.get('BLK_M')}x{m.get('BLK_N')}x{m.get('BLK_K')}\n{plural(m.get('world_size'), 'rank')} x "
+                     f"{m.get('num_sms')}{comm} "
+                     f"{'program' if m.get('num_sms') == 1 and not comm else 'programs'}, {m.get('backend')} backend, "
+                     f"iteration {it}", fontsize=10)
     ax.set_xlabel(f"time since the iteration started ({unit})")
     summary = trace.summary(iteration)   # the table below, and the launch skew drawn in the lanes
     skewed = not aggregate and _draw_launch_skew(ax, summary["launch_skew_us"] / scale, lanes, span)

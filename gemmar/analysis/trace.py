@@ -221,6 +221,10 @@ class Trace:
             what = "nested too deep" if isinstance(e, RecursionError) else str(e).splitlines()[0][:120]
             raise UsageError(f"trace file {path} is not a readable gemmar trace ({type(e).__name__}: {what})") \
                 from None
+        from . import iris_trace
+
+        if iris_trace.is_iris_trace(doc):   # Iris's tracing.export(): drawn like gemmar's own
+            return iris_trace.to_trace(doc, path)
         if not isinstance(doc, dict) or doc.get("format") != FORMAT:
             raise UsageError(f"{path} is not a gemmar trace (no \"format\": \"{FORMAT}\" field)")
         if doc.get("version") != VERSION:
@@ -238,6 +242,8 @@ class Trace:
 
     def __repr__(self):
         m = self.meta
+        if m.get("source") == "iris":
+            return f"Trace({m['algorithm']}, {m['world_size']} ranks x {m['num_sms']} programs, {len(self.events)} events)"
         comm = f" + {m['comm_sms']} communication" if m.get("comm_sms") else ""
         return (f"Trace({m.get('algorithm')}, {m.get('m')}x{m.get('n')}x{m.get('k')}, "
                 f"{m.get('world_size')} ranks x {m.get('num_sms')}{comm} programs, {len(self.events)} events)")

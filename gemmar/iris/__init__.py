@@ -8,5 +8,6 @@ run a program written for AMD's Iris, unchanged.
   ``torch.distributed``) pointed at gemmar's ranks.
 - the ``iris`` package a program imports: ``host.py`` (``import iris``: ``iris.iris()`` and the host API),
   ``device.py`` (``DeviceContext``, ``iris.device.utils``), ``hip.py``, ``ccl.py`` and ``ops.py``
-  (collectives and fused GEMM + all-reduce run by gemmar's kernels), ``tracing.py``.
+  (collectives and fused GEMM + all-reduce run by gemmar's kernels), ``tracing.py`` (``shmem.tracing``: device
+  events recorded, exported for Perfetto and ``gemmar gantt``).
 """

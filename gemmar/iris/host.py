@@ -44,7 +44,7 @@ from ..runtime.heap import HEADER_BYTES, size_text
 from . import ccl, device, hip, ops, this_rank, tracing  # noqa: F401 - iris.ccl, iris.ops, ...: Iris's layout
 from .device import (Context, DeviceContext, atomic_add, atomic_and, atomic_cas, atomic_max,  # noqa: F401
                      atomic_min, atomic_or, atomic_sub, atomic_xchg, atomic_xor, copy, load, put, store, translate)
-from .tracing import TraceEvent  # noqa: F401
+from .device import TraceEvent  # noqa: F401
 
 __all__ = ["Iris", "iris", "do_bench", "memset_tensor", "DeviceContext", "Context", "TraceEvent", "translate", "load",
            "store", "copy", "get", "put", "atomic_add", "atomic_sub", "atomic_cas", "atomic_xchg", "atomic_min",
@@ -121,10 +121,13 @@ class Iris:
         return self._heap.heap_bases
 
     def get_device_context(self):
-        """The int64 tensor ``DeviceContext.initialize`` reads: ``[rank, world_size, heap bases...]``."""
+        """The int64 tensor ``DeviceContext.initialize`` reads: ``[rank, world_size, heap bases..., max_events,
+        counters, events]`` (the last three: the trace buffer of ``tracing.enable()``, 0 without one)."""
         if self._device_context is None:
-            self._device_context = torch.cat([torch.tensor([self.cur_rank, self.num_ranks], dtype=torch.int64,
-                                                           device=self.get_device()), self._heap.heap_bases])
+            ends = torch.tensor([self.cur_rank, self.num_ranks], dtype=torch.int64, device=self.get_device())
+            self._device_context = torch.cat([ends, self._heap.heap_bases, ends.new_zeros(tracing.CONTEXT_TAIL)])
+            if self.tracing.enabled:
+                self.tracing._point_context()
         return self._device_context
 
     def wall_clock_rate(self, rank=None):
