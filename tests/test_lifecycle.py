@@ -15,7 +15,6 @@ import psutil
 import pytest
 
 import gemmar
-from gemmar.runtime.heap import shm_dir
 from inputs import wait_until
 
 # A client that starts a cluster, says what it is made of, then runs for minutes unless stopped.
@@ -23,7 +22,7 @@ OWNER = textwrap.dedent('''
     import json, gemmar
     cluster = gemmar.Cluster(world_size=2, backend="cpu")
     print(json.dumps(dict(sessions=sorted(cluster._sessions), profile=cluster.profile_dir,
-                          cluster_id=cluster.cluster_id)), flush=True)
+                          heaps=cluster.heap_folder)), flush=True)
     cluster.bench(gemmar.RunConfig(m=64, n=64, k=64, BLK_M=16, BLK_N=16, BLK_K=16, iterations=100000),
                   on_progress=lambda rank, data: print("running", flush=True))
 ''')
@@ -42,9 +41,8 @@ def members(sessions):
 
 
 def leftovers(info):
-    """What of a cluster is still there: processes, its profile folder, heap files."""
-    files = [f for f in os.listdir(shm_dir()) if f.startswith(f"gemmar-{info['cluster_id']}")]
-    return members(set(info["sessions"])) + ([info["profile"]] if os.path.exists(info["profile"]) else []) + files
+    """What of a cluster is still there: processes, its profile folder, its heap folder."""
+    return members(set(info["sessions"])) + [path for path in (info["profile"], info["heaps"]) if os.path.exists(path)]
 
 
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
@@ -67,7 +65,7 @@ def test_the_cluster_dies_with_its_owner(tmp_path, sig):
 
 def test_a_killed_controller_leaves_nothing_after_stop():
     cluster = gemmar.Cluster(world_size=2, backend="cpu")
-    info = dict(sessions=sorted(cluster._sessions), profile=cluster.profile_dir, cluster_id=cluster.cluster_id)
+    info = dict(sessions=sorted(cluster._sessions), profile=cluster.profile_dir, heaps=cluster.heap_folder)
     controller = psutil.Process(cluster._ipp.controller.pid)
     assert controller.children(), "the controller runs its schedulers as child processes"
     controller.kill()
@@ -204,7 +202,7 @@ def test_a_jupyter_kernel_ending_leaves_nothing_even_with_a_cell_run_twice(endin
                 "import json, gemmar\n"
                 "cluster = gemmar.Cluster(world_size=2, backend='cpu')\n"
                 "print(json.dumps(dict(sessions=sorted(cluster._sessions), profile=cluster.profile_dir, "
-                "cluster_id=cluster.cluster_id)))",
+                "heaps=cluster.heap_folder)))",
                 timeout=120, output_hook=lambda msg: infos.append(json.loads(msg["content"]["text"]))
                 if msg["msg_type"] == "stream" and msg["content"]["text"].startswith("{") else None)
             assert reply["content"]["status"] == "ok", reply["content"]

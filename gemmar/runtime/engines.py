@@ -25,10 +25,9 @@ import psutil
 from ..config import MIN_TIMEOUT_S
 from ..errors import ClusterError, RankDiedError, UsageError
 from . import rank as rank_runtime
-from .heap import DEFAULT_HEAP_BYTES, remove_arenas, shm_dir
+from .heap import DEFAULT_HEAP_BYTES, make_heap_folder, remove_arenas
 from .backends import check_heap_fits, check_world_size, resolve_backend, shares_gpu
 from .deaths import EngineDeaths
-from .heap.cpu import arena_prefix
 from .processes import _children, _kill, _session
 from .reaper import end_sessions
 from .results import RankFailure
@@ -62,6 +61,7 @@ class EngineCluster(EngineDeaths):
         self._in_run = False
         self._owner_pid = os.getpid()   # only this process stops the cluster (not a forked child)
         self._engine_processes = []
+        self._said_channel_failed = False
         if start:
             self.start()
 
@@ -85,8 +85,10 @@ class EngineCluster(EngineDeaths):
         self._owner_pid = os.getpid()
         self._restart_reason = None
         self._stopped_during_run.clear()
-        # A private ipyparallel profile: this cluster's logs and connection files only, removed on stop.
+        # A private ipyparallel profile: this cluster's logs and connection files only, removed on stop; and a
+        # private folder in /dev/shm for the heaps (both 0700, random names: nothing another user can take).
         self.profile_dir = tempfile.mkdtemp(prefix=f"gemmar-{self.cluster_id}-ipython-")
+        self.heap_folder = make_heap_folder()
         self._start_reaper()
         env = {"TRITON_INTERPRET": "1" if self.backend == "cpu" else "0", "OMP_NUM_THREADS": "1",
                "PYTHONUNBUFFERED": "1", "IPYTHONDIR": self.profile_dir}   # nothing written to ~/.ipython
@@ -94,8 +96,12 @@ class EngineCluster(EngineDeaths):
             env[var] = os.environ.get(var, "1" if var != "NCCL_NVLS_ENABLE" else "0")
         # ipyparallel's own exit hook can stall a closing Jupyter kernel for minutes; ours kills the engines.
         # ERROR: stopping engines makes them exit 1, and ipyparallel would log their whole output as a warning.
+        # CurveZMQ on every channel: its listeners are on 127.0.0.1, where any local user could connect, read
+        # (a PUB socket sends to any subscriber) and forge; without the controller's key, kept in the 0700
+        # profile, no handshake completes, so nothing is heard and nothing gets in.
         self._ipp = ipp.Cluster(n=self.world_size, cluster_id=self.cluster_id, log_level=logging.ERROR,
-                                shutdown_atexit=False, profile_dir=self.profile_dir)
+                                shutdown_atexit=False, profile_dir=self.profile_dir,
+                                controller_args=["--IPController.enable_curve=True"])
         atexit.register(_stop_at_exit, weakref.ref(self))
         try:
             engines = len(self.engine_ranks)
@@ -116,11 +122,10 @@ class EngineCluster(EngineDeaths):
             self._adopt_descendants()   # the engines' nannies, each in a session of its own
             self.engine_ids = sorted(self.client.ids)[:engines]
             self.run(rank_runtime.watch_owner, os.getpid(), psutil.Process().create_time(), sorted(self._sessions),
-                     [os.path.join(shm_dir(), arena_prefix(self.cluster_id)) + "*"], [self.profile_dir],
-                     timeout=self.start_timeout_s)
+                     [], [self.profile_dir, self.heap_folder], timeout=self.start_timeout_s)
             self.pids = [None] * self.world_size
             self.info = self.run_ranks(rank_runtime.init_ranks, engine_args=lambda e: (
-                self.engine_ranks[e], self.world_size, self.backend, self.heap_size, self.cluster_id,
+                self.engine_ranks[e], self.world_size, self.backend, self.heap_size, self.heap_folder,
                 self.timeout_s, self.start_timeout_s), timeout=self.start_timeout_s)
             RankFailure.raise_first(self.info)   # a rank that could not build its heap, in one line
             self.pids = [i["pid"] for i in self.info]
@@ -148,8 +153,7 @@ class EngineCluster(EngineDeaths):
         self._reaper = subprocess.Popen([sys.executable, os.path.join(os.path.dirname(__file__), "reaper.py")],
                                         stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                         start_new_session=True, text=True)
-        self._tell_reaper(f"glob {os.path.join(shm_dir(), arena_prefix(self.cluster_id))}*",
-                          f"tree {self.profile_dir}")
+        self._tell_reaper(f"tree {self.heap_folder}", f"tree {self.profile_dir}")
 
     def _tell_reaper(self, *lines):
         self._reaper.stdin.write("".join(line + "\n" for line in lines))
@@ -195,7 +199,7 @@ class EngineCluster(EngineDeaths):
         finally:
             for pid in set(getattr(self, "pids", []) or []) - {None}:   # (in those sessions; in case one was missed)
                 _kill(pid)
-            remove_arenas(self.cluster_id)
+            remove_arenas(self.heap_folder)
             self._ipp = self.client = None
             self._sessions = set()
             self._release_reaper()
@@ -209,6 +213,7 @@ class EngineCluster(EngineDeaths):
             self._reaper = None
         if getattr(self, "profile_dir", None):
             shutil.rmtree(self.profile_dir, ignore_errors=True)
+        remove_arenas(getattr(self, "heap_folder", None))
 
     def restart(self):
         self.stop()
@@ -308,6 +313,17 @@ class EngineCluster(EngineDeaths):
                 raise RankDiedError(f"ranks {ranks} did not answer within {timeout:g} s; they were stopped", ranks)
             if launch_deadline_s is not None:
                 stuck = [e for e in late if time.monotonic() - heard[e] > launch_deadline_s]
+                for e in [e for e in stuck if self._progress_age(e) < launch_deadline_s]:
+                    # The rank's launches finish, but nothing it publishes reaches this client: its channel
+                    # failed, not the rank. Say so once and go on (the run's own timeout still holds).
+                    if not self._said_channel_failed:
+                        print(f"[gemmar] rank {self.engine_ranks[e][0]} is finishing launches (its progress file "
+                              f"says so), but its progress no longer reaches this client over ipyparallel's "
+                              f"IOPub channel: the client's channel failed, not the rank; going on without "
+                              f"progress reports", file=sys.stderr, flush=True)
+                        self._said_channel_failed = True
+                    heard[e] = time.monotonic()
+                    stuck.remove(e)
                 if stuck:
                     ranks = [r for e in stuck for r in self.engine_ranks[e]]
                     raise RankDiedError(
@@ -322,6 +338,14 @@ class EngineCluster(EngineDeaths):
             results.append(ar.get())   # (a bug on the engine raises here, with its remote traceback)
         report_progress()
         return results
+
+    def _progress_age(self, e):
+        """Seconds since engine ``e`` last reported progress, read from the file it touches (rank.progress_path),
+        not from ipyparallel's channel; infinite when there is none."""
+        try:
+            return time.time() - os.stat(rank_runtime.progress_path(self.heap_folder, self.engine_ranks[e][0])).st_mtime
+        except OSError:
+            return float("inf")
 
     def run_ranks(self, fn, *args, **kwargs):
         """Like :meth:`run` for functions that return one item per hosted rank: the items, by rank."""

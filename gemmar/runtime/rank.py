@@ -64,22 +64,24 @@ def watch_owner(owner_pid, owner_started, sessions, patterns, trees, every_s=0.5
     threading.Thread(target=watch, name="gemmar-owner-watch", daemon=True).start()
 
 
-def init_ranks(ranks, world_size, backend, heap_size, cluster_id, timeout_s, start_timeout_s=None):
+def init_ranks(ranks, world_size, backend, heap_size, heap_folder, timeout_s, start_timeout_s=None):
     """Make this engine host ``ranks``: pin the device, build each rank's heap, meet the other ranks.
 
     One rank per engine on cpu and on cuda with a GPU per rank; every rank in this engine when several
-    ranks share GPU 0 (each on its own stream, see ``heap/cuda.py``).
+    ranks share GPU 0 (each on its own stream, see ``heap/cuda.py``). ``heap_folder``: the cluster's
+    private folder for heap files and rendezvous stores (``heap.make_heap_folder``).
     """
     try:
         # Meeting the other ranks may take as long as starting them; the waits of runs get timeout_s.
-        return _init_ranks(ranks, world_size, backend, heap_size, cluster_id, timeout_s,
+        return _init_ranks(ranks, world_size, backend, heap_size, heap_folder, timeout_s,
                            max(timeout_s, start_timeout_s or 0))
     except GemmarError as e:   # travels back as one line, not as a remote traceback
         return [RankFailure(r, e) for r in ranks]
 
 
-def _init_ranks(ranks, world_size, backend, heap_size, cluster_id, timeout_s, meet_timeout_s):
-    global _ranks
+def _init_ranks(ranks, world_size, backend, heap_size, heap_folder, timeout_s, meet_timeout_s):
+    global _ranks, _progress_file
+    _progress_file = progress_path(heap_folder, ranks[0])
     torch.set_num_threads(1)   # ranks share the machine's cores; one thread each is fastest
     if backend == "cuda" and len(ranks) > 1:
         from .heap.cuda import CudaHeap
@@ -91,11 +93,11 @@ def _init_ranks(ranks, world_size, backend, heap_size, cluster_id, timeout_s, me
         if backend == "cuda" and world_size > torch.cuda.device_count():   # a process per rank, one GPU
             from .heap.cuda import CudaHeap
 
-            heaps = {rank: CudaHeap.create_ipc(rank, world_size, heap_size, cluster_id, meet_timeout_s)}
+            heaps = {rank: CudaHeap.create_ipc(rank, world_size, heap_size, heap_folder, meet_timeout_s)}
         else:
             if backend == "cuda":
                 torch.cuda.set_device(rank)
-            heaps = {rank: create_heap(backend, rank, world_size, heap_size, cluster_id, meet_timeout_s)}
+            heaps = {rank: create_heap(backend, rank, world_size, heap_size, heap_folder, meet_timeout_s)}
     for r in ranks:   # (heaps: a list by rank when the ranks share a GPU, else {rank: heap})
         heaps[r].timeout_s = timeout_s
     _ranks = [RankContext(r, world_size, backend, heaps[r]) for r in ranks]
@@ -116,7 +118,20 @@ def describe():
     return out
 
 
+def progress_path(heap_folder, first_rank):
+    """The file an engine touches whenever it reports progress: a second channel, in the cluster's private
+    folder, which the client reads before it calls a rank that it has not heard from dead."""
+    return os.path.join(heap_folder, f"progress-rank{first_rank}")
+
+
+_progress_file = None
+
+
 def _publish(data):
+    if _progress_file:
+        with contextlib.suppress(OSError):
+            with open(_progress_file, "a"):
+                os.utime(_progress_file)
     try:
         from ipyparallel.datapub import publish_data
 

@@ -9,8 +9,10 @@ So the owner starts one reaper per cluster, in a session of its own too, and hol
 a pipe to the reaper's standard input. Through it the owner names what belongs to the cluster:
 
     session <sid>     every process of this session (a controller and its children, an engine, a nanny)
-    glob <pattern>    files to remove (the cluster's heap files in /dev/shm)
-    tree <path>       a folder to remove (the cluster's private ipyparallel profile)
+    glob <pattern>    files to remove
+    tree <path>       a folder to remove (the cluster's private ipyparallel profile, its private heap folder)
+
+Only what this user owns is removed; anything else in the way is skipped, so cleanup always ends.
 
 The pipe reaches end-of-file when the owner closes it (``stop()``) or when the owner's process ends, for
 any reason: the kernel closes a dead process's files. The reaper then kills every process still in those
@@ -66,6 +68,23 @@ def _parent(proc):
         return None
 
 
+def owned(path):
+    """Whether ``path`` (not followed if a symlink) is this user's: what is not is never removed."""
+    try:
+        return os.lstat(path).st_uid == os.geteuid()
+    except OSError:
+        return False
+
+
+def remove_own(path):
+    """Unlink ``path`` if it is this user's; anything else (gone, another user's) is skipped, never fatal."""
+    if owned(path):
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+
+
 def main():
     sessions, patterns, trees = set(), [], []
     for line in sys.stdin:   # until the owner closes the pipe or dies
@@ -88,12 +107,10 @@ def end_cluster(sessions, patterns, trees):
         _kill(proc)
     for pattern in patterns:
         for path in glob.glob(pattern):
-            try:
-                os.unlink(path)
-            except FileNotFoundError:
-                pass
+            remove_own(path)
     for tree in trees:
-        shutil.rmtree(tree, ignore_errors=True)
+        if owned(tree):
+            shutil.rmtree(tree, ignore_errors=True)
     psutil.wait_procs(procs, timeout=5)   # then stay until they are gone: a watcher can wait for the reaper
 
 

@@ -2,25 +2,26 @@
 
 from ...errors import UsageError
 from .base import ALIGN, DEFAULT_HEAP_BYTES, HEADER_BYTES, SymmetricHeap, barrier_all, size_text
-from .cpu import remove_arenas, shm_dir
+from .cpu import make_heap_folder, remove_arenas, shm_dir
 
 
-def create_heap(backend, rank, world_size, size, cluster_id, timeout_s=60.0):
-    """The one entry point the rank runtime uses; backends plug in here."""
+def create_heap(backend, rank, world_size, size, folder, timeout_s=60.0):
+    """The one entry point the rank runtime uses; backends plug in here. ``folder``: the cluster's private
+    folder (``make_heap_folder``) for heap files and rendezvous stores."""
     if backend == "cpu":
         from .cpu import CpuHeap
 
-        return CpuHeap.create(rank, world_size, size, cluster_id, timeout_s)
+        return CpuHeap.create(rank, world_size, size, folder, timeout_s)
     if backend == "cuda":
         from .cuda import CudaHeap
 
-        return CudaHeap.create(rank, world_size, size, cluster_id, timeout_s)
+        return CudaHeap.create(rank, world_size, size, folder, timeout_s)
     if backend == "iris":
         from .iris import IrisHeap
 
-        return IrisHeap.create(rank, world_size, size, cluster_id, timeout_s)
+        return IrisHeap.create(rank, world_size, size, folder, timeout_s)
     raise UsageError(f"backend {backend!r} is not known: use cpu, cuda or iris")
 
 
 __all__ = ["ALIGN", "DEFAULT_HEAP_BYTES", "HEADER_BYTES", "SymmetricHeap", "barrier_all", "create_heap",
-           "remove_arenas", "shm_dir", "size_text"]
+           "make_heap_folder", "remove_arenas", "shm_dir", "size_text"]

@@ -4,11 +4,19 @@ Kernels run under the Triton interpreter, which does not copy CPU tensors: an ad
 real address in this process, so translated pointers and atomics work across processes. Each file is
 unlinked as soon as every rank has mapped it, so nothing is left in ``/dev/shm`` after the cluster stops,
 or after a rank dies.
+
+**Private to the cluster's owner.** The files live in a folder the client makes for the cluster
+(:func:`make_heap_folder`: ``mkdtemp`` in /dev/shm, a random name, mode 0700), so another local user can
+neither see their names, nor create a file there first, nor swap one in. Each rank still checks what it maps
+(:func:`open_checked`: no symlink, a regular file of this user, no access for others, the heap's size) and
+refuses anything else in one line, never mapping it.
 """
 
 import contextlib
 import mmap
 import os
+import shutil
+import stat
 import tempfile
 import time
 
@@ -23,19 +31,52 @@ def shm_dir():
     return "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
 
 
-def arena_prefix(cluster_id):
-    return f"gemmar-{cluster_id}-rank"
+def make_heap_folder():
+    """A new folder for one cluster's heap files and rendezvous stores, private to this user (0700)."""
+    return tempfile.mkdtemp(prefix="gemmar-heaps-", dir=shm_dir())
 
 
-def remove_arenas(cluster_id):
-    """Unlink any arena files of this cluster still on disk (after a rank died before unlinking its own)."""
-    prefix = arena_prefix(cluster_id)
+def check_private_folder(folder, rank):
+    """``folder`` is a real folder of this user that no one else can enter (or a ClusterError, one line)."""
+    try:
+        st = os.lstat(folder)
+    except OSError as e:
+        raise ClusterError(f"rank {rank}: the cluster's heap folder {folder} is not there ({e.strerror})") from None
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
+        raise ClusterError(f"rank {rank}: {folder} is not this cluster's private heap folder (owner uid "
+                           f"{st.st_uid}, mode {stat.filemode(st.st_mode)}): refused")
+
+
+def open_checked(path, size, rank, owner_rank):
+    """Open rank ``owner_rank``'s heap file for mapping, or refuse it in one line: a symlink, anything but a
+    regular file, a file of another user, one others may read or write, or one of the wrong size."""
+    fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
+    st = os.fstat(fd)
+    problem = ("not a regular file" if not stat.S_ISREG(st.st_mode) else
+               f"owned by uid {st.st_uid}, not {os.geteuid()}" if st.st_uid != os.geteuid() else
+               f"mode {stat.filemode(st.st_mode)}: others may use it" if st.st_mode & 0o077 else
+               f"{st.st_size} bytes, not {size}" if st.st_size != size else None)
+    if problem:
+        os.close(fd)
+        raise ClusterError(f"rank {rank}: {path} is not rank {owner_rank}'s heap ({problem}): refused, not mapped")
+    return fd
+
+
+def remove_arenas(folder):
+    """Remove a cluster's heap folder and what is in it (files a rank that died left behind). Only what
+    this user owns is removed; anything else is skipped, never an error, so cleanup always ends."""
     removed = []
-    for name in os.listdir(shm_dir()):
-        if name.startswith(prefix):
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(os.path.join(shm_dir(), name))
+    if not folder or not os.path.isdir(folder) or os.path.islink(folder):
+        return removed
+    for name in os.listdir(folder):
+        path = os.path.join(folder, name)
+        with contextlib.suppress(OSError):
+            if os.lstat(path).st_uid == os.geteuid():
+                os.unlink(path)
                 removed.append(name)
+    with contextlib.suppress(OSError):
+        if os.lstat(folder).st_uid == os.geteuid():
+            shutil.rmtree(folder, ignore_errors=True)
     return removed
 
 
@@ -45,14 +86,17 @@ class CpuHeap(SymmetricHeap):
     backend = "cpu"
 
     @classmethod
-    def create(cls, rank, world_size, size, cluster_id, timeout_s=60.0):
+    def create(cls, rank, world_size, size, folder, timeout_s=60.0):
         if size < HEADER_BYTES + ALIGN:
             raise UsageError(f"heap_size={size} is too small: use at least {HEADER_BYTES + ALIGN} bytes")
-        folder, prefix = shm_dir(), arena_prefix(cluster_id)
-        paths = [os.path.join(folder, f"{prefix}{r}") for r in range(world_size)]
+        check_private_folder(folder, rank)
+        paths = [os.path.join(folder, f"rank{r}") for r in range(world_size)]
         # Create under a temporary name and rename: a peer never maps a file that is not full size yet.
         tmp = paths[rank] + ".tmp"
-        fd = os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+        try:
+            fd = os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_RDWR | os.O_NOFOLLOW, 0o600)
+        except OSError as e:
+            raise ClusterError(f"rank {rank} could not make its heap file {tmp}: {e.strerror}") from None
         try:
             os.ftruncate(fd, size)
             os.rename(tmp, paths[rank])
@@ -76,13 +120,16 @@ class CpuHeap(SymmetricHeap):
         for r, path in enumerate(paths):
             while True:
                 try:
-                    fd = os.open(path, os.O_RDWR)
+                    fd = open_checked(path, size, rank, r)
                     break
                 except FileNotFoundError:
                     if time.monotonic() > deadline:
                         raise ClusterError(f"rank {rank}: rank {r}'s heap did not appear within {timeout_s:g} s "
                                            f"({path})") from None
                     time.sleep(0.01)
+                except OSError as e:   # ELOOP: a symlink in its place
+                    raise ClusterError(f"rank {rank}: {path} is not rank {r}'s heap ({e.strerror}): refused, not "
+                                       f"mapped") from None
             try:
                 maps.append(mmap.mmap(fd, size))
             except OSError as e:

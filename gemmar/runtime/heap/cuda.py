@@ -20,7 +20,6 @@ CUDA IPC handles exchanged over a file store. Kernels of different processes tak
 """
 
 import os
-import tempfile
 
 import torch
 
@@ -28,8 +27,9 @@ from ...errors import UsageError
 from .base import SymmetricHeap, size_text
 
 
-def store_path(cluster_id):
-    return os.path.join(tempfile.gettempdir(), f"gemmar-{cluster_id}.store")
+def store_path(folder):
+    """The ranks' rendezvous file, in the cluster's private folder (not a name in /tmp others could take)."""
+    return os.path.join(folder, "store")
 
 
 def check_gpu_memory(device, nbytes, what):
@@ -45,7 +45,7 @@ class CudaHeap(SymmetricHeap):
     backend = "cuda"
 
     @classmethod
-    def create(cls, rank, world_size, size, cluster_id, timeout_s=60.0):
+    def create(cls, rank, world_size, size, folder, timeout_s=60.0):
         import datetime
 
         import torch.distributed as dist
@@ -57,7 +57,7 @@ class CudaHeap(SymmetricHeap):
         torch.cuda.set_device(device)
         check_gpu_memory(device, size, f"heap_size={size}")
         if not dist.is_initialized():
-            store = dist.FileStore(store_path(cluster_id), world_size)
+            store = dist.FileStore(store_path(folder), world_size)
             dist.init_process_group("nccl", store=store, rank=rank, world_size=world_size, device_id=device,
                                     timeout=datetime.timedelta(seconds=max(60, timeout_s)))
         group = dist.group.WORLD
@@ -92,7 +92,7 @@ class CudaHeap(SymmetricHeap):
         return heaps
 
     @classmethod
-    def create_ipc(cls, rank, world_size, size, cluster_id, timeout_s=60.0, device=0):
+    def create_ipc(cls, rank, world_size, size, folder, timeout_s=60.0, device=0):
         """This rank's heap on GPU ``device``, shared with the ranks of the other processes there."""
         import datetime
         import pickle
@@ -105,7 +105,7 @@ class CudaHeap(SymmetricHeap):
         check_gpu_memory(device, size, f"heap_size={size}")
         arena = torch.zeros(size, dtype=torch.uint8, device=device)
         torch.cuda.synchronize(device)
-        store = dist.FileStore(store_path(cluster_id) + ".ipc", world_size)
+        store = dist.FileStore(store_path(folder) + ".ipc", world_size)
         store.set_timeout(datetime.timedelta(seconds=max(10.0, timeout_s)))
         store.set(f"arena{rank}", pickle.dumps(reduce_tensor(arena)))
         arenas = []

@@ -18,7 +18,7 @@ class IrisHeap(SymmetricHeap):
     backend = "iris"
 
     @classmethod
-    def create(cls, rank, world_size, size, cluster_id, timeout_s=60.0, port=29531):
+    def create(cls, rank, world_size, size, folder, timeout_s=60.0, port=29531):
         import iris
 
         # Iris initialises torch.distributed from the usual environment variables.
