@@ -6,12 +6,11 @@ GPU time (torch.profiler), for the sizes given. Prints one line per size and the
 
 import argparse
 import time
-import uuid
 
 import torch
 
 from gemmar.runtime.allreduce import SymmetricAllReduce
-from gemmar.runtime.heap import create_heap
+from gemmar.runtime.heap import create_heap, make_heap_folder, remove_arenas
 
 
 def main():
@@ -21,7 +20,14 @@ def main():
     parser.add_argument("--calls", type=int, default=200)
     parser.add_argument("--scheme", default="two_shot")
     args = parser.parse_args()
-    heap = create_heap("cuda", 0, 1, 1 << 30, f"cost-{uuid.uuid4().hex[:8]}", 60.0)
+    folder = make_heap_folder()
+    try:
+        measure(create_heap("cuda", 0, 1, 1 << 30, folder, 60.0), args)
+    finally:
+        remove_arenas(folder)
+
+
+def measure(heap, args):
     for mib in args.sizes:
         numel = int(mib * 2 ** 20) // 2
         with heap.scope():

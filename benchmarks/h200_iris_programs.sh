@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Iris-style programs through `gemmar run --backend cuda` on whatever GPUs there are (ranks beyond the GPU
 # count share GPU 0, a process each): the 3b4c197-era ones (examples/iris_style) and today's
-# (examples/iris_today: mp.spawn, torchrun, DeviceContext, ccl, ops). Prints every run's output and exit code;
+# (examples/iris_today: mp.spawn, torchrun, DeviceContext, ccl, ops, device tracing drawn by gemmar gantt). Prints every run's output and exit code;
 # exits 1 if any run failed. With an Iris checkout as $1, also its examples (benchmarks/iris_examples.py).
 #   bash benchmarks/h200_iris_programs.sh [IRIS_CHECKOUT] 2>&1 | tee data/h200x1-iris-programs.log
 set -u
@@ -31,6 +31,8 @@ for r in 2 3; do
   run -r $r $T/spawn_device_context.py --buffer_size 100000 --block_size 1024 -r $r
   run -r $r $T/torchrun_ccl.py -m 1000 -n 1000 --iterations 3
   run -r $r $T/ops_matmul_all_reduce.py -m 500 -n 700 -k 900 --iterations 3
+  run -r $r $T/device_tracing.py -s 100000 -b 1024 -o /tmp/gemmar-device-trace-$r.json
+  python3 -m gemmar gantt /tmp/gemmar-device-trace-$r.json -o /tmp/gemmar-device-trace-$r.png || failed=1
 done
 if [ $# -ge 1 ]; then
   python3 benchmarks/iris_examples.py "$1" --backend cuda --ranks 2 --timeout 120 || failed=1
