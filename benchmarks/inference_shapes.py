@@ -29,7 +29,7 @@ ALGORITHMS = ("two_shot", "atomics", "ring")
 
 def gemm_figures(algorithms, shapes):
     rows = []
-    with gemmar.Cluster(world_size=1, backend="cuda") as cluster:
+    with gemmar.Cluster(world_size=1, backend="cuda", heap_size=8 << 30) as cluster:
         for m, n, k in shapes:
             configs = {}
             for algorithm in algorithms:
@@ -53,7 +53,7 @@ def gemm_figures(algorithms, shapes):
 
 def allreduce_figures(sizes):
     rows = []
-    with gemmar.Cluster(world_size=1, backend="cuda") as cluster:
+    with gemmar.Cluster(world_size=1, backend="cuda", heap_size=4 << 30) as cluster:
         for mib in sizes:
             numel = int(mib * 2 ** 20) // 2
             for comm_sms in (None, gpu_properties("cuda")[2]):
