@@ -80,6 +80,10 @@ def init_process_group(backend=None, init_method=None, timeout=None, world_size=
         device_id = None
     elif device_id is not None:
         device_id = run["device"]
+    if chosen == "gloo" and "GLOO_SOCKET_IFNAME" not in os.environ and os.path.exists("/sys/class/net/lo"):
+        # gloo's ranks talk over TCP; by default on the address the host name resolves to, which may be a
+        # network interface. Loopback keeps them on this machine.
+        os.environ["GLOO_SOCKET_IFNAME"] = "lo"
     file_store = dist.FileStore(run["store_path"], run["world_size"])
     options = dict(backend=chosen, store=file_store, rank=run["rank"], world_size=run["world_size"],
                    timeout=timeout or datetime.timedelta(seconds=run["timeout_s"]))
