@@ -24,6 +24,7 @@ import triton  # noqa: E402
 
 import gemmar  # noqa: E402
 from gemmar import RunConfig, exercises  # noqa: E402
+from gemmar.algorithms import builtin_names  # noqa: E402
 from gemmar.kernels.gemm import tile_coords  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -48,7 +49,7 @@ def row_major(tile_id, num_pid_m, num_pid_n, GROUP_SIZE_M: tl.constexpr):
 
 
 with tempfile.TemporaryDirectory() as folder, gemmar.Cluster(world_size=2) as cluster:
-    for algorithm in ("atomics", "ring", "two_shot"):
+    for algorithm in builtin_names():
         result = cluster.bench(RunConfig(m=48, n=40, k=40, BLK_M=16, BLK_N=16, BLK_K=16, algorithm=algorithm,
                                          iterations=2, trace=algorithm == "ring"), validate=True)
         step(f"{algorithm} at world size 2", result.ok, f"max|C - ref| = {result.max_abs_diff:.3g}")

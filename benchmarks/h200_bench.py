@@ -18,12 +18,13 @@ import torch
 import triton
 
 import gemmar
+from gemmar.algorithms import builtin_names
 from gemmar.report import print_figures
 from gemmar.runtime.backends import gpu_properties
 from gemmar.config import tuned_defaults
 
 SHAPES = [(8192, 8192, 8192), (4096, 8192, 14336), (8192, 8192, 2048)]
-ALGORITHMS = ("atomics", "ring", "two_shot")
+ALGORITHMS = builtin_names()
 SWEEP = {"atomics": [(128, 256, 64, 8, 3), (128, 128, 64, 8, 4), (128, 128, 64, 8, 3), (256, 128, 64, 8, 3)],
          "ring": [(128, 128, 64, 8, 4), (128, 128, 64, 8, 3), (128, 256, 64, 8, 3), (256, 128, 64, 8, 3)]}
 TRACED = [(8192, 8192, 8192), (8192, 8192, 2048)]

@@ -18,13 +18,14 @@ import torch
 import triton
 
 import gemmar
+from gemmar.algorithms import builtin_names
 from gemmar.config import tuned_defaults
 from gemmar.runtime.backends import gpu_properties
 
 # per-rank M x N x K_r: the table, then the large square shape
 SHAPES = [(4096, 8192, 1024), (1024, 8192, 3584), (256, 8192, 8192), (64, 8192, 3584), (16, 8192, 1024),
           (8192, 8192, 8192)]
-ALGORITHMS = ("two_shot", "atomics", "ring")
+ALGORITHMS = builtin_names()
 
 
 def gemm_figures(algorithms, shapes):

@@ -47,8 +47,23 @@ class Clusters:
             cluster.stop()
 
 
+# Test tiers, by file (README, "Run the tests"): a test is "unit" unless its file is named here. The fast tier
+# is everything but slow, system, notebook and browser tests.
+TIERS = {"test_browser": "browser", "test_notebooks": "notebook",
+         "test_lifecycle": "system", "test_faults": "system", "test_cli": "system", "test_shared_server": "system"}
+
+
 def pytest_collection_modifyitems(items):
-    """Tests without a world_size parameter first, then by world size: fewer clusters alive at a time."""
+    """Mark each test with its tier (and "cluster" where it uses real engines); then tests without a
+    world_size parameter first, then by world size: fewer clusters alive at a time."""
+    for item in items:
+        tier = TIERS.get(item.path.stem)
+        if tier:
+            item.add_marker(tier)
+        elif "clusters" in getattr(item, "fixturenames", ()):
+            item.add_marker("cluster")
+        else:
+            item.add_marker("unit")
     items.sort(key=lambda item: item.callspec.params.get("world_size", 0) if hasattr(item, "callspec") else 0)
 
 

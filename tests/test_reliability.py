@@ -6,11 +6,12 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from gemmar.algorithms import builtin_names
 from inputs import allowed_error, random_inputs, reference
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("algorithm", ["atomics", "ring", "two_shot"])
+@pytest.mark.parametrize("algorithm", builtin_names())
 def test_200_back_to_back_launches_at_world_size_4(clusters, algorithm):
     A, B = random_inputs(32, 32, 40, torch.float16, seed=200)
     result = clusters(4).gemm_all_reduce(A, B, algorithm=algorithm, BLK_M=16, BLK_N=16, BLK_K=16, iterations=200,
@@ -23,7 +24,7 @@ def test_200_back_to_back_launches_at_world_size_4(clusters, algorithm):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("algorithm", ["ring", "two_shot", "atomics"])
+@pytest.mark.parametrize("algorithm", builtin_names())
 def test_back_to_back_launches_with_a_random_straggler(clusters, algorithm):
     # Rank 2 starts every launch late by a random 10-20 ms, so the others run ahead into its flags and
     # slots. A flag seen before its data, a slot reused before it was read, or a stale flag from the last
@@ -38,7 +39,7 @@ def test_back_to_back_launches_with_a_random_straggler(clusters, algorithm):
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture],
           derandomize=True)
-@given(world_size=st.integers(1, 5), algorithm=st.sampled_from(["atomics", "ring", "two_shot"]),
+@given(world_size=st.integers(1, 5), algorithm=st.sampled_from(builtin_names()),
        dtype=st.sampled_from([torch.float16, torch.bfloat16, torch.float32]),
        m=st.integers(1, 70), n=st.integers(1, 70), k=st.integers(1, 70),
        block_m=st.sampled_from([16, 32]), block_n=st.sampled_from([16, 32]), block_k=st.sampled_from([16, 32]),

@@ -1,0 +1,42 @@
+"""The docs name what exists: ARCHITECTURE.md's file map lists every module of the package, and names none
+that is not there."""
+
+import os
+import re
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def modules_in_map():
+    """Paths (relative to the repository) of the modules ARCHITECTURE.md's map names: a line that starts with
+    ``folder/`` opens that folder for the lines indented under it; every ``name.py`` on a line belongs to the
+    folder of the entry it describes."""
+    text = open(os.path.join(ROOT, "ARCHITECTURE.md")).read()
+    block = text.split("```", 2)[1]
+    named, folders, current = set(), [], ""
+    for line in block.splitlines():
+        if not line.strip():
+            continue
+        indent = len(line) - len(line.lstrip())
+        first = line.split()[0]
+        if first.endswith("/") or first.endswith(".py"):   # an entry; else a description's next line
+            folders = [(i, f) for i, f in folders if i < indent]
+            current = "".join(f for _, f in folders)
+            if first.endswith("/"):
+                folders.append((indent, first))
+                current += first
+        named.update(current + name for name in re.findall(r"(?<![\w/.])(\w+\.py)\b", line))
+    return named
+
+
+def test_the_architecture_map_lists_every_module_and_only_those():
+    on_disk = set()
+    for folder, _, files in os.walk(os.path.join(ROOT, "gemmar")):
+        for name in files:
+            path = os.path.relpath(os.path.join(folder, name), ROOT).replace(os.sep, "/")
+            if name.endswith(".py") and (name != "__init__.py" or path == "gemmar/__init__.py"):
+                on_disk.add(path)
+    named = modules_in_map()
+    assert len(named) > 40   # the parse found the map
+    assert not sorted(on_disk - named), f"modules the map does not list: {sorted(on_disk - named)}"
+    assert not sorted(named - on_disk), f"the map names modules that do not exist: {sorted(named - on_disk)}"
