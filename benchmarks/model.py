@@ -1,7 +1,7 @@
 """The performance model (gemmar/analysis/model.py) checked against the measured 2 x H200 figures, then its
 predictions for two_shot at W = 2 and W = 8; no GPU needed.
 
-    python3 benchmarks/model.py [--two_gpu data/h200-bench.json] [--one_gpu data/h200x1-bench-2026-12-02.json]
+    python3 benchmarks/model.py [--two_gpu FILE] [--one_gpu FILE]   (default: the runs in gemmar/analysis/measured/)
                                 [--two_shot_from LATER_RUN.json] [--link_gb_s 450] [--nccl_bus_gb_s 270]
 
 ``--two_shot_from``: two_shot's world-size-1 ratios from a later one-GPU run (``h200_bench.py --world_size 1
@@ -30,7 +30,7 @@ def main(args):
     for alg, shape, ms, pred, err in rows:
         print(f"| {alg} | {' x '.join(map(str, shape))} | {ms:.3f} ms | {pred:.3f} ms | {100 * err:+.1f} % |")
     gpu = model.Gpu()
-    local = args.two_shot_from or os.path.join(model.DATA, model.CHECKED_AGAINST[2])
+    local = args.two_shot_from or os.path.join(model.MEASURED, model.CHECKED_AGAINST[2])
     print(f"\ntwo_shot's one-GPU time estimated (for shapes nobody measured: --algorithm auto), against "
           f"{local}; {gpu}")
     print("| per-rank M x N x K | measured, world size 1 | estimate | error |\n|---|---|---|---|")
@@ -55,8 +55,8 @@ def main(args):
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--two_gpu", default="data/h200-bench.json")
-    parser.add_argument("--one_gpu", default="data/h200x1-bench-2026-12-02.json")
+    parser.add_argument("--two_gpu", default=os.path.join(model.MEASURED, model.CHECKED_AGAINST[0]))
+    parser.add_argument("--one_gpu", default=os.path.join(model.MEASURED, model.CHECKED_AGAINST[1]))
     parser.add_argument("--two_shot_from", help="a later world-size-1 run for two_shot's ratios")
     parser.add_argument("--link_gb_s", type=float, default=model.Machine.link_gb_s)
     parser.add_argument("--nccl_bus_gb_s", type=float, default=model.Machine.nccl_bus_gb_s)

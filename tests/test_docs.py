@@ -40,3 +40,12 @@ def test_the_architecture_map_lists_every_module_and_only_those():
     assert len(named) > 40   # the parse found the map
     assert not sorted(on_disk - named), f"modules the map does not list: {sorted(on_disk - named)}"
     assert not sorted(named - on_disk), f"the map names modules that do not exist: {sorted(named - on_disk)}"
+
+
+def test_the_data_index_lists_every_file_and_only_those():
+    folder = os.path.join(ROOT, "data")
+    listed = set(re.findall(r"^\| `([^`]+)` \|", open(os.path.join(folder, "README.md")).read(), re.MULTILINE))
+    present = set(os.listdir(folder)) - {"README.md"}
+    assert len(listed) > 20   # the parse found the table
+    assert not sorted(present - listed), f"files data/README.md does not list: {sorted(present - listed)}"
+    assert not sorted(listed - present), f"data/README.md lists files that are not there: {sorted(listed - present)}"

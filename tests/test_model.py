@@ -40,14 +40,14 @@ def test_no_prediction_from_a_model_that_misses_a_measured_figure():
 
 
 def test_the_saved_figures_load():
-    measured, machine, one = model.load_inputs(os.path.join(DATA, "h200-bench.json"),
-                                                os.path.join(DATA, "h200x1-bench-2026-12-02.json"))
+    measured, machine, one = model.load_inputs(os.path.join(model.MEASURED, "h200-bench.json"),
+                                                os.path.join(model.MEASURED, "h200x1-bench-2026-12-02.json"))
     assert set(measured) == set(machine.matmul_ms) == set(one.ratio["two_shot"])
     assert set(measured[SHAPE]) == {"atomics", "ring", "sequential"}
 
 
 def test_a_one_gpu_run_without_every_algorithm_is_refused_in_one_line():
-    two, later = os.path.join(DATA, "h200-bench.json"), os.path.join(DATA, "h200x1-bench-2026-12-03.json")
+    two, later = os.path.join(model.MEASURED, "h200-bench.json"), os.path.join(DATA, "h200x1-bench-2026-12-03.json")
     with pytest.raises(model.UsageError, match=r"has no world-size-1 figure for atomics at 8192 x 8192 x 8192, .*"
                                                r"needs atomics, ring, two_shot at every shape"):
         model.load_inputs(two, later)
@@ -67,7 +67,7 @@ def test_two_shot_one_gpu_estimate_follows_its_formula_and_the_saved_run():
     assert model.two_shot_local_ms((2048, 2048, 8192), 1.0, 2, split) == pytest.approx(2.0 + 2 * 2048 * 2048 * 2 / 4e9)
     assert model.two_shot_local_ms((2048, 2048, 8192), 1.0, 2, gpu) == pytest.approx(1.0 + 2 * 2048 * 2048 * 2 / 4e9)
     assert model.matmul_ms((8192, 8192, 8192), gpu) == pytest.approx(1.56, abs=0.01)
-    rows = model.check_local(os.path.join(DATA, model.CHECKED_AGAINST[2]), gpu)
+    rows = model.check_local(os.path.join(model.MEASURED, model.CHECKED_AGAINST[2]), gpu)
     assert [r[0] for r in rows] == [(8192, 8192, 8192), (4096, 8192, 14336), (8192, 8192, 2048)]
     assert all(abs(r[3]) <= model.TOLERANCE for r in rows)
 
@@ -83,8 +83,8 @@ def test_the_predicted_timeline_is_drawn_and_labelled(tmp_path):
     import matplotlib
 
     matplotlib.use("Agg")
-    measured, machine, one = model.load_inputs(os.path.join(DATA, "h200-bench.json"),
-                                                os.path.join(DATA, "h200x1-bench-2026-12-02.json"))
+    measured, machine, one = model.load_inputs(os.path.join(model.MEASURED, "h200-bench.json"),
+                                                os.path.join(model.MEASURED, "h200x1-bench-2026-12-02.json"))
     ax = model.draw(SHAPE, 8, machine, one)
     assert ax.get_title().startswith("PREDICTED, not measured: 8192 x 8192 x 8192 per rank on 8 GPUs")
     assert [t.get_text() for t in ax.get_yticklabels()] == ["matmul, then NCCL", "two_shot: GEMM programs",

@@ -128,11 +128,12 @@ def load_inputs(two_gpu_json, one_gpu_json, algorithms=("atomics", "ring", "two_
 
 # -- shapes nobody measured: two_shot's one-GPU time estimated, and the choice of --algorithm auto ----------
 TWO_SHOT_TILE = (128, 256)            # two_shot's tile on Hopper (kernels/two_shot.py, gpu_tuning)
-DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "data")
-# In data/: the 2-GPU run; the 1-GPU run of every algorithm (their ratios); two_shot's 1-GPU run with one
+# The measured runs the model is checked against travel with the package (gemmar/analysis/measured/, package
+# data), so --algorithm auto decides the same in every install. In it: the 2-GPU run; the 1-GPU run of every algorithm (their ratios); two_shot's 1-GPU run with one
 # communication program beside each GEMM program, for the one-GPU estimate. That run's partials still went
 # through memory at world size 1, as every tile's do at W >= 2; since then (two_shot.write_alone_tile) a
 # world-size-1 run skips that trip, so it is no longer a rank's one-GPU cost at W >= 2 and is not used here.
+MEASURED = os.path.join(os.path.dirname(os.path.abspath(__file__)), "measured")
 CHECKED_AGAINST = ("h200-bench.json", "h200x1-bench-2026-12-02.json", "h200x1-bench-beside-2026-12-03.json")
 
 
@@ -177,7 +178,7 @@ def check_local(one_gpu_json, gpu):
     return rows
 
 
-def predict_unmeasured(shape, W, machine=None, gpu=None, data=DATA):
+def predict_unmeasured(shape, W, machine=None, gpu=None, data=MEASURED):
     """(two_shot ms, matmul then NCCL ms) predicted for the per-rank shape (M, N, K_r) on W GPUs, two_shot's
     one-GPU time estimated (``two_shot_local_ms``). The model speaks only after it reproduces the measured
     figures in ``data`` (the 2 x H200 run, and two_shot at world size 1) within TOLERANCE; where it cannot
@@ -200,7 +201,7 @@ def predict_unmeasured(shape, W, machine=None, gpu=None, data=DATA):
     return predict_ms("two_shot", shape, W, target, estimated), predict_ms("sequential", shape, W, target, estimated)
 
 
-def choose(shape, W, machine=None, gpu=None, data=DATA):
+def choose(shape, W, machine=None, gpu=None, data=MEASURED):
     """``--algorithm auto`` with one GPU per rank: ("two_shot" or "unfused", why), by
     :func:`predict_unmeasured` at this per-rank shape; None where the model does not speak."""
     predicted = predict_unmeasured(shape, W, machine, gpu, data)
