@@ -1,5 +1,5 @@
 """Iris's device trace files, written and read: what ``shmem.tracing.export()`` writes on gemmar's ranks, and
-what ``Trace.load`` makes of such a file (one written by Iris on AMD GPUs too) so that ``gemmar gantt`` draws
+what ``Trace.load`` makes of such a file (:func:`read`) (one written by Iris on AMD GPUs too) so that ``gemmar gantt`` draws
 it like gemmar's own per-tile traces.
 
 The file is Chrome/Perfetto trace JSON (open it at ui.perfetto.dev as it is): one process per rank, one
@@ -103,11 +103,10 @@ def is_iris_trace(doc):
             and any(isinstance(e, dict) and e.get("cat") == "iris" for e in doc["traceEvents"]))
 
 
-def to_trace(doc, path):
-    """A gemmar ``Trace`` of an Iris trace document: lanes are (rank, program), the kind is the event, the
-    tile is ``pid_m * tiles_n + pid_n``, the step the operation's index and the peer its target rank."""
-    from .trace import Trace
-
+def read(doc, path):
+    """(events in gemmar's columns, meta) of an Iris trace document, for a ``Trace``: lanes are (rank,
+    program), the kind is the event, the tile is ``pid_m * tiles_n + pid_n``, the step the operation's index
+    and the peer its target rank."""
     meta = doc.get("metadata") if isinstance(doc.get("metadata"), dict) else {}
     unit = str(meta.get("time_unit", "us"))
     to_ns = 10.0 if "cycles" in unit else 1e3   # Iris: cycles of a 100 MHz clock; gemmar: µs
@@ -145,4 +144,4 @@ def to_trace(doc, path):
                 datatype=None, num_sms=int(raw[:, 2].max()) + 1, comm_sms=0,
                 world_size=int(meta.get("world_size") or ranks), iterations=1, backend=meta.get("backend", "?"),
                 clock=unit, dropped_events=meta.get("dropped_events"))
-    return Trace(raw, meta)
+    return raw, meta

@@ -224,7 +224,7 @@ class Trace:
         from . import iris_trace
 
         if iris_trace.is_iris_trace(doc):   # Iris's tracing.export(): drawn like gemmar's own
-            return iris_trace.to_trace(doc, path)
+            return cls(*iris_trace.read(doc, path))
         if not isinstance(doc, dict) or doc.get("format") != FORMAT:
             raise UsageError(f"{path} is not a gemmar trace (no \"format\": \"{FORMAT}\" field)")
         if doc.get("version") != VERSION:
