@@ -76,8 +76,8 @@ with tempfile.TemporaryDirectory() as folder, gemmar.Cluster(world_size=2) as cl
     drawn = program.ok and len(gemmar.Trace.load(str(trace_file)).events) == 2 * 3   # 2 ranks x (put, wait, reduce)
     step("an Iris program's device trace, exported and read", drawn and said.getvalue().count("sums right") == 4)
 
-import nbformat
-from nbclient import NotebookClient
+import nbformat  # noqa: E402 - the notebook step needs no cluster; imported where it runs
+from nbclient import NotebookClient  # noqa: E402
 
 path = ROOT / "notebooks" / "01_persistent_gemm.ipynb"
 nb = nbformat.read(path, as_version=4)

@@ -4,8 +4,8 @@ any rank (the tail), and how far apart the ranks start (the host's launch cost p
     python3 benchmarks/two_shot_tail.py OUTDIR [--world_sizes 2 4] [--k_per_rank 4096]
     python3 benchmarks/two_shot_tail.py --read TRACE.json.gz [...]     # the figures of saved traces, no GPU
 
-8192 x 8192 C (2048 tiles of 128 x 256), bf16, the programs of one GPU split between the ranks (as the
-launcher does: ``config.shared_gpu_programs``). Writes each trace as OUTDIR/h200x1-two_shot-W-ranks-....gz.
+8192 x 8192 C (2048 tiles of 128 x 256), bf16, the tuned defaults for the shape (``config.tuned_defaults``:
+GEMM and communication programs split by ``config.split_programs``). Writes each trace as OUTDIR/h200x1-two_shot-W-ranks-....gz.
 """
 
 import argparse

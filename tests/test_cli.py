@@ -39,9 +39,9 @@ def test_bench_validates_and_writes_json(tmp_path, algorithm):
     assert p.returncode == 0, p.stderr
     lines = p.stdout.splitlines()
     for r in range(3):
-        assert any(l.startswith(f"[gemmar] [{r}/3] {algorithm} iteration 3/3") for l in lines)
-        assert any(l.startswith(f"[gemmar] [{r}/3] ok: max|C - ref|") for l in lines)
-    assert any("PASSED" in l for l in lines)
+        assert any(line.startswith(f"[gemmar] [{r}/3] {algorithm} iteration 3/3") for line in lines)
+        assert any(line.startswith(f"[gemmar] [{r}/3] ok: max|C - ref|") for line in lines)
+    assert any("PASSED" in line for line in lines)
     report = json.loads(out.read_text())
     assert report["success"] is True and report["validated"] is True
     assert report["args"]["algorithm"] == algorithm and report["args"]["num_ranks"] == 3

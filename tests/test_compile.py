@@ -98,7 +98,7 @@ def test_kernels_compile_for_hopper():
     if "ptxas" in p.stderr and "not found" in p.stderr:  # pragma: no cover - wheel without ptxas
         pytest.skip("this Triton wheel carries no ptxas, so it cannot compile for NVIDIA here")
     assert p.returncode == 0, p.stderr[-3000:]
-    lines = [l.split() for l in p.stdout.splitlines()]
+    lines = [line.split() for line in p.stdout.splitlines()]
     assert len(lines) == 2 * 2 * 5 + 5 + 4 + 1   # dtypes x tracing off/on x kernels, the 1 x 1 x 1 builds,
     #                                            the all-reduce's own kernels, the barrier
     assert sum(int(line[-1]) > 0 for line in lines) == 7   # the kernels given arguments of 1 really had some

@@ -1,5 +1,5 @@
-"""The docs name what exists: ARCHITECTURE.md's file map lists every module of the package, and names none
-that is not there."""
+"""The docs name what exists (ARCHITECTURE.md's file map, data/README.md's index), and the code passes the
+linter CI runs."""
 
 import os
 import re
@@ -49,3 +49,12 @@ def test_the_data_index_lists_every_file_and_only_those():
     assert len(listed) > 20   # the parse found the table
     assert not sorted(present - listed), f"files data/README.md does not list: {sorted(present - listed)}"
     assert not sorted(listed - present), f"data/README.md lists files that are not there: {sorted(listed - present)}"
+
+
+def test_the_code_passes_the_linter():
+    """ruff, with the rules in pyproject.toml ([tool.ruff]), over the whole repository."""
+    import subprocess
+    import sys
+
+    p = subprocess.run([sys.executable, "-m", "ruff", "check", "--no-cache", ROOT], capture_output=True, text=True)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-1000:]

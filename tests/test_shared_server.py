@@ -15,7 +15,6 @@ import os
 import pwd
 import shutil
 import subprocess
-import sys
 import tempfile
 import textwrap
 

@@ -224,7 +224,8 @@ def atomic_xor(ptr, value, from_rank, to_rank, heap_bases, mask=None, sem=None, 
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Waiting on a flag, with a watchdog. Used by the ring kernel and the barrier.
+# Waiting on a flag, with a watchdog. Used by every wait of the kernels: the ring, two_shot, the standalone
+# all-reduce and the barrier.
 # ---------------------------------------------------------------------------------------------------------
 
 # The watchdog record is 8 int64 words in the caller's own heap: a report of the first wait that expired.
