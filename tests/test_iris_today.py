@@ -85,7 +85,7 @@ def test_host_api_of_today(clusters, world_size):
             f"broadcast object: {{'from': {last}, 'text': 'héllo'}}",
             "broadcast tensor: ndarray [0, 2, 4, 6, 8]",
             "zeros default dtype: torch.float32; full dtype: torch.int64 torch.float32; rand: torch.float32",
-            f"device context: torch.int64 ({W + 2},) [{r}, {W}] True",
+            f"device context: torch.int64 ({W + 5},) [{r}, {W}] True [0, 0, 0]",   # (no trace buffer yet)
             "symmetric: True False",
             "hip: 1 1000000 True",
             "[Iris] info shown",

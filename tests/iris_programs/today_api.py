@@ -19,7 +19,7 @@ print(f"zeros default dtype: {shmem.zeros(3).dtype}; full dtype: {shmem.full((2,
       f"{shmem.full((2,), 7.5).dtype}; rand: {shmem.rand(4).dtype}")
 context = shmem.get_device_context()
 print(f"device context: {context.dtype} {tuple(context.shape)} {context[:2].tolist()} "
-      f"{torch.equal(context[2:], shmem.get_heap_bases())}")
+      f"{torch.equal(context[2:2 + shmem.get_num_ranks()], shmem.get_heap_bases())} {context[-3:].tolist()}")
 print(f"symmetric: {shmem.is_symmetric(shmem.zeros(8))} {shmem.is_symmetric(torch.zeros(8))}")
 print(f"hip: {iris.hip.get_num_xcc()} {iris.hip.get_wall_clock_rate(rank)} {iris.hip.get_cu_count() >= 1}")
 shmem.info("info shown")
