@@ -47,10 +47,14 @@ class Clusters:
             cluster.stop()
 
 
-# Test tiers, by file (README, "Run the tests"): a test is "unit" unless its file is named here. The fast tier
-# is everything but slow, system, notebook and browser tests.
+# Test tiers, by file (README, "Run the tests"); a file not named here is in the fast tier, which is everything
+# but slow, system, notebook and browser tests (`pytest -m "not (slow or system or notebook or browser)"`).
+# "slow": stress and randomized runs, compiling for sm_90, the widgets, the Iris-style programs of 3b4c197's
+# era, the README's own commands. Times per file: pytest --durations=0.
 TIERS = {"test_browser": "browser", "test_notebooks": "notebook",
-         "test_lifecycle": "system", "test_faults": "system", "test_cli": "system", "test_shared_server": "system"}
+         "test_lifecycle": "system", "test_faults": "system", "test_cli": "system", "test_shared_server": "system",
+         "test_reliability": "slow", "test_compile": "slow", "test_explorer": "slow", "test_iris_programs": "slow",
+         "test_readme": "slow"}
 
 
 def pytest_collection_modifyitems(items):

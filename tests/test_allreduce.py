@@ -23,6 +23,7 @@ def test_every_rank_gets_the_sum_with_the_same_bits(clusters, world_size, scheme
         assert f["ok"]
 
 
+@pytest.mark.slow   # (out of the fast tier: README, "Run the tests")
 @pytest.mark.parametrize("scheme", ["two_shot", "one_shot"])
 def test_fifty_back_to_back_launches_at_world_size_4(clusters, scheme):
     f = clusters(4).all_reduce(5000, "bf16", comm_sms=2, iterations=50, seed=3, scheme=scheme)

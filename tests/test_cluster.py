@@ -15,6 +15,7 @@ def gemmar_files():
     return [f for f in os.listdir(shm_dir()) if f.startswith("gemmar-")]
 
 
+@pytest.mark.slow   # (out of the fast tier: README, "Run the tests")
 def test_heap_files_are_gone_once_ranks_are_up_and_engines_gone_after_stop():
     before = set(gemmar_files())
     cluster = gemmar.Cluster(world_size=2, backend="cpu")
@@ -35,6 +36,7 @@ def test_heap_files_are_gone_once_ranks_are_up_and_engines_gone_after_stop():
     assert set(gemmar_files()) == before
 
 
+@pytest.mark.slow   # (out of the fast tier: README, "Run the tests")
 def test_two_clusters_at_once_do_not_interfere():
     A, B = random_inputs(32, 32, 32, torch.float16, seed=5)
     with gemmar.Cluster(world_size=2, backend="cpu") as one, gemmar.Cluster(world_size=3, backend="cpu") as two:

@@ -221,6 +221,7 @@ def test_a_part_that_calls_a_helper_of_the_same_cell_runs(clusters, world_size, 
     assert exercises.check_tile_coords(clusters(world_size), helped.tile_coords_with_a_helper).startswith("right!")
 
 
+@pytest.mark.slow   # (out of the fast tier: README, "Run the tests")
 def test_a_puzzle_check_starts_a_stopped_cluster(capsys):
     """After Run All the notebook's last cell has stopped the cluster; the participant's next try still runs.
     (A cluster of its own: the shared ones carry the tests' helpers on their engines.)"""
@@ -250,6 +251,7 @@ def swapped_ranks(C_tile, acc, mask, step, rank, world_size, heap_bases):
 '''
 
 
+@pytest.mark.slow   # (out of the fast tier: README, "Run the tests")
 def test_a_part_that_crashes_its_ranks_is_explained_and_the_next_check_runs(tmp_path, capsys):
     """The classic Iris slip (from_rank and to_rank swapped): the engines crash; the participant is told the
     likely cause, and the right answer passes next with no manual restart (a cluster of its own)."""
