@@ -34,7 +34,8 @@ def _allreduce_parser(sub):
     p.add_argument("--datatype", choices=list(DTYPES), default="bf16", help="dtype of the values (default %(default)s)")
     p.add_argument("--sizes", type=float, nargs="+", help="message sizes in MiB per rank (default: cpu 0.0625 "
                                                           "0.25 1; GPU 1 4 16 64 256)")
-    p.add_argument("--comm_sms", type=int, help="programs per rank (default: cpu 2, GPU 16)")
+    p.add_argument("--comm_sms", type=int, help="programs per rank (default: cpu 2; GPU one per SM, the SMs shared "
+                                                "among ranks sharing the GPU)")
     p.add_argument("--schemes", nargs="+", choices=SCHEMES, default=list(SCHEMES),
                    help="two_shot (by tile owner) and/or one_shot (every rank sums everything); default both")
     p.add_argument("--iterations", type=int, default=3, help="checked launches per size (default %(default)s)")

@@ -176,15 +176,14 @@ class Cluster(EngineCluster, ProgramRunner):
         from .config import dtype_name
 
         dtype_name(datatype)
-        if comm_sms is None:
-            comm_sms = 16 if self.backend == "cuda" else 2
         for name, value, smallest in (("numel", numel, 1), ("iterations", iterations, 1), ("reps", reps, 0)):
             if isinstance(value, bool) or not isinstance(value, int) or not smallest <= value <= 2 ** 40:
                 raise UsageError(f"{name}={value!r} is not allowed: use a whole number from {smallest} up")
         outs = self.run_ranks(run_all_reduce, numel, datatype, comm_sms, iterations, seed, self.timeout_s,
                               reps, baseline, scheme)
         RankFailure.raise_first(outs)
-        figures = dict(numel=numel, datatype=datatype, scheme=scheme, comm_sms=comm_sms, world_size=self.world_size,
+        figures = dict(numel=numel, datatype=datatype, scheme=scheme, comm_sms=outs[0]["comm_sms"],
+                       world_size=self.world_size,
                        max_abs_diff=max(d for o in outs for d in o["max_abs_diff"]), tolerance=outs[0]["tolerance"],
                        identical=len({o["digest"] for o in outs}) == 1)
         for key in ("gemmar_ms", "nccl_ms", "torch_symm_mem_ms", "torch_symm_mem_error"):

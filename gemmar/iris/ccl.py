@@ -106,7 +106,7 @@ class Collectives:
     def all_reduce(self, output_tensor, input_tensor, op=None, group=None, async_op=False, config=None,
                    workspace=None):
         """``output = sum over ranks of input`` on every rank, the same bits everywhere."""
-        from ..runtime.allreduce import SymmetricAllReduce
+        from ..runtime.allreduce import SymmetricAllReduce, default_programs
 
         self._no_group("all_reduce", op, group, async_op)
         self._check("all_reduce", output_tensor, input_tensor)
@@ -119,7 +119,7 @@ class Collectives:
             self._shmem.info_once(f"ccl.all_reduce: variant {config.all_reduce_variant!r} runs gemmar's two_shot "
                                   f"(the same sum, the same bits on every rank)")
         heap = self._shmem._heap
-        programs = config.comm_sms or (16 if heap.device.type == "cuda" else 2)
+        programs = config.comm_sms or default_programs(heap)
         key = (input_tensor.numel(), input_tensor.dtype, scheme, programs)
         if key not in self._all_reduces:
             with heap.allocating_for_program():
