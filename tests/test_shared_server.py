@@ -198,9 +198,12 @@ def test_the_same_attack_hears_a_plain_ipyparallel_cluster(bob):
         thread, said = attack(bob, 3.0)
         import time
 
-        time.sleep(1.5)   # bob is connected
-        # (bob's forged messages may break this client meanwhile: what counts here is what he read)
-        client[:].execute("for i in range(20): print(\"alice's secret line\", i, flush=True)", block=False)
+        # Alice works for as long as bob listens: he first connects to every listener of the machine (with
+        # other clusters running, hundreds), then reads for 3 s. (His forged messages may break this client
+        # meanwhile; what counts here is what he read.)
+        while thread.is_alive():
+            client[:].execute("for i in range(5): print(\"alice's secret line\", i, flush=True)", block=False)
+            time.sleep(0.2)
         thread.join()
         client.close()
         assert said.get("mechanisms", {}).get("NULL", 0) > 0 and said["received"] > 0, said
