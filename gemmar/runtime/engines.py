@@ -199,7 +199,6 @@ class EngineCluster(EngineDeaths):
         finally:
             for pid in set(getattr(self, "pids", []) or []) - {None}:   # (in those sessions; in case one was missed)
                 _kill(pid)
-            remove_arenas(self.heap_folder)
             self._ipp = self.client = None
             self._sessions = set()
             self._release_reaper()
