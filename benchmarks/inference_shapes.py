@@ -57,9 +57,11 @@ def allreduce_figures(sizes):
     with gemmar.Cluster(world_size=1, backend="cuda", heap_size=4 << 30) as cluster:
         for mib in sizes:
             numel = int(mib * 2 ** 20) // 2
-            for comm_sms in (None, 16):   # the default (one per SM), and the former default
-                f = cluster.all_reduce(numel, "bf16", comm_sms=comm_sms, reps=50, baseline=comm_sms is None)
-                row = dict(mib=mib, comm_sms=f["comm_sms"], gemmar_ms=f["gemmar_ms"], ok=f["ok"],
+            # Values copied in by each launch, and values already on the heap (as torch's symmetric-memory
+            # all-reduce has them: its buffer is filled before it is timed).
+            for on_heap in (False, True):
+                f = cluster.all_reduce(numel, "bf16", reps=50, baseline=on_heap, on_heap=on_heap)
+                row = dict(mib=mib, on_heap=on_heap, comm_sms=f["comm_sms"], gemmar_ms=f["gemmar_ms"], ok=f["ok"],
                            effective_gbs=mib * 2 ** 20 / (f["gemmar_ms"] * 1e-3) / 1e9)
                 if "torch_symm_mem_ms" in f:
                     row.update(torch_symm_mem_ms=f["torch_symm_mem_ms"],
@@ -67,7 +69,8 @@ def allreduce_figures(sizes):
                 rows.append(row)
                 versus = (f"; torch symm-mem {row['torch_symm_mem_ms']:.3f} ms ({row['speed_vs_symm_mem']:.2f}x its "
                           f"speed)" if "torch_symm_mem_ms" in row else "")
-                print(f"all-reduce {mib:g} MiB, {row['comm_sms']} programs: {row['gemmar_ms']:.3f} ms, "
+                print(f"all-reduce {mib:g} MiB{' on the heap' if on_heap else ''}, {row['comm_sms']} programs: "
+                      f"{row['gemmar_ms']:.3f} ms, "
                       f"{row['effective_gbs']:.0f} GB/s effective{versus}{'' if row['ok'] else ' WRONG'}", flush=True)
     with gemmar.Cluster(world_size=2, backend="cuda") as cluster:   # ranks sharing the GPU
         f = cluster.all_reduce(2 ** 19, "bf16", reps=50)

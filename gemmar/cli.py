@@ -12,7 +12,7 @@ import sys
 
 from .algorithms import builtin_names, get as get_algorithm
 from .cli_tools import _allreduce_parser, _gantt_parser, _run_parser, starting_line
-from .config import AUTO_RULE, BACKENDS, DTYPES, TUNED_KNOBS, RunConfig, choose_algorithm, tuned_defaults
+from .config import AUTO_RULE, BACKENDS, DTYPES, TUNED_KNOBS, RunConfig, choose_algorithm, reads_by_tma, tuned_defaults
 from .errors import ClusterError, DeadlockError, GemmarError, RankDiedError, UsageError
 from .outputs import DEFAULT_TRACE_FILE, check_output_path, iris_report, trace_path_for, write_report
 from .report import log, print_figures
@@ -117,7 +117,8 @@ def config_from_args(args, backend, algorithm=None):
         sms //= args.num_ranks   # the ranks' programs must all be resident on the one GPU at once
     k_rank = -(-args.k // max(args.num_ranks, 1))
     knobs = tuned_defaults(backend, algorithm, capability, sms, shape=(args.m, args.n, k_rank, args.num_ranks),
-                           given={k: getattr(args, k) for k in TUNED_KNOBS}, trace=args.trace_tiles)
+                           given={k: getattr(args, k) for k in TUNED_KNOBS}, trace=args.trace_tiles,
+                           tma=reads_by_tma(args.n, args.k, args.num_ranks, args.datatype))
     spec = get_algorithm(algorithm)
     if args.total_sms is not None and spec.comm_programs:
         comm = args.total_sms - knobs["num_sms"]

@@ -167,12 +167,15 @@ class Cluster(EngineCluster, ProgramRunner):
         return figures
 
     def all_reduce(self, numel, datatype="bf16", comm_sms=None, iterations=3, seed=0, reps=0, baseline=False,
-                   scheme=SCHEMES[0]):
+                   scheme=SCHEMES[0], on_heap=False):
         """The standalone all-reduce on the symmetric heap (``scheme`` two_shot: by tile owner, or one_shot:
-        every rank sums everything; ``runtime/allreduce.py``) of ``numel`` seeded values per rank: every rank's result checked against the float64 sum of all
-        inputs after each launch, and its bits compared across ranks. On GPUs, ``reps`` > 0 times it, and
-        ``baseline`` times NCCL (and torch's symmetric-memory two-shot) on the same values. Returns a dict:
-        ``max_abs_diff``, ``tolerance``, ``identical`` (every rank the same bits) and the times in ms."""
+        every rank sums everything; ``runtime/allreduce.py``) of ``numel`` seeded values per rank: every
+        rank's result checked against the float64 sum of all inputs after each launch, and its bits compared
+        across ranks. ``on_heap``: the values already lie in the all-reduce's heap input (as torch's
+        symmetric-memory all-reduce reduces its own buffer), so no launch copies them in. On GPUs, ``reps`` >
+        0 times it, and ``baseline`` times NCCL (and torch's symmetric-memory two-shot) on the same values.
+        Returns a dict: ``max_abs_diff``, ``tolerance``, ``identical`` (every rank the same bits) and the
+        times in ms."""
         from .config import dtype_name
 
         dtype_name(datatype)
@@ -180,9 +183,9 @@ class Cluster(EngineCluster, ProgramRunner):
             if isinstance(value, bool) or not isinstance(value, int) or not smallest <= value <= 2 ** 40:
                 raise UsageError(f"{name}={value!r} is not allowed: use a whole number from {smallest} up")
         outs = self.run_ranks(run_all_reduce, numel, datatype, comm_sms, iterations, seed, self.timeout_s,
-                              reps, baseline, scheme)
+                              reps, baseline, scheme, bool(on_heap))
         RankFailure.raise_first(outs)
-        figures = dict(numel=numel, datatype=datatype, scheme=scheme, comm_sms=outs[0]["comm_sms"],
+        figures = dict(numel=numel, datatype=datatype, scheme=scheme, on_heap=bool(on_heap), comm_sms=outs[0]["comm_sms"],
                        world_size=self.world_size,
                        max_abs_diff=max(d for o in outs for d in o["max_abs_diff"]), tolerance=outs[0]["tolerance"],
                        identical=len({o["digest"] for o in outs}) == 1)

@@ -63,11 +63,22 @@ def choose_algorithm(backend, world_size, gpus):
     return AUTO_RULE["one_gpu" if world_size == 1 else "gpus"]
 
 
-def tuned_defaults(backend, algorithm, capability=(0, 0), multiprocessors=0, shape=None, given=None, trace=False):
+def reads_by_tma(n, k, world_size, datatype):
+    """Whether every rank's GEMM can read A and B through Hopper's tensor descriptors (``launch.gemm_operands``):
+    16-bit values, and rows of B (N values) and of each rank's K-slice of A a multiple of 16 bytes."""
+    if DTYPES[dtype_name(datatype)].itemsize != 2 or n % 8:
+        return False
+    return all((end - start) % 8 == 0 and end > start for start, end in (k_bounds(k, world_size, r)
+                                                                         for r in range(world_size)))
+
+
+def tuned_defaults(backend, algorithm, capability=(0, 0), multiprocessors=0, shape=None, given=None, trace=False,
+                   tma=True):
     """Settings that suit the device, for every knob the user did not set (``given``: the ones they did).
     On the cpu backend these are RunConfig's own defaults; on GPUs the algorithm's tile for the GPU's family
     and one program per SM, split between the GEMM and the communication programs by ``split_programs``
-    when the problem's ``shape`` (M, N, K per rank, world size) is known."""
+    when the problem's ``shape`` (M, N, K per rank, world size) is known. ``tma``: whether the GEMM will
+    read through tensor descriptors (:func:`reads_by_tma`)."""
     given = {k: v for k, v in (given or {}).items() if v is not None}
     if backend == "cpu":
         defaults = RunConfig()
@@ -76,17 +87,25 @@ def tuned_defaults(backend, algorithm, capability=(0, 0), multiprocessors=0, sha
 
     spec = get(algorithm)
     family = "hopper" if tuple(capability) >= (9, 0) else "default"
-    knobs = dict(zip(TUNED_KNOBS[:6], {**GPU_TUNING, **spec.gpu_tuning}[family]), **given)
+    tile = {**GPU_TUNING, **spec.gpu_tuning}[family]
+    if shape is not None and shape[3] == 1:
+        # (Measured at world size 1 only, where two_shot's launch is the GEMM alone. With ranks to reduce,
+        # its communication programs run beside the GEMM's, and the few-rows 128 x 128 tile at 8 warps
+        # left them no room: refused for 2 ranks sharing an H200 at M = 300.)
+        tile = few_rows_tile(spec, family, tile, shape[0], shape[1], multiprocessors or 108)
+    knobs = dict(zip(TUNED_KNOBS[:6], tile), **given)
     sms = multiprocessors or 108
     if not spec.comm_programs:
         comm = 0
     elif "comm_sms" in given:
         comm = given["comm_sms"]
-    elif family == "hopper" and spec.comm_beside_gemm and not (trace or given.get("trace")):
+    elif family == "hopper" and spec.comm_beside_gemm and tma and not (trace or given.get("trace")):
         # One communication program beside each GEMM program, on its SM (launch.share_sms): the GEMM keeps
         # every SM. On an H200 that took two_shot from 1.04-1.29x torch.matmul to 0.93-1.19x (BENCHMARKS.md).
         # Not when traced: recording events takes registers, and the traced pair did not fit on one SM
-        # (76800 registers of 65536), so a traced run keeps the split below.
+        # (76800 registers of 65536), so a traced run keeps the split below. Nor when the GEMM reads through
+        # plain pointers (odd N or K-slices, fp32): that GEMM takes more registers, and 2 ranks sharing an
+        # H200 at 1000 x 777 x 1999 needed 86016 of 65536 a SM (refused before launch; 2026-12-04).
         gemm = given.get("num_sms", sms)
         return {**knobs, "num_sms": gemm, "comm_sms": gemm}
     elif shape is not None:
@@ -96,6 +115,16 @@ def tuned_defaults(backend, algorithm, capability=(0, 0), multiprocessors=0, sha
     else:
         comm = GPU_COMM_SMS
     return {**knobs, "num_sms": given.get("num_sms", max(1, sms - comm)), "comm_sms": comm}
+
+
+def few_rows_tile(spec, family, tile, m, n, sms):
+    """The tile for an M x N output with few rows: the algorithm's ``gpu_tuning[family + "_few_rows"]``
+    ({most rows: tile}) when its usual ``tile`` would leave SMs without a tile (fewer tiles than SMs), else
+    ``tile``. With M = 64 and 128 x 256 tiles an 8192-wide C has 32 tiles for 132 SMs."""
+    few = spec.gpu_tuning.get(family + "_few_rows")
+    if not few or -(-m // tile[0]) * -(-n // tile[1]) >= sms:
+        return tile
+    return next((few[rows] for rows in sorted(few) if m <= rows), tile)
 
 
 def split_programs(sms, tiles, k_per_rank, world_size=1):

@@ -23,6 +23,19 @@ def test_every_rank_gets_the_sum_with_the_same_bits(clusters, world_size, scheme
         assert f["ok"]
 
 
+@pytest.mark.parametrize("world_size", [1, 3])
+def test_values_already_on_the_heap_are_reduced_where_they_lie(clusters, world_size):
+    """``on_heap``: each rank's values are written into the all-reduce's heap ``input`` and launched as
+    ``op(op.input)`` with no copy in (how the benchmark meets torch's symmetric-memory all-reduce, which
+    reduces its own buffer): same sums, same bits on every rank, launch after launch, both schemes."""
+    cluster = clusters(world_size)
+    for scheme in ("two_shot", "one_shot"):
+        for numel, datatype in ((1, "fp32"), (16 * 64 * 3 + 5, "bf16")):
+            f = cluster.all_reduce(numel, datatype, comm_sms=2, iterations=4, seed=7, scheme=scheme, on_heap=True)
+            assert f["on_heap"] and f["ok"] and f["identical"], f
+            assert f["max_abs_diff"] <= f["tolerance"], f
+
+
 @pytest.mark.slow   # (out of the fast tier: README, "Run the tests")
 @pytest.mark.parametrize("scheme", ["two_shot", "one_shot"])
 def test_fifty_back_to_back_launches_at_world_size_4(clusters, scheme):

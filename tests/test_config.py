@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from gemmar import RunConfig, UsageError, k_bounds
-from gemmar.config import dtype_name
+from gemmar.config import dtype_name, tuned_defaults
 
 
 @pytest.mark.parametrize("K,W", [(1, 1), (7, 3), (120, 3), (3, 4), (1000, 7)])
@@ -101,6 +101,45 @@ def test_communication_programs_follow_the_shape():
     knobs = tuned_defaults("cuda", "two_shot", (9, 0), 132, shape=(8192, 8192, 8192, 1), given={"comm_sms": 8})
     assert (knobs["num_sms"], knobs["comm_sms"]) == (124, 8)   # the user's count, the rest to the GEMM
     assert tuned_defaults("cuda", "ring", (9, 0), 132, shape=(8192, 8192, 8192, 1))["comm_sms"] == 0
+
+
+def test_communication_programs_go_beside_the_gemm_only_when_it_reads_through_tensor_descriptors():
+    """The pointer GEMM (odd N or K-slices, fp32) takes more registers: on 2 ranks sharing an H200, 1000 x 777 x
+    1999 with programs beside each other was refused (86016 registers a SM of 65536), so it gets the split."""
+    from gemmar.config import reads_by_tma
+
+    assert reads_by_tma(8192, 4096, 2, "bf16") and reads_by_tma(768, 16, 2, "fp16")
+    assert not reads_by_tma(777, 2000, 2, "bf16")      # rows of B: 1554 bytes
+    assert not reads_by_tma(768, 1999, 2, "bf16")      # K-slices of 1000 and 999
+    assert not reads_by_tma(768, 2048, 2, "fp32")      # no 16-bit values
+    assert not reads_by_tma(768, 8, 2, "bf16")         # a K-slice of 4
+    shape = (1000, 777, 1000, 2)
+    beside = tuned_defaults("cuda", "two_shot", (9, 0), 66, shape=shape)
+    split = tuned_defaults("cuda", "two_shot", (9, 0), 66, shape=shape, tma=False)
+    assert (beside["num_sms"], beside["comm_sms"]) == (66, 66)
+    assert split["num_sms"] + split["comm_sms"] == 66 and split["comm_sms"] < 66
+
+
+def test_few_rows_get_a_tile_that_gives_every_sm_work():
+    """two_shot on Hopper at world size 1: its 128 x 256 tile while there are at least as many tiles as SMs;
+    with fewer, the few-rows tile for M (benchmarks/inference_sweep.py, BENCHMARKS.md); a tile the user
+    gives wins."""
+    def tile(m, n=8192, sms=132, **given):
+        knobs = tuned_defaults("cuda", "two_shot", (9, 0), sms, shape=(m, n, 1024, 1), given=given)
+        return tuple(knobs[k] for k in ("BLK_M", "BLK_N", "BLK_K", "num_warps", "num_stages"))
+
+    assert tile(4096) == tile(1024) == (128, 256, 64, 8, 3)   # 1024 and 256 tiles
+    assert tile(256) == tile(512) == (128, 128, 64, 8, 4)     # 128 x 256 would give 64 and 128 tiles
+    assert tile(64) == tile(33) == (64, 64, 128, 4, 4)
+    assert tile(16) == tile(1) == (16, 64, 256, 4, 3)
+    assert tile(16, n=65536) == (128, 256, 64, 8, 3)          # 256 tiles even at 128 x 256
+    assert tile(4096, n=1024) == (128, 256, 64, 8, 3)         # many rows: never a few-rows tile
+    assert tile(16, BLK_N=128)[:2] == (16, 128)
+    assert tuned_defaults("cuda", "two_shot", (8, 0), 108, shape=(16, 8192, 1024, 1))["BLK_M"] == 128   # Hopper only
+    assert tuned_defaults("cuda", "ring", (9, 0), 132, shape=(16, 8192, 1024, 1))["BLK_M"] == 128      # unmeasured
+    # With ranks to reduce the communication programs must fit beside the GEMM's: not measured, not used.
+    assert tuned_defaults("cuda", "two_shot", (9, 0), 66, shape=(300, 777, 1000, 2))["BLK_M"] == 128
+    assert tuned_defaults("cuda", "two_shot", (9, 0), 66, shape=(300, 777, 1000, 2))["BLK_N"] == 256
 
 
 def test_programs_that_cannot_share_an_sm_are_refused_in_one_line(monkeypatch):

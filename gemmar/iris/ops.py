@@ -59,7 +59,7 @@ class FusedOps:
 
     def _settings(self, A, B, config):
         """RunConfig settings for this rank's A (M x K_r) and B (K_r x N)."""
-        from ..config import dtype_name, tuned_defaults
+        from ..config import dtype_name, reads_by_tma, tuned_defaults
 
         shmem = self._shmem
         heap, W = shmem._heap, shmem.num_ranks
@@ -73,7 +73,8 @@ class FusedOps:
         if device.type == "cuda":
             props = torch.cuda.get_device_properties(device)
             knobs = tuned_defaults("cuda", algorithm, (props.major, props.minor),
-                                   props.multi_processor_count // heap.ranks_on_device, (M, N, k_r, W), given)
+                                   props.multi_processor_count // heap.ranks_on_device, (M, N, k_r, W), given,
+                                   tma=reads_by_tma(N, k_r * W, W, dtype_name(A.dtype)))
         else:
             knobs = tuned_defaults("cpu", algorithm, given=given)
         return dict(knobs, m=M, n=N, k=k_r * W, datatype=dtype_name(A.dtype), algorithm=algorithm, world_size=W,

@@ -30,9 +30,10 @@ beside each: the GEMM keeps every SM, and the reduction streams alongside it (``
   leaves alone, so it still never waits.
 
   At world size 1 a tile's one partial is its sum: the GEMM program writes it straight into C
-  (:func:`write_alone_tile`, steps 2-6 at once), takes the tile and counts itself in, and the
-  communication programs find every tile taken. The partial's trip through memory (written, read back,
-  written again as C) cost 1-13 % of the launch on an H200, the most at K 2048 (BENCHMARKS.md).
+  (:func:`write_alone_tile`, steps 2-6 at once) and the launch is the GEMM kernel alone, with no flags and
+  no communication programs. The partial's trip through memory (written, read back, written again as C)
+  cost 1-13 % of the launch on an H200, the most at K 2048; the second kernel, whose programs found every
+  tile taken, cost a launch and a join of two streams (BENCHMARKS.md).
 
 - **communication programs** (``two_shot_reduce``, ``COMM_SMS`` of them), for the tiles this rank owns
   (``c, c + COMM_SMS, ...``):
@@ -158,9 +159,8 @@ def two_shot_gemm(
             n_events, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_SIZE_M, DOT_PRECISION, EVEN_K, TMA, TRACE_CAPACITY,
             tile_coords)
         if ALONE:
-            n_events, t = write_alone_tile(acc, C, partials, partial_ready, taken, epoch, M, N, stride_cm, stride_cn,
-                                           trace, n_events, t, tile_id, pid_m, pid_n, BLOCK_M, BLOCK_N,
-                                           TRACE_CAPACITY)
+            n_events, t = write_alone_tile(acc, C, partials, M, N, stride_cm, stride_cn, trace, n_events, t, tile_id,
+                                           pid_m, pid_n, BLOCK_M, BLOCK_N, TRACE_CAPACITY)
             broadcast += 1
         else:
             owner = tile_id % world_size
@@ -180,31 +180,26 @@ def two_shot_gemm(
 
 
 @triton.jit
-def write_alone_tile(acc, C, partials, partial_ready, taken, epoch, M, N, stride_cm, stride_cn, trace, n_events, t,
-                     tile_id, pid_m, pid_n, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                     TRACE_CAPACITY: tl.constexpr):
+def write_alone_tile(acc, C, partials, M, N, stride_cm, stride_cn, trace, n_events, t, tile_id, pid_m, pid_n,
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TRACE_CAPACITY: tl.constexpr):
     """Steps 2-6 for a tile at world size 1, in the GEMM program: the tile's one partial is its sum, so it
     goes straight into C instead of through ``partials`` (written, read back and written again as C: at
     8192 x 8192 x 2048 on an H200 that round trip cost 0.07 ms on a 0.39 ms GEMM). Same bits as the
-    communication programs' sum (rounded to the wire dtype, then 0 + it in fp32, then to C's dtype).
+    communication programs' sum (rounded to the wire dtype, then 0 + it in fp32, then to C's dtype). Nobody
+    else reads the tile, so no flag is set.
 
     Why not for every tile a rank owns at any world size: the GEMM program would then also read the W - 1
     other partials, and that took the 128 x 256 tile's GEMM from 166 registers a thread to 255 with spills
     (ptxas for sm_90), leaving no room for a communication program beside it.
 
-    Records take, reduce, broadcast and publish (the tile counted in): as many events as the other path."""
-    # Ours to take: a communication program takes a tile only once its count is complete, which it is only
-    # after our 1 below.
-    tl.atomic_xchg(taken + tile_id, epoch + 1, sem="relaxed", scope="gpu")
+    Records take, reduce, broadcast and publish: as many events as the other path, so that a trace at
+    world size 1 shows every step."""
     n_events, t = event(trace, n_events, t, TAKE, tile_id, pid_m, pid_n, 0, -1, TRACE_CAPACITY)
     total = acc.to(partials.dtype.element_ty).to(tl.float32) + 0.0   # (+ 0.0: a -0.0 sum is +0.0, as from zero)
     n_events, t = event(trace, n_events, t, REDUCE, tile_id, pid_m, pid_n, 0, -1, TRACE_CAPACITY)
     offsets, mask = tile_offsets(pid_m, pid_n, M, N, stride_cm, stride_cn, BLOCK_M, BLOCK_N)
     tl.store(C + offsets, total.to(C.dtype.element_ty), mask=mask)
     n_events, t = event(trace, n_events, t, BROADCAST, tile_id, pid_m, pid_n, 0, -1, TRACE_CAPACITY)
-    # Our 1 in the count, after `taken`: the communication program that sees it (acquire) finds the tile
-    # taken and passes on. The count still grows by W per launch, so no reset is ever needed.
-    tl.atomic_add(partial_ready + tile_id, 1, sem="release", scope="gpu")
     return event(trace, n_events, t, PUBLISH, tile_id, pid_m, pid_n, 0, 0, TRACE_CAPACITY)
 
 
@@ -418,10 +413,11 @@ def launches(ctx):
     reduce_rows = (cfg.BLK_M if help else REDUCE_ROWS) if ctx.gpu else 8
     if cfg.BLK_M % reduce_rows:
         reduce_rows = cfg.BLK_M
-    # At world size 1 the GEMM programs write each tile into C themselves (write_alone_tile), with the
-    # package's own sum only: a participant's sum_partials (notebook 6) or a teaching mistake must see every
-    # tile, so then the communication programs sum them all.
+    # At world size 1 the GEMM programs write each tile into C themselves (write_alone_tile), and the
+    # launch is their kernel alone; with the package's own sum only: a participant's sum_partials
+    # (notebook 6) or a teaching mistake must see every tile, so then the communication programs sum them all.
     alone = ctx.world_size == 1 and ctx.mistake == 0 and ctx.parts["sum_partials"] is sum_partials
+    help = help and not alone
     gemm = Launch(two_shot_gemm, (cfg.num_sms,), ctx.tuning(
         A=ctx.A, B=ctx.B, C=buf.C, partials=buf.partials, partial_ready=buf.partial_ready,
         results_in=buf.results_in, taken=buf.taken, heap_bases=ctx.heap.heap_bases, rank=ctx.rank,
@@ -437,11 +433,11 @@ def launches(ctx):
         M=cfg.m, N=cfg.n, stride_cm=cfg.n, stride_cn=1, timeout_ns=ctx.timeout_ns, trace=trace,
         trace_counts=trace_counts, BLOCK_M=cfg.BLK_M, BLOCK_N=cfg.BLK_N, GROUP_SIZE_M=cfg.gsize_m,
         COMM_SMS=cfg.comm_sms, TRACE_CAPACITY=ctx.gemm["TRACE_CAPACITY"], MISTAKE=ctx.mistake,
-        PEER_CACHE=ctx.peer_cache, SUM_PARTIALS=ctx.parts["sum_partials"], CLAIM=help or alone,
+        PEER_CACHE=ctx.peer_cache, SUM_PARTIALS=ctx.parts["sum_partials"], CLAIM=help,
         REDUCE_ROWS=reduce_rows,
         num_stages=1, num_warps=comm_warps),
         stream="side", per_launch=("epoch",))
-    return [gemm, reduce]
+    return [gemm] if alone else [gemm, reduce]
 
 
 def owned_tiles(total_tiles, world_size, rank):
@@ -474,5 +470,9 @@ SPEC = AlgorithmSpec(
         owned_tiles(cfg.tile_count, W, rank), W, programs=1),
     parts={"sum_partials": Part(sum_partials, "the tile's fp32 sum")}, mistakes=MISTAKES,
     comm_programs=True, comm_beside_gemm=True, wire_dtype=True,
-    gpu_tuning={"hopper": (128, 256, 64, 8, 3, 8)},   # the TMA GEMM core's tile on 1 x H200 (BENCHMARKS.md)
+    # The TMA GEMM core's tile on 1 x H200; for few rows (fewer tiles than SMs), by the most rows each suits:
+    # the fastest GPU time of benchmarks/inference_sweep.py at M = 16, 64 and 256 (BENCHMARKS.md).
+    gpu_tuning={"hopper": (128, 256, 64, 8, 3, 8),
+                "hopper_few_rows": {16: (16, 64, 256, 4, 3, 8), 64: (64, 64, 128, 4, 4, 8),
+                                    512: (128, 128, 64, 8, 4, 8)}},
     builtin=True)

@@ -38,9 +38,11 @@ COPY_IN_KERNEL_BELOW_BYTES = 8 << 20
 BLOCKS = {"cuda": (64, 256), "cpu": (16, 64)}
 
 
-def tile_layout(numel, device_type):
-    """(BLOCK_M, BLOCK_N, rows, tiles) of ``numel`` values laid out as one column of tiles."""
-    block_m, block_n = BLOCKS.get(device_type, BLOCKS["cuda"])
+def tile_layout(numel, device_type, block_m=None):
+    """(BLOCK_M, BLOCK_N, rows, tiles) of ``numel`` values laid out as one column of tiles (``block_m``:
+    rows per tile, else the device's default)."""
+    default_m, block_n = BLOCKS.get(device_type, BLOCKS["cuda"])
+    block_m = block_m or default_m
     rows = -(-numel // block_n)
     return block_m, block_n, rows, -(-rows // block_m)
 
@@ -53,21 +55,26 @@ def all_reduce_heap_bytes(numel, dtype, device_type="cpu"):
 
 
 def default_programs(heap):
-    """Programs per rank when none are given. On a GPU, one per SM of the rank's share of it (its SMs divided
-    among the ranks that share it): on one H200 (2026-12-04, BENCHMARKS.md) 132 programs beat the former
-    default of 16 at every size from 1 to 256 MiB (1 MiB 0.025 -> 0.021 ms, 64 MiB 0.405 -> 0.091 ms). On
-    cpu 2: the interpreter runs a launch's programs one after another."""
+    """Programs per rank when none are given. On a GPU of its own, two per SM: each program has one tile in
+    flight at a time, so the bytes in flight, not the programs' work, set the speed (one rank on an H200,
+    2026-12-04, benchmarks/inference_sweep.py: at 64 MiB 32, 66, 132 and 264 programs took 148, 79, 53 and
+    46 us; at 1-4 MiB the host's time decides). Ranks that share a GPU: one per SM of the rank's share
+    (its SMs divided among them), so that every rank's programs are on the GPU at once (they wait for each
+    other's). On cpu 2: the interpreter runs a launch's programs one after another."""
     if heap.device.type != "cuda":
         return 2
     sms = torch.cuda.get_device_properties(heap.device).multi_processor_count
-    return max(1, sms // max(1, heap.ranks_on_device))
+    return 2 * sms if heap.ranks_on_device == 1 else max(1, sms // heap.ranks_on_device)
 
 
 class SymmetricAllReduce:
     """``out = sum over ranks of x`` for a fixed size and dtype, on this rank's heap; call once per launch.
     ``comm_sms``: its programs per rank (None: :func:`default_programs`)."""
 
-    def __init__(self, heap, numel, dtype, comm_sms=None, timeout_s=60.0, scheme="two_shot"):
+    def __init__(self, heap, numel, dtype, comm_sms=None, timeout_s=60.0, scheme="two_shot", tile_rows=None):
+        if tile_rows is not None and (isinstance(tile_rows, bool) or not isinstance(tile_rows, int) or
+                                      tile_rows not in (1, 2, 4, 8, 16, 32, 64, 128, 256)):
+            raise UsageError(f"tile_rows={tile_rows!r} is not allowed: use a power of two from 1 to 256")
         if comm_sms is None:
             comm_sms = default_programs(heap)
         if scheme not in SCHEMES:
@@ -77,7 +84,7 @@ class SymmetricAllReduce:
         if isinstance(comm_sms, bool) or not isinstance(comm_sms, int) or not 1 <= comm_sms <= 4096:
             raise UsageError(f"comm_sms={comm_sms!r} is not allowed: use a whole number from 1 to 4096")
         self.heap, self.numel, self.dtype, self.comm_sms, self.scheme = heap, numel, dtype, comm_sms, scheme
-        self.block_m, self.block_n, self.rows, self.tiles = tile_layout(numel, heap.device.type)
+        self.block_m, self.block_n, self.rows, self.tiles = tile_layout(numel, heap.device.type, tile_rows)
         self.partials = heap.zeros((self.tiles, self.block_m * self.block_n), dtype)
         self.out = heap.zeros((self.rows, self.block_n), dtype)
         self.partial_ready = heap.zeros(self.tiles, torch.int32)
@@ -91,15 +98,26 @@ class SymmetricAllReduce:
         # ranks' reductions, 2.28 -> 3.13 ms at 256 MiB with 2 ranks on one H200.)
         self.copy_in = (numel * self.partials.element_size() < COPY_IN_KERNEL_BELOW_BYTES
                         or heap.ranks_on_device > 1)
-        self.prepared = None   # the PreparedLaunch of the kernel
+        self.prepared = {}     # copy_in -> the PreparedLaunch of the kernel
         self.out_views = {}    # x's shape -> the view of out returned for it
+        self.input_view = None
 
-    def _kernel_call(self, x):
-        """(kernel, grid, args, kwargs) of one launch reducing ``x`` (flat, 16-byte aligned)."""
+    @property
+    def input(self):
+        """This rank's input slot on the heap, ``numel`` values: write into it and call ``op(op.input)``,
+        and the launch reduces it where it lies, with no copy (as torch's symmetric-memory all-reduce
+        reduces its own buffer). Any other ``x`` is copied in first."""
+        if self.input_view is None:   # (one view, made once: each torch call is host time, see __call__)
+            self.input_view = self.partials.view(-1)[:self.numel]
+        return self.input_view
+
+    def _kernel_call(self, x, copy_in):
+        """(kernel, grid, args, kwargs) of one launch reducing ``x`` (flat, 16-byte aligned); ``copy_in``: the
+        kernel copies x into ``partials`` itself."""
         heap = self.heap
         gpu = {"num_warps": 8, "num_stages": 1} if heap.device.type == "cuda" else {}
         common = dict(BLOCK_M=self.block_m, BLOCK_N=self.block_n, COMM_SMS=self.comm_sms,
-                      PEER_CACHE=".cg" if gpu else "", COPY_IN=self.copy_in, **gpu)
+                      PEER_CACHE=".cg" if gpu else "", COPY_IN=copy_in, **gpu)
         if self.scheme == "one_shot":
             return (allreduce.one_shot_all_reduce, (self.comm_sms,),
                     (x, self.numel, self.out, self.partials, self.partial_ready, self.partials_read, self.watchdog,
@@ -114,9 +132,10 @@ class SymmetricAllReduce:
         """GPU: compile and load the kernel before any rank launches (see FusedGemmAllReduce.prepare)."""
         if self.heap.device.type != "cuda":
             return
-        kernel, grid, args, kwargs = self._kernel_call(self.partials.view(-1))   # (an aligned stand-in for x)
-        with self.heap.on_stream():
-            kernel.warmup(*args, grid=grid, **kwargs)._init_handles()
+        for copy_in in {self.copy_in, False}:
+            kernel, grid, args, kwargs = self._kernel_call(self.partials.view(-1), copy_in)   # (x's stand-in)
+            with self.heap.on_stream():
+                kernel.warmup(*args, grid=grid, **kwargs)._init_handles()
 
     def __call__(self, x, wait=True):
         """Launch once on this rank's stream; return the reduced values (a view of the heap, ``x``'s shape,
@@ -130,12 +149,15 @@ class SymmetricAllReduce:
         # The kernel reads x as numel values from its first: any contiguous x is already that. (Each torch call
         # here costs a microsecond or more of host time, and at 1 MiB host time is what an all-reduce takes.)
         flat = x if x.is_contiguous() and x.data_ptr() % 16 == 0 else x.reshape(-1).contiguous().clone()
-        if not self.copy_in:
+        in_place = flat.data_ptr() == self.partials.data_ptr()   # op(op.input): already where the kernel reads
+        copy_in = self.copy_in and not in_place
+        if not copy_in and not in_place:
             with self.heap.on_stream():
                 self.partials.view(-1)[:self.numel].copy_(flat.view(-1))
-        if self.prepared is None:   # built once: per launch only x and the epoch change (runtime/compiled_launch.py)
-            self.prepared = PreparedLaunch(*self._kernel_call(flat), self.heap.stream)
-        self.prepared(x=flat, epoch=self.launches)
+        prepared = self.prepared.get(copy_in)
+        if prepared is None:   # built once: per launch only x and the epoch change (runtime/compiled_launch.py)
+            prepared = self.prepared[copy_in] = PreparedLaunch(*self._kernel_call(flat, copy_in), self.heap.stream)
+        prepared(x=flat, epoch=self.launches)
         self.launches += 1
         if wait:
             self.check()
@@ -158,11 +180,12 @@ def all_reduce_input(numel, dtype, seed, rank, device):
 
 @errors_as_results
 def run_all_reduce(numel, datatype, comm_sms, iterations, seed=0, timeout_s=60.0, reps=0, baseline=False,
-                   scheme="two_shot"):
+                   scheme="two_shot", on_heap=False):
     """The standalone all-reduce on this engine's ranks: ``iterations`` checked launches (every rank's
     result against the float64 sum of every rank's input; a digest of its bits, to compare across ranks);
     on GPUs, with ``reps``, the median time of back-to-back launches, and with ``baseline`` NCCL's
-    all_reduce of the same values (and torch's symmetric-memory two-shot all-reduce where there is one)."""
+    all_reduce of the same values (and torch's symmetric-memory two-shot all-reduce where there is one).
+    ``on_heap``: the values are written into each op's heap ``input`` once and reduced where they lie."""
     from ..config import DTYPES, dtype_name
 
     dtype = DTYPES[dtype_name(datatype)]
@@ -186,6 +209,10 @@ def run_all_reduce(numel, datatype, comm_sms, iterations, seed=0, timeout_s=60.0
             out["comm_sms"] = op.comm_sms
         for op in ops:
             op.prepare()
+        if on_heap:
+            for op, x in zip(ops, inputs):
+                op.input.copy_(x)
+            inputs = [op.input for op in ops]
         barrier_all(heaps, timeout_s)
 
         def launch_all():

@@ -134,6 +134,7 @@ class FusedGemmAllReduce:
         self.kernel_resources = []   # GPU, after prepare(): each kernel's registers and spills
         self.prepared = None         # (A and B's key, [PreparedLaunch]) of the last A and B
         self.prepared_for = None     # the key of the A and B prepare() last compiled and checked for
+        self.last_inputs = None      # (A, B, their addresses) of the last launch, checked then
 
     def check_inputs(self, A, B):
         cfg, rank = self.config, self.heap.rank
@@ -185,8 +186,14 @@ class FusedGemmAllReduce:
         """This launch's kernels, prepared once per pair of input tensors (runtime/compiled_launch.py), each
         with the values of the arguments the spec names in ``Launch.per_launch``."""
         cfg, heap = self.config, self.heap
-        self.check_inputs(A, B)
-        key = self._inputs_key(A, B)
+        last = self.last_inputs
+        if last is not None and A is last[0] and B is last[1] and A.data_ptr() == last[2] and B.data_ptr() == last[3]:
+            # The same tensors as last time, at the same addresses: checked then. (Every check costs host time,
+            # and at few rows the host's time per launch is longer than the GPU's.)
+            key = self.prepared[0]
+        else:
+            self.check_inputs(A, B)
+            key = self._inputs_key(A, B)
         if self.prepared_for != key and (self.prepared is None or self.prepared[0] != key):
             self.prepare(A, B)   # (GPU: compiled, loaded and checked before the first launch, and any delay)
         if cfg.delay_rank == heap.rank and cfg.delay_us > 0:
@@ -196,6 +203,7 @@ class FusedGemmAllReduce:
             self.joins_side_stream = any(launch.stream == "side" for launch in launches)
             self.prepared = (key, [PreparedLaunch(launch.kernel, launch.grid, (), launch.kwargs, self._stream(launch),
                                                   launch.per_launch) for launch in launches])
+        self.last_inputs = (A, B, A.data_ptr(), B.data_ptr())
         per_launch = {"epoch": self.launches, "parity": self.launches % 2}
         return [(launch, {name: value for name, value in per_launch.items() if name in launch.per_launch})
                 for launch in self.prepared[1]]
