@@ -42,13 +42,13 @@ AUTO_RULE = {
     "gpus": ("unfused", "on 2 x H200 the fused atomics and ring kernels measured 1.05-1.08x and more "
                         "slower than cuBLAS then NCCL at every shape tried, and two_shot has no two-GPU "
                         "figures yet (BENCHMARKS.md)"),
-    # One rank on one GPU: nothing to reduce, so torch.matmul alone is the whole job; a fused kernel adds its
-    # partials' trip through memory (on an H200, 2026-12-04: two_shot 1.01-1.21x torch.matmul from M = 1024 up,
-    # up to 3.4x for few rows; atomics and ring 1.09-6.2x).
-    "one_gpu": ("unfused", "with one rank there is nothing to reduce, so torch.matmul alone is the whole job; a "
-                           "fused kernel only adds its partials' trip through memory (on an H200 two_shot measured "
-                           "1.01-1.21x torch.matmul's time from M = 1024 up and up to 3.4x for few rows, atomics "
-                           "and ring 1.09-6.2x: BENCHMARKS.md)"),
+    # One rank on one GPU: nothing to reduce, so torch.matmul alone is the whole job; a fused kernel can only
+    # match it (on an H200, 2026-12-04: two_shot 0.98-1.18x torch.matmul from M = 256 up, 1.54-1.74x at M = 16-64
+    # where its launch's host time exceeds the GPU's work; atomics and ring 1.09-5.4x).
+    "one_gpu": ("unfused", "with one rank there is nothing to reduce, so torch.matmul alone is the whole job and a "
+                           "fused kernel can at best match it (on an H200 two_shot measured 0.98-1.18x torch.matmul's "
+                           "time from M = 256 up and 1.54-1.74x for 16-64 rows, atomics and ring 1.09-5.4x: "
+                           "BENCHMARKS.md)"),
     # CPU interpreter or ranks sharing a GPU: places to learn and test, with no NCCL between the ranks.
     "shared": ("two_shot", "there is no NCCL path between these ranks (cpu interpreter, or ranks sharing one "
                            "GPU), and two_shot is the fused kernel that gives every rank the same bits"),
