@@ -1,5 +1,5 @@
 """Host time of one launch at few rows, in this process (world size 1): two_shot at 16 x 8192 x 1024 with its
-few-rows tile, and the standalone all-reduce of 1 MiB already on the heap. The GPU is held by a sleep kernel
+few-rows tile (and, since 2026-12-04 noon, plain pointers rather than tensor descriptors: launch.gemm_operands), and the standalone all-reduce of 1 MiB already on the heap. The GPU is held by a sleep kernel
 while the host enqueues, so the figure is the host's alone; then where it goes (cProfile, top entries).
 
     python3 benchmarks/host_time.py [--profile]
@@ -55,7 +55,7 @@ def main():
         A = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         B = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
         config = gemmar.RunConfig(m=m, n=n, k=k, datatype="bf16", algorithm="two_shot", world_size=1, BLK_M=16,
-                                  BLK_N=64, BLK_K=256, num_warps=4, num_stages=3, gsize_m=8, num_sms=132,
+                                  BLK_N=64, BLK_K=128, num_warps=4, num_stages=4, gsize_m=8, num_sms=132,
                                   comm_sms=132)
         fused = FusedGemmAllReduce(heap, config)
         fused.prepare(A, B)

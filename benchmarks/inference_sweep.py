@@ -159,14 +159,24 @@ def main():
     parser.add_argument("out")
     parser.add_argument("--quick", action="store_true", help="two settings a shape (a check that it runs)")
     parser.add_argument("--only", choices=("gemm", "allreduce"))
+    parser.add_argument("--max_m", type=int, default=1 << 20, help="only shapes of at most this many rows")
+    parser.add_argument("--no_tma", action="store_true",
+                        help="the GEMM reads A and B through plain pointers, never tensor descriptors (at world "
+                             "size 1 it already does for M <= config.FEW_ROWS)")
     args = parser.parse_args()
+    if args.no_tma:
+        from gemmar.runtime import launch
+
+        launch.gemm_operands = lambda A, B, config, device: (A, B, False)
+    SHAPES[:] = [shape for shape in SHAPES if shape[0] <= args.max_m]
     folder = make_heap_folder()
     ranks = rank_runtime.init_ranks([0], 1, "cuda", 8 << 30, folder, 30.0)
     if isinstance(ranks, list) and ranks and isinstance(ranks[0], Exception):
         sys.exit(f"could not start the rank: {ranks[0]}")
     heap = rank_runtime.local_ranks()[0].heap
     report = dict(date=datetime.datetime.now().isoformat(timespec="seconds"), torch=torch.__version__,
-                  triton=triton.__version__, gpu=torch.cuda.get_device_name(0), reps=REPS, trials=TRIALS)
+                  triton=triton.__version__, gpu=torch.cuda.get_device_name(0), reps=REPS, trials=TRIALS,
+                  tma=not args.no_tma)
     try:
         if args.only != "allreduce":
             report["gemm"] = gemm_sweep(heap, args.quick)

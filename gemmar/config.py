@@ -31,17 +31,24 @@ GPU_COMM_SMS = 16
 # H200, K_r 4096: W = 4 with 2 programs per rank ended 12 % of each launch after the last GEMM tile, with 3
 # 0.5 %; W = 2 with 5, 1.6 %, with 7, 1.0-1.3 %).
 COMM_SMS_AT_K2048 = 16
+# Up to this many rows per rank a GEMM at world size 1 is "few rows": its tile comes from the algorithm's few-rows
+# table (few_rows_tile) when its usual tile leaves SMs idle, and it reads A and B through plain pointers
+# (launch.gemm_operands). Measured at M = 16, 64, 256 on one H200 (benchmarks/inference_sweep.py).
+FEW_ROWS = 512
 TUNED_KNOBS = ("BLK_M", "BLK_N", "BLK_K", "num_warps", "num_stages", "gsize_m", "num_sms", "comm_sms")
 
 
 # --algorithm auto: what to run, by where it runs. The rule follows the figures in BENCHMARKS.md ("The
 # rule behind --algorithm auto"); change it only with new figures.
 AUTO_RULE = {
-    # One GPU per rank, W >= 2: on 2 x H200 every fused kernel measured was slower than cuBLAS then NCCL at
-    # all three shapes (atomics 1.05-1.08x, ring slower still); two_shot is not yet measured across GPUs.
-    "gpus": ("unfused", "on 2 x H200 the fused atomics and ring kernels measured 1.05-1.08x and more "
-                        "slower than cuBLAS then NCCL at every shape tried, and two_shot has no two-GPU "
-                        "figures yet (BENCHMARKS.md)"),
+    # One GPU per rank, W >= 2, where the shape is not known or the performance model does not speak
+    # (cli.choose_auto asks the model first): on 2 x H200 atomics and ring were 1.05-1.08x and more slower than
+    # cuBLAS then NCCL at the three large shapes (2026-12-01); two_shot, measured once (2026-12-04), was
+    # 0.61-0.94x there and at 4096, 1024 and 16 rows, but 1.21x and 1.34x at 256 and 64 rows. One run, and
+    # slower at two shapes: without the shape, the library path stays the safe choice.
+    "gpus": ("unfused", "without the shape there is no telling: on 2 x H200 two_shot measured 0.61-0.94x cuBLAS "
+                        "then NCCL's time at six shapes but 1.21-1.34x at 256 and 64 rows, and atomics and ring "
+                        "1.05x and more at the large ones (BENCHMARKS.md)"),
     # One rank on one GPU: nothing to reduce, so torch.matmul alone is the whole job; a fused kernel can only
     # match it (on an H200, 2026-12-04: two_shot 0.98-1.18x torch.matmul from M = 256 up, 1.54-1.74x at M = 16-64
     # where its launch's host time exceeds the GPU's work; atomics and ring 1.09-5.4x).

@@ -129,9 +129,9 @@ def test_few_rows_get_a_tile_that_gives_every_sm_work():
         return tuple(knobs[k] for k in ("BLK_M", "BLK_N", "BLK_K", "num_warps", "num_stages"))
 
     assert tile(4096) == tile(1024) == (128, 256, 64, 8, 3)   # 1024 and 256 tiles
-    assert tile(256) == tile(512) == (128, 128, 64, 8, 4)     # 128 x 256 would give 64 and 128 tiles
+    assert tile(256) == tile(512) == (128, 128, 64, 4, 4)     # 128 x 256 would give 64 and 128 tiles
     assert tile(64) == tile(33) == (64, 64, 128, 4, 4)
-    assert tile(16) == tile(1) == (16, 64, 256, 4, 3)
+    assert tile(16) == tile(1) == (16, 64, 128, 4, 4)
     assert tile(16, n=65536) == (128, 256, 64, 8, 3)          # 256 tiles even at 128 x 256
     assert tile(4096, n=1024) == (128, 256, 64, 8, 3)         # many rows: never a few-rows tile
     assert tile(16, BLK_N=128)[:2] == (16, 128)

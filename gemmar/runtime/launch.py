@@ -9,7 +9,7 @@ zeroed or reset on the host in between (see the kernels' docstrings for how each
 import numpy as np
 import torch
 
-from ..config import RunConfig
+from ..config import FEW_ROWS, RunConfig
 from ..errors import UsageError
 from ..kernels import events
 from ..kernels.device import WATCHDOG_WORDS
@@ -32,9 +32,15 @@ def gemm_operands(A, B, config, device):
 
     On Hopper and newer, when the tensors can be described (16-bit dtype, rows 16-byte aligned, a non-empty
     K-slice), tensor descriptors that the tensor-memory accelerator loads tiles from; otherwise (the
-    interpreter, older GPUs, fp32, odd strides) the plain pointers.
+    interpreter, older GPUs, fp32, odd strides) the plain pointers. Also the plain pointers for few rows at
+    world size 1 (``config.FEW_ROWS``): there the GEMM waits on memory either way, and Triton encodes both
+    descriptors again on every launch, host time that a short launch cannot hide (one H200, 2026-12-04: at
+    M = 16, 64, 256 the pointer GEMM ran 1.15, 1.01, 1.04x torch.matmul in a user's loop, with descriptors
+    1.45, 2.00, 1.07x; BENCHMARKS.md).
     """
     if device.type != "cuda" or torch.cuda.get_device_capability(device) < (9, 0):
+        return A, B, False
+    if config.world_size == 1 and config.m <= FEW_ROWS:
         return A, B, False
     k_r, elem = A.shape[1], A.element_size()
     aligned = all(t.is_contiguous() and t.data_ptr() % 16 == 0 for t in (A, B)) and \
