@@ -1,5 +1,6 @@
 """Settings checks that need no engines."""
 
+import os
 import re
 
 import pytest
@@ -76,6 +77,49 @@ def test_triton_releases_outside_the_accepted_range_are_refused_in_one_line():
             check_release(refused)
     with pytest.raises(UsageError, match="cannot read Triton's version 'nightly'"):
         check_release("nightly")
+
+
+INTERPRETED_HELPERS = """
+import torch, triton, triton.language as tl
+import gemmar.kernels  # noqa: F401  (installs triton_support's patching once per launch)
+from triton.runtime import interpreter
+
+calls = []
+patch_core = interpreter._patch_lang_core
+interpreter._patch_lang_core = lambda lang, scope: (calls.append(1), patch_core(lang, scope))[1]
+
+
+@triton.jit
+def twice(x):
+    return x * 2
+
+
+@triton.jit
+def kernel(out, BLOCK: tl.constexpr):
+    offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(out + offsets, twice(twice(tl.load(out + offsets))) + twice(1))
+
+
+out = torch.arange(8, dtype=torch.float32)
+for launch in range(2):
+    kernel[(2,)](out, BLOCK=4)
+print(len(calls), out.tolist(), tl.core.is_builtin(tl.load))
+"""
+
+
+def test_the_interpreter_patches_the_language_once_per_launch():
+    """triton_support._patch_once_per_launch: two launches of two programs, each calling @triton.jit helpers six
+    times, patch the language twice (once per launch, not at every helper call), compute what they should, and
+    leave triton.language as it was."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", INTERPRETED_HELPERS], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "TRITON_INTERPRET": "1"})
+    assert done.returncode == 0, done.stderr
+    expected = [float(((x * 4 + 2) * 4) + 2) for x in range(8)]
+    assert done.stdout.split("[")[0].strip() == "2" and done.stdout.strip().endswith("True"), done.stdout
+    assert done.stdout[done.stdout.index("["):done.stdout.index("]") + 1] == str(expected)
 
 
 def test_communication_programs_follow_the_shape():
