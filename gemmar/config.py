@@ -50,12 +50,11 @@ AUTO_RULE = {
                         "then NCCL's time at six shapes but 1.21-1.34x at 256 and 64 rows, and atomics and ring "
                         "1.05x and more at the large ones (BENCHMARKS.md)"),
     # One rank on one GPU: nothing to reduce, so torch.matmul alone is the whole job; a fused kernel can only
-    # match it (on an H200, 2026-12-04: two_shot 0.98-1.18x torch.matmul from M = 256 up, 1.54-1.74x at M = 16-64
-    # where its launch's host time exceeds the GPU's work; atomics and ring 1.09-5.4x).
+    # match it (on an H200, 2026-12-04: two_shot 1.00-1.15x torch.matmul at M = 64-8192, 1.14-1.32x at M = 16
+    # where its launch's host time exceeds the GPU's work; atomics and ring 1.11-8.2x).
     "one_gpu": ("unfused", "with one rank there is nothing to reduce, so torch.matmul alone is the whole job and a "
-                           "fused kernel can at best match it (on an H200 two_shot measured 0.98-1.18x torch.matmul's "
-                           "time from M = 256 up and 1.54-1.74x for 16-64 rows, atomics and ring 1.09-5.4x: "
-                           "BENCHMARKS.md)"),
+                           "fused kernel can at best match it (on an H200 two_shot measured 1.00-1.15x torch.matmul's "
+                           "time at 64-8192 rows and 1.14-1.32x at 16, atomics and ring 1.11-8.2x: BENCHMARKS.md)"),
     # CPU interpreter or ranks sharing a GPU: places to learn and test, with no NCCL between the ranks.
     "shared": ("two_shot", "there is no NCCL path between these ranks (cpu interpreter, or ranks sharing one "
                            "GPU), and two_shot is the fused kernel that gives every rank the same bits"),

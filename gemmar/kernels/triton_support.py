@@ -51,7 +51,7 @@ def _patch_interpreter():
 
 class _KernelPatches:
     """The language patches of one interpreted kernel launch: undone by the launch's ``restore()``, which also
-    ends the launch for :func:`_patch_lang_once_per_launch`."""
+    ends the launch for :func:`_patch_once_per_launch`."""
 
     def __init__(self, scope, state):
         self.scope, self.state = scope, state
