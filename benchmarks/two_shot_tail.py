@@ -33,7 +33,7 @@ def main(out_dir, world_sizes, k_per_rank, comm_sms=None):
             _, capability, sms = gpu_properties("cuda")
             knobs = tuned_defaults("cuda", "two_shot", capability, sms // W,   # all resident at once
                                    shape=(8192, 8192, k_per_rank, W),
-                                   given={"comm_sms": comm_sms} if comm_sms else None, trace=True)
+                                   given={"comm_sms": comm_sms} if comm_sms else None, trace=True, shared=True)
             config = gemmar.RunConfig(m=8192, n=8192, k=k_per_rank * W, datatype="bf16", algorithm="two_shot",
                                       world_size=W, trace=True, iterations=4, **knobs)
             result = cluster.bench(config)

@@ -118,7 +118,8 @@ def config_from_args(args, backend, algorithm=None):
     k_rank = -(-args.k // max(args.num_ranks, 1))
     knobs = tuned_defaults(backend, algorithm, capability, sms, shape=(args.m, args.n, k_rank, args.num_ranks),
                            given={k: getattr(args, k) for k in TUNED_KNOBS}, trace=args.trace_tiles,
-                           tma=reads_by_tma(args.n, args.k, args.num_ranks, args.datatype))
+                           tma=reads_by_tma(args.n, args.k, args.num_ranks, args.datatype),
+                           shared=shares_gpu(backend, args.num_ranks))
     spec = get_algorithm(algorithm)
     if args.total_sms is not None and spec.comm_programs:
         comm = args.total_sms - knobs["num_sms"]

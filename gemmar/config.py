@@ -31,9 +31,10 @@ GPU_COMM_SMS = 16
 # H200, K_r 4096: W = 4 with 2 programs per rank ended 12 % of each launch after the last GEMM tile, with 3
 # 0.5 %; W = 2 with 5, 1.6 %, with 7, 1.0-1.3 %).
 COMM_SMS_AT_K2048 = 16
-# Up to this many rows per rank a GEMM at world size 1 is "few rows": its tile comes from the algorithm's few-rows
-# table (few_rows_tile) when its usual tile leaves SMs idle, and it reads A and B through plain pointers
-# (launch.gemm_operands). Measured at M = 16, 64, 256 on one H200 (benchmarks/inference_sweep.py).
+# Up to this many rows per rank a GEMM is "few rows": its tile comes from the algorithm's few-rows table
+# (few_rows_tile) when its usual tile leaves SMs idle, and at world size 1 it reads A and B through plain pointers
+# (launch.gemm_operands). Measured at M = 16, 64, 256 on one H200 (benchmarks/inference_sweep.py), the tiles
+# also on 2 x H200.
 FEW_ROWS = 512
 TUNED_KNOBS = ("BLK_M", "BLK_N", "BLK_K", "num_warps", "num_stages", "gsize_m", "num_sms", "comm_sms")
 
@@ -44,11 +45,11 @@ AUTO_RULE = {
     # One GPU per rank, W >= 2, where the shape is not known or the performance model does not speak
     # (cli.choose_auto asks the model first): on 2 x H200 atomics and ring were 1.05-1.08x and more slower than
     # cuBLAS then NCCL at the three large shapes (2026-12-01); two_shot, measured once (2026-12-04), was
-    # 0.61-0.94x there and at 4096, 1024 and 16 rows, but 1.21x and 1.34x at 256 and 64 rows. One run, and
-    # slower at two shapes: without the shape, the library path stays the safe choice.
+    # 0.61-0.94x at 8 shapes of 16-8192 rows, but 1.21x and 1.34x at 256 and 64 rows before it took the
+    # few-rows tiles there. One machine, one run each: without the shape, the library path stays the choice.
     "gpus": ("unfused", "without the shape there is no telling: on 2 x H200 two_shot measured 0.61-0.94x cuBLAS "
-                        "then NCCL's time at six shapes but 1.21-1.34x at 256 and 64 rows, and atomics and ring "
-                        "1.05x and more at the large ones (BENCHMARKS.md)"),
+                        "then NCCL's time at 8 shapes (once each; 1.21-1.34x at 256 and 64 rows with a tile too "
+                        "large for them), atomics and ring 1.05x and more at the large ones (BENCHMARKS.md)"),
     # One rank on one GPU: nothing to reduce, so torch.matmul alone is the whole job; a fused kernel can only
     # match it (on an H200, 2026-12-04: two_shot 1.00-1.15x torch.matmul at M = 64-8192, 1.14-1.32x at M = 16
     # where its launch's host time exceeds the GPU's work; atomics and ring 1.11-8.2x).
@@ -79,12 +80,12 @@ def reads_by_tma(n, k, world_size, datatype):
 
 
 def tuned_defaults(backend, algorithm, capability=(0, 0), multiprocessors=0, shape=None, given=None, trace=False,
-                   tma=True):
+                   tma=True, shared=False):
     """Settings that suit the device, for every knob the user did not set (``given``: the ones they did).
     On the cpu backend these are RunConfig's own defaults; on GPUs the algorithm's tile for the GPU's family
     and one program per SM, split between the GEMM and the communication programs by ``split_programs``
     when the problem's ``shape`` (M, N, K per rank, world size) is known. ``tma``: whether the GEMM will
-    read through tensor descriptors (:func:`reads_by_tma`)."""
+    read through tensor descriptors (:func:`reads_by_tma`); ``shared``: the ranks share one GPU."""
     given = {k: v for k, v in (given or {}).items() if v is not None}
     if backend == "cpu":
         defaults = RunConfig()
@@ -94,10 +95,11 @@ def tuned_defaults(backend, algorithm, capability=(0, 0), multiprocessors=0, sha
     spec = get(algorithm)
     family = "hopper" if tuple(capability) >= (9, 0) else "default"
     tile = {**GPU_TUNING, **spec.gpu_tuning}[family]
-    if shape is not None and shape[3] == 1:
-        # (Measured at world size 1 only, where two_shot's launch is the GEMM alone. With ranks to reduce,
-        # its communication programs run beside the GEMM's, and the few-rows 128 x 128 tile at 8 warps
-        # left them no room: refused for 2 ranks sharing an H200 at M = 300.)
+    if shape is not None and (shape[3] == 1 or not shared):
+        # At world size 1 (two_shot's launch is then the GEMM alone) and with a GPU per rank (on 2 x H200 the
+        # few-rows tiles took two_shot from 1.21-1.34x cuBLAS then NCCL's time to 0.79-0.81x at 64 and 256
+        # rows). Not for ranks sharing a GPU: unmeasured, and there every rank's programs must fit on it at
+        # once (an 8-warp 128 x 128 tile was refused for 2 ranks at M = 300).
         tile = few_rows_tile(spec, family, tile, shape[0], shape[1], multiprocessors or 108)
     knobs = dict(zip(TUNED_KNOBS[:6], tile), **given)
     sms = multiprocessors or 108

@@ -165,9 +165,9 @@ def test_communication_programs_go_beside_the_gemm_only_when_it_reads_through_te
 
 
 def test_few_rows_get_a_tile_that_gives_every_sm_work():
-    """two_shot on Hopper at world size 1: its 128 x 256 tile while there are at least as many tiles as SMs;
-    with fewer, the few-rows tile for M (benchmarks/inference_sweep.py, BENCHMARKS.md); a tile the user
-    gives wins."""
+    """two_shot on Hopper at world size 1 or with a GPU per rank: its 128 x 256 tile while there are at least as
+    many tiles as SMs; with fewer, the few-rows tile for M (benchmarks/inference_sweep.py, BENCHMARKS.md); a
+    tile the user gives wins."""
     def tile(m, n=8192, sms=132, **given):
         knobs = tuned_defaults("cuda", "two_shot", (9, 0), sms, shape=(m, n, 1024, 1), given=given)
         return tuple(knobs[k] for k in ("BLK_M", "BLK_N", "BLK_K", "num_warps", "num_stages"))
@@ -181,9 +181,12 @@ def test_few_rows_get_a_tile_that_gives_every_sm_work():
     assert tile(16, BLK_N=128)[:2] == (16, 128)
     assert tuned_defaults("cuda", "two_shot", (8, 0), 108, shape=(16, 8192, 1024, 1))["BLK_M"] == 128   # Hopper only
     assert tuned_defaults("cuda", "ring", (9, 0), 132, shape=(16, 8192, 1024, 1))["BLK_M"] == 128      # unmeasured
-    # With ranks to reduce the communication programs must fit beside the GEMM's: not measured, not used.
-    assert tuned_defaults("cuda", "two_shot", (9, 0), 66, shape=(300, 777, 1000, 2))["BLK_M"] == 128
-    assert tuned_defaults("cuda", "two_shot", (9, 0), 66, shape=(300, 777, 1000, 2))["BLK_N"] == 256
+    # Ranks sharing a GPU must all fit on it at once: not measured, not used. A GPU per rank: measured, used.
+    shared = tuned_defaults("cuda", "two_shot", (9, 0), 66, shape=(300, 777, 1000, 2), shared=True)
+    assert (shared["BLK_M"], shared["BLK_N"]) == (128, 256)
+    assert tile(64, n=8192) == (64, 64, 128, 4, 4)
+    own = tuned_defaults("cuda", "two_shot", (9, 0), 132, shape=(64, 8192, 3584, 2))
+    assert (own["BLK_M"], own["BLK_N"], own["BLK_K"]) == (64, 64, 128)
 
 
 def test_programs_that_cannot_share_an_sm_are_refused_in_one_line(monkeypatch):

@@ -74,7 +74,8 @@ class FusedOps:
             props = torch.cuda.get_device_properties(device)
             knobs = tuned_defaults("cuda", algorithm, (props.major, props.minor),
                                    props.multi_processor_count // heap.ranks_on_device, (M, N, k_r, W), given,
-                                   tma=reads_by_tma(N, k_r * W, W, dtype_name(A.dtype)))
+                                   tma=reads_by_tma(N, k_r * W, W, dtype_name(A.dtype)),
+                                   shared=heap.ranks_on_device > 1)
         else:
             knobs = tuned_defaults("cpu", algorithm, given=given)
         return dict(knobs, m=M, n=N, k=k_r * W, datatype=dtype_name(A.dtype), algorithm=algorithm, world_size=W,
