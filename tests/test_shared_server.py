@@ -106,14 +106,17 @@ ATTACK = textwrap.dedent('''
             try:
                 flags, body = read_frame(sock)
                 received += 1
-                texts.append(body[:200].decode("latin-1"))
+                texts.append(body[:400].decode("latin-1"))
             except socket.timeout:
                 pass
             except OSError:
                 readers.remove(sock)
         time.sleep(0.01)
+    # What he understood: frames of ipyparallel's messages (a header names its msg_type), and alice's output.
+    messages = [text for text in texts if '"msg_type"' in text]
     print(json.dumps({"ports": len(ports), "mechanisms": mechanisms, "received": received, "sent": sent,
-                      "sample": texts[:5]}))
+                      "messages": len(messages), "secret_lines": sum("alice's secret line" in t for t in texts),
+                      "sample": messages[:3]}))
 ''')
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("useradd"),
@@ -207,7 +210,8 @@ def test_the_same_attack_hears_a_plain_ipyparallel_cluster(bob):
         thread.join()
         client.close()
         assert said.get("mechanisms", {}).get("NULL", 0) > 0 and said["received"] > 0, said
-        assert any("alice's secret line" in text or "status" in text for text in said["sample"]), said
+        # Among what he received are ipyparallel's messages themselves (headers, and often alice's output).
+        assert said["messages"] > 0, said
     finally:
         cluster.stop_cluster_sync()
         shutil.rmtree(folder, ignore_errors=True)
