@@ -70,6 +70,15 @@ class Result:
         return [max(r.seconds[i] for r in self.ranks) for i in range(self.config.iterations)]
 
     @functools.cached_property
+    def sanitizer(self):
+        """sanitize=True: the SanitizerReport of the run (races found across ranks and programs), else None."""
+        if not self.config.sanitize:
+            return None
+        from .sanitizer import analyse
+
+        return analyse([r.sanitizer for r in self.ranks])
+
+    @functools.cached_property
     def trace(self):
         """The run's Trace (built once, on first use)."""
         from .analysis.trace import Trace
@@ -233,6 +242,8 @@ class Cluster(EngineCluster, ProgramRunner):
                 verdict = "ok" if out.ok else "MISMATCH"
                 log(r, W, f"{verdict}: max|C - ref| = {max(out.max_abs_diff):.3g} over {n} iteration(s) "
                           f"(tolerance {out.tolerance:.3g})")
+        if verbose and config.sanitize:
+            print(result.sanitizer, flush=True)
         return result
 
 

@@ -205,6 +205,8 @@ class RunConfig:
     # A straggler for stress tests: before each launch, rank delay_rank waits a random 0.5..1 x delay_us (seeded).
     delay_rank: int = -1
     delay_us: float = 0.0
+    # cpu only: record every heap access and report races and out-of-bounds accesses (gemmar/sanitizer).
+    sanitize: bool = False
 
     @classmethod
     def from_settings(cls, settings, **fixed):
@@ -228,8 +230,9 @@ class RunConfig:
                     value & (value - 1):
                 raise UsageError(f"{name}={value!r} is not allowed: use a power of two from {MIN_BLOCK} to "
                                  f"{MAX_BLOCK} ({', '.join(str(1 << i) for i in range(MIN_BLOCK.bit_length() - 1, MAX_BLOCK.bit_length()))})")
-        if not isinstance(self.trace, bool):
-            raise UsageError(f"trace={self.trace!r} is not allowed: use True or False")
+        for name in ("trace", "sanitize"):
+            if not isinstance(getattr(self, name), bool):
+                raise UsageError(f"{name}={getattr(self, name)!r} is not allowed: use True or False")
         _positive_int("gsize_m", self.gsize_m, MAX_PROGRAMS)
         _positive_int("num_sms", self.num_sms, MAX_PROGRAMS)
         _positive_int("world_size", self.world_size, MAX_WORLD_SIZE)

@@ -34,6 +34,11 @@ class DeadlockError(GemmarError):
         return DeadlockError, (self.waits,)
 
 
+class HeapBoundsError(UsageError):
+    """Sanitize mode: a kernel's access reaches outside the heap buffer it addresses, or asks for a rank that
+    does not exist. Raised before the access runs; the message names rank, program, line and buffer."""
+
+
 class RankDiedError(GemmarError):
     """An engine (rank) stopped answering or died during a run."""
 

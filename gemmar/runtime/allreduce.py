@@ -92,6 +92,7 @@ class SymmetricAllReduce:
         self.partials_read = heap.zeros(self.tiles, torch.int32)  # one-shot: how many ranks read my tile
         self.watchdog = heap.zeros(WATCHDOG_WORDS, torch.int64)
         self.no_trace = torch.zeros(1, dtype=torch.int64, device=heap.device)
+        heap.name_all(self)
         self.timeout_ns = int(timeout_s * 1e9)
         self.launches = 0
         # (Ranks sharing a GPU always copy in the kernel: one rank's copy on every SM held back the other

@@ -14,6 +14,7 @@ from ..errors import UsageError
 from ..kernels import events
 from ..kernels.device import WATCHDOG_WORDS
 from ..kernels.spec import CountingAllocator, LaunchContext
+from ..sanitizer import on_stream
 from .compiled_launch import PreparedLaunch
 from .heap import ALIGN, HEADER_BYTES
 
@@ -131,6 +132,8 @@ class FusedGemmAllReduce:
         self.launches = 0   # launches so far: the next one's epoch
         self.buffers = spec.buffers(heap.zeros, config, heap.world_size)
         self.watchdog = heap.zeros(WATCHDOG_WORDS, torch.int64)
+        heap.name_all(self.buffers)
+        heap.name(self.watchdog, "watchdog")
         # The trace buffers are local (nobody else writes them), so they need not live on the heap.
         self.trace_capacity = spec.trace_room(config, heap.world_size) if config.trace else 0
         self.trace = torch.zeros(max(1, config.programs * self.trace_capacity * events.EVENT_WORDS),
@@ -207,6 +210,7 @@ class FusedGemmAllReduce:
         if self.prepared is None or self.prepared[0] != key:
             launches = self._kernel_calls(A, B)
             self.joins_side_stream = any(launch.stream == "side" for launch in launches)
+            self.stream_names = [launch.stream or "main" for launch in launches]
             self.prepared = (key, [PreparedLaunch(launch.kernel, launch.grid, (), launch.kwargs, self._stream(launch),
                                                   launch.per_launch) for launch in launches])
         self.last_inputs = (A, B, A.data_ptr(), B.data_ptr())
@@ -275,9 +279,10 @@ def launch_ranks(fused, inputs, wait=False):
     """
     calls = [f._prepared_launches(A, B) for f, (A, B) in zip(fused, inputs)]
     for step in range(max(len(c) for c in calls)):
-        for c in calls:
+        for f, c in zip(fused, calls):
             if step < len(c):
                 launch, per_launch = c[step]
-                launch(**per_launch)
+                with on_stream(f.stream_names[step]):
+                    launch(**per_launch)
     return [f._launched(wait) for f in fused]
 

@@ -20,6 +20,7 @@ import torch
 
 from ..errors import DeadlockError, GemmarError, UsageError
 from .heap import barrier_all, create_heap
+from .. import sanitizer
 from .launch import FusedGemmAllReduce, launch_ranks
 from .parts import failure_text, load_parts
 from .problem import rank_slice, seeded_problem, tolerance
@@ -242,6 +243,7 @@ def _run_gemm_all_reduce(config, inputs, reference, scale, mistake, return_c, va
         heaps = [ctx.heap for ctx in group]
         for run in runs:   # compile and load everything before any rank's kernel can spin
             run.fused.prepare(run.A, run.B)
+        records = scopes.enter_context(sanitizer.recording(heaps[0], config.sanitize))
         _publish({"prepared": True})   # the client's per-launch deadline counts from here (not the compile)
         # Start together. The device clock as each rank leaves the barrier is its trace's time zero; traced
         # iterations start with a barrier each, and its exit times align that iteration (runtime/results.py).
@@ -271,4 +273,6 @@ def _run_gemm_all_reduce(config, inputs, reference, scale, mistake, return_c, va
             if return_c:
                 out.C = run.C.detach().to("cpu", copy=True)
             results.append(out)
-        return results
+    if records:   # (complete once the recording scope has ended)
+        results[0].sanitizer = records[0]
+    return results

@@ -29,6 +29,7 @@ class RankResult:
     # Ranks on different GPUs read different clocks, which also drift apart: a trace aligns each
     # iteration on its own barrier, not only the first.
     iteration_starts_ns: list = field(default_factory=list)
+    sanitizer: dict = None        # sanitize=True: this rank's record of heap accesses (gemmar/sanitizer)
 
     @property
     def ok(self):

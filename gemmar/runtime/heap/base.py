@@ -20,6 +20,7 @@ Backends differ only in how arenas are made and mapped:
 import contextlib
 import time
 
+import numpy as np
 import torch
 
 from ...errors import ClusterError, DeadlockError, UsageError
@@ -28,6 +29,19 @@ from ...kernels.device import read_watchdog
 ALIGN = 256
 HEADER_BYTES = 256         # barrier counter + barrier watchdog at the start of every arena
 DEFAULT_HEAP_BYTES = 256 << 20
+
+
+def element_text(label, byte):
+    """(name, shape, dtype) and a byte offset into it -> ``partials[3, 17]`` (or ``+byte`` past whole elements)."""
+    name, shape, dtype = label
+    size = torch.empty((), dtype=getattr(torch, dtype)).element_size() if hasattr(torch, dtype) else 1
+    index, rest = divmod(int(byte), size)
+    digits = []
+    for extent in reversed(shape[1:]):
+        index, digit = divmod(index, extent)
+        digits.append(digit)
+    text = f"{name}[{', '.join(str(d) for d in [index] + digits[::-1])}]"
+    return text + (f" (+{rest} bytes)" if rest else "")
 
 
 def size_text(nbytes):
@@ -63,6 +77,9 @@ class SymmetricHeap:
         self._end = self.size
         self._program_allocations = False   # inside allocating_for_program(): every allocation from the end
         self._barriers = 0
+        # What lives where, for the sanitizer's bounds checks and reports: offset -> [bytes, name, shape, dtype].
+        self._allocations = {0: [HEADER_BYTES, "heap header (barrier, watchdog)", (HEADER_BYTES,), "uint8"]}
+        self._table = None
         words = self.arena[:HEADER_BYTES].view(torch.int64)
         self._barrier_counter = words[0:1]
         self._barrier_watchdog = words[8:16]
@@ -93,11 +110,48 @@ class SymmetricHeap:
             count *= s
         nbytes = count * torch.empty((), dtype=dtype).element_size()
         offset = self._alloc(nbytes, from_end)
+        self._allocations[offset] = [nbytes, f"heap tensor at byte {offset}", shape, str(dtype).replace("torch.", "")]
+        self._table = None
         return self.arena[offset:offset + nbytes].view(dtype).view(shape)
+
+    def name(self, tensor, name):
+        """Give an allocation the name the sanitizer's reports use (e.g. ``partials``)."""
+        entry = self._allocations.get(self.offset_of(tensor))
+        if entry is not None:
+            entry[1] = name
+            self._table = None
+
+    def name_all(self, owner):
+        """Name every heap tensor among ``owner``'s attributes after its attribute (a kernel's buffers)."""
+        for name, value in vars(owner).items():
+            if isinstance(value, torch.Tensor):
+                self.name(value, name)
+
+    def _forget(self, keep):
+        self._allocations = {o: e for o, e in self._allocations.items() if o == 0 or keep(o)}
+        self._table = None
+
+    def allocation_table(self):
+        """(starts, ends, [(name, shape, dtype)]) of the live allocations, sorted by offset."""
+        if self._table is None:
+            items = sorted(self._allocations.items())
+            self._table = (np.array([o for o, _ in items], dtype=np.int64),
+                           np.array([o + e[0] for o, e in items], dtype=np.int64),
+                           [(e[1], e[2], e[3]) for _, e in items])
+        return self._table
+
+    def describe_offset(self, offset):
+        """``partials[3, 17]``-style: the allocation holding byte ``offset`` and the element there."""
+        starts, ends, labels = self.allocation_table()
+        i = int(np.searchsorted(starts, offset, side="right")) - 1
+        if i < 0 or offset >= ends[i]:
+            return f"byte {offset}, in no buffer"
+        return element_text(labels[i], offset - int(starts[i]))
 
     def release_program_memory(self):
         """Everything taken from the heap's end (an Iris program's tensors) is free again."""
-        self._end = self.size
+        end, self._end = self._end, self.size
+        self._forget(lambda offset: offset < end)
 
     @contextlib.contextmanager
     def allocating_for_program(self):
@@ -124,6 +178,7 @@ class SymmetricHeap:
             yield self
         finally:
             self._top = top
+            self._forget(lambda offset: offset < top or offset >= self._end)
 
     def offset_of(self, tensor):
         return tensor.data_ptr() - self.arena.data_ptr()
@@ -131,6 +186,9 @@ class SymmetricHeap:
     # -- synchronisation ------------------------------------------------------------------------------
     def synchronize(self):
         """Wait for this rank's device work (no-op on cpu)."""
+        from ...sanitizer import host_event
+
+        host_event("sync")
 
     def on_stream(self):
         """The context this rank's launches run in. On GPUs each rank has its own stream, so that ranks
@@ -143,6 +201,9 @@ class SymmetricHeap:
 
     def join_side_stream(self):
         """Make what this rank runs next on its main stream wait for the side stream's work so far."""
+        from ...sanitizer import host_event
+
+        host_event("join", into="main", waits_for="side")
 
     def delay(self, seconds):
         """Hold this rank back before its next launch (a straggler, for stress tests)."""

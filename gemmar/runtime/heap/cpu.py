@@ -140,6 +140,7 @@ class CpuHeap(SymmetricHeap):
         bases = torch.tensor([a.data_ptr() for a in arenas], dtype=torch.int64)
         heap = cls(rank, world_size, arenas[rank], bases, torch.device("cpu"), timeout_s)
         heap._peer_arenas = arenas   # keeps every mapping alive as long as the heap
+        heap.folder = os.path.dirname(paths[rank])   # private to this user: the sanitizer's lock lives here too
         try:
             heap.barrier()          # every rank has mapped every arena ...
         finally:

@@ -1,0 +1,79 @@
+"""A race and bounds sanitizer for kernels on CPU ranks (``sanitize=True``, ``--sanitize``).
+
+Under the Triton interpreter every access a kernel makes to the symmetric heap - through gemmar's device
+API, Iris's, or a plain ``tl.load``/``tl.store``/atomic on a heap address - is recorded per rank, program
+and line, numbered in the one order the memory saw them (``record.py``). Accesses outside the buffer they
+address stop the run before they happen (:class:`~gemmar.errors.HeapBoundsError`). After the run, the
+ranks' records meet at the client, and ``order.py`` finds every pair of accesses that nothing orders
+(happens-before across ranks and programs): a race, even one that gave the right sum this time.
+
+What it proves, and what not: see docs/sanitizer.md.
+"""
+
+import contextlib
+import os
+
+from ..errors import UsageError
+from . import record
+from .order import Race, SanitizerReport, analyse
+
+__all__ = ["Race", "SanitizerReport", "analyse", "recording", "start", "stop"]
+
+SYNC_FILE = "sanitizer-order"   # in the cluster's private heap folder: the lock and counter all ranks share
+
+
+def start(heap):
+    """Record this rank's heap accesses from now on (cpu backend only)."""
+    if heap.backend != "cpu":
+        raise UsageError(f"sanitize=True is not allowed on the {heap.backend} backend: the sanitizer watches "
+                         f"kernels under the Triton interpreter, so use backend='cpu'")
+    if record.ACTIVE is not None:
+        raise UsageError("sanitize=True: this rank is already recording (one sanitized run at a time)")
+    record.install()
+    record.ACTIVE = record.Recorder(heap, os.path.join(heap.folder, SYNC_FILE))
+
+
+def stop():
+    """Stop recording; this rank's record (for :func:`analyse`), or None when nothing was recording."""
+    recorder, record.ACTIVE = record.ACTIVE, None
+    if recorder is None:
+        return None
+    try:
+        return recorder.take()
+    finally:
+        recorder.close()
+
+
+@contextlib.contextmanager
+def recording(heap, enabled=True):
+    """``with recording(heap) as records:`` - after the block, ``records`` holds this rank's record."""
+    records = []
+    if not enabled:
+        yield records
+        return
+    start(heap)
+    try:
+        yield records
+    finally:
+        records.append(stop())
+
+
+def host_event(kind, **details):
+    """A host-side ordering event (``join``: a stream waits for another; ``sync``: the host waits for its
+    streams) on this rank, when recording."""
+    if record.ACTIVE is not None:
+        record.ACTIVE.host(kind, **details)
+
+
+@contextlib.contextmanager
+def on_stream(name):
+    """Kernels called inside run on stream ``name`` ("main" or "side"), as far as the sanitizer knows."""
+    recorder = record.ACTIVE
+    if recorder is None:
+        yield
+        return
+    before, recorder.stream = recorder.stream, name
+    try:
+        yield
+    finally:
+        recorder.stream = before

@@ -1,0 +1,271 @@
+"""Happens-before across ranks and programs, from the ranks' records (``record.py``), and the races it finds.
+
+Every program of every kernel call is a thread with a vector clock. What orders two accesses:
+
+- program order within a program;
+- a kernel call starts after everything earlier on its stream and everything its host did before it; a
+  stream that waits for another (``join``), and a host that waits for its streams (``sync``), take their
+  clocks;
+- synchronises-with: an acquire (an atomic with ``sem="acquire"`` or ``"acq_rel"``) that reads a location
+  takes the clock of the release that heads the location's release sequence, and of every release
+  read-modify-write in it (a release store starts a sequence; read-modify-writes continue it; any other
+  write ends it). The records are numbered in the order the memory saw them, so the value an acquire read is
+  the last one written before it: no guess about which release it saw.
+
+Two accesses to the same bytes from different programs, at least one a write, not both atomic, with neither
+before the other, are a race: reported once per pair of lines and buffer, with what would order them.
+(Polls are volatile loads: they count as relaxed atomic reads, which order nothing and race only with plain
+writes.)
+"""
+
+import dataclasses
+import os
+
+from ..runtime.heap.base import element_text
+from .record import OWNER_SHIFT
+
+ACQUIRES, RELEASES = ("acquire", "acq_rel"), ("release", "acq_rel")
+DOING = {"read": "reads", "write": "writes", "rmw": "atomically updates"}
+ACTING = {"read": "reading", "write": "writing", "rmw": "updating"}
+
+
+@dataclasses.dataclass
+class Access:
+    """One recorded access, as the analysis keeps it."""
+
+    seq: int
+    rank: int
+    program: int
+    kernel: str
+    thread: int
+    clock: int
+    kind: str
+    atomic: bool
+    sem: str
+    where: tuple
+    buffer: tuple
+    owner: int
+    keys: object
+
+    @property
+    def line(self):
+        return f"{os.path.basename(self.where[0])}:{self.where[1]}"
+
+    def who(self):
+        return f"rank {self.rank} program {self.program} ({self.kernel})"
+
+    def doing(self):
+        if self.kind == "read" and self.atomic:
+            return "polls"
+        sem = f" ({self.sem})" if self.atomic and self.sem and self.kind != "read" else ""
+        return DOING[self.kind] + sem
+
+
+@dataclasses.dataclass
+class Race:
+    first: Access         # the earlier of the two in the memory's order
+    second: Access
+    key: int              # the first location (owner rank << 40 | heap byte offset) they both touch
+    locations: int = 1    # how many locations this pair of lines raced on
+    hint: str = ""
+
+    @property
+    def element(self):
+        offset = self.key & ((1 << OWNER_SHIFT) - 1)
+        name, shape, dtype, start = self.first.buffer
+        return element_text((name, shape, dtype), offset - start)
+
+    @property
+    def text(self):
+        a, b = self.first, self.second
+        more = f" (and {self.locations - 1} more locations of {a.buffer[0]})" if self.locations > 1 else ""
+        return (f"race on {self.element} in rank {self.key >> OWNER_SHIFT}'s heap{more}: {a.who()} {a.doing()} it at "
+                f"{a.line}, {b.who()} {b.doing()} it at {b.line}, and nothing orders the two. {self.hint}").strip()
+
+
+@dataclasses.dataclass
+class SanitizerReport:
+    """What a sanitized run found: ``races`` (each with ``.text``), and how much it looked at."""
+
+    races: list
+    accesses: int
+    ranks: int
+
+    @property
+    def ok(self):
+        return not self.races
+
+    def __str__(self):
+        if self.ok:
+            return (f"sanitizer: no race among {self.accesses} recorded heap accesses of {self.ranks} ranks "
+                    f"(and no access outside its buffer)")
+        return "\n".join([f"sanitizer: {len(self.races)} race(s) among {self.accesses} heap accesses:"] +
+                         [f"- {race.text}" for race in self.races])
+
+
+def _join(into, other):
+    for t, c in other.items():
+        if into.get(t, 0) < c:
+            into[t] = c
+
+
+class _Order:
+    def __init__(self):
+        self.threads = {}      # (rank, kernel name, program) -> thread id
+        self.clocks = {}       # thread id -> vector clock {thread id: count}
+        self.instance = {}     # thread id -> the kernel call it last ran in
+        self.host = {}         # rank -> clock
+        self.streams = {}      # (rank, stream) -> clock
+        self.kernels = {}      # (rank, call) -> dict(name, stream, fork, threads)
+        self.release = {}      # location -> clock of its release sequence
+        self.shadow = {}       # location -> [last write, {thread: last read}]
+        self.races = {}        # (lines, kinds, buffer) -> Race
+        self.by_thread = {}    # thread id -> [Access] in order (for the hints)
+        self.accesses = 0
+
+    def thread(self, rank, call, program):
+        kernel = self.kernels[(rank, call)]
+        key = (rank, kernel["name"], program)
+        t = self.threads.get(key)
+        if t is None:
+            t = self.threads[key] = len(self.threads)
+            self.clocks[t] = {}
+        if self.instance.get(t) != (rank, call):
+            _join(self.clocks[t], kernel["fork"])
+            self.instance[t] = (rank, call)
+            kernel["threads"].add(t)
+        return t
+
+    def start(self, rank, call, name, stream):
+        host = self.host.setdefault(rank, {})
+        host[("host", rank)] = host.get(("host", rank), 0) + 1
+        fork = dict(self.streams.get((rank, stream), {}))
+        _join(fork, host)
+        self.kernels[(rank, call)] = dict(name=name, stream=stream, fork=fork, threads=set())
+
+    def end(self, rank, call):
+        kernel = self.kernels[(rank, call)]
+        done = dict(kernel["fork"])
+        for t in kernel["threads"]:
+            _join(done, self.clocks[t])
+        self.streams[(rank, kernel["stream"])] = done
+
+    def host_event(self, rank, kind, details):
+        host = self.host.setdefault(rank, {})
+        if kind == "join":
+            into = self.streams.setdefault((rank, details["into"]), {})
+            _join(into, self.streams.get((rank, details["waits_for"]), {}))
+        elif kind == "sync":
+            for (r, _), clock in self.streams.items():
+                if r == rank:
+                    _join(host, clock)
+
+    def access(self, rank, event):
+        _, seq, call, program, kind, atomic, sem, scope, op, keys, size, where, buffer, owner = event
+        t = self.thread(rank, call, program)
+        clock = self.clocks[t]
+        clock[t] = clock.get(t, 0) + 1
+        if sem in ACQUIRES:
+            for key in keys.tolist():
+                seen = self.release.get(key)
+                if seen:
+                    _join(clock, seen)
+        a = Access(seq, rank, program, self.kernels[(rank, call)]["name"], t, clock[t], kind, bool(atomic), sem,
+                   where, buffer, owner, keys)
+        self.accesses += 1
+        self.by_thread.setdefault(t, []).append(a)
+        writes = kind != "read"
+        for key in keys.tolist():
+            entry = self.shadow.get(key)
+            if entry is None:
+                entry = self.shadow[key] = [None, {}]
+            last = entry[0]
+            if last is not None:
+                self._check(last, a, key, clock)
+            if writes:
+                for read in entry[1].values():
+                    self._check(read, a, key, clock)
+                entry[0], entry[1] = a, {}
+            else:
+                entry[1][t] = a
+        if kind == "rmw":
+            if sem in RELEASES:
+                frozen = dict(clock)
+                for key in keys.tolist():
+                    before = self.release.get(key)
+                    if before:
+                        merged = dict(before)
+                        _join(merged, frozen)
+                        self.release[key] = merged
+                    else:
+                        self.release[key] = frozen
+        elif kind == "write":
+            for key in keys.tolist():
+                self.release.pop(key, None)
+
+    def _check(self, earlier, later, key, clock):
+        if earlier.thread == later.thread or (earlier.atomic and later.atomic):
+            return
+        if earlier.clock <= clock.get(earlier.thread, 0):
+            return
+        name = (earlier.line, earlier.kind, later.line, later.kind, earlier.buffer[0], earlier.rank == later.rank)
+        race = self.races.get(name)
+        if race is None:
+            self.races[name] = Race(earlier, later, key)
+        else:
+            race.locations += 1
+
+
+def _hint(race, by_thread, names):
+    """What would order the two sides: the release the earlier side's program makes after it, and whether the
+    later side's program acquires that location before its access."""
+    a, b = race.first, race.second
+    after = [x for x in by_thread.get(a.thread, []) if x.seq > a.seq and x.sem in RELEASES and x.kind == "rmw"]
+    if not after:
+        if not a.atomic and b.atomic and a.kind == "write":
+            return (f"{a.who()} writes this flag with a plain store: publish it with a release atomic "
+                    f"(atomic_xchg or atomic_add with sem=\"release\", scope=\"sys\").")
+        return (f"{a.who()} releases nothing after {ACTING[a.kind]} it: follow the {a.kind} with a release "
+                f"atomic on a flag that {b.who()} acquires before its {b.kind}.")
+    release = after[0]
+    flag = names(release)
+    acquires = [x for x in by_thread.get(b.thread, []) if x.sem in ACQUIRES and
+                set(x.keys.tolist()) & set(release.keys.tolist())]
+    later = [x for x in acquires if x.seq > b.seq]
+    earlier = [x for x in acquires if x.seq < b.seq]
+    if earlier:
+        return (f"{b.who()} acquires {flag} at {earlier[-1].line} first, but not the value {a.who()} releases "
+                f"at {release.line} after this {a.kind}: wait for that value.")
+    if later:
+        return (f"{b.who()} {b.doing()} it before its acquire of {flag} at {later[0].line}, which would see the "
+                f"release {a.who()} makes at {release.line} after this {a.kind}.")
+    return (f"{a.who()} releases {flag} at {release.line} after this {a.kind}, but {b.who()} never acquires it: "
+            f"wait on that flag before the {b.kind}.")
+
+
+def analyse(records):
+    """The ranks' records (``Recorder.take()``) -> SanitizerReport."""
+    events = sorted(((event[1], record["rank"], event) for record in records for event in record["events"]),
+                    key=lambda item: item[0])
+    order = _Order()
+    for _, rank, event in events:
+        what = event[0]
+        if what == "access":
+            order.access(rank, event)
+        elif what == "start":
+            order.start(rank, event[2], event[3], event[4])
+        elif what == "end":
+            order.end(rank, event[2])
+        else:
+            order.host_event(rank, event[2], event[3])
+
+    def names(access):
+        key = int(access.keys[0])
+        offset = key & ((1 << OWNER_SHIFT) - 1)
+        name, shape, dtype, start = access.buffer
+        return f"{element_text((name, shape, dtype), offset - start)} (rank {key >> OWNER_SHIFT}'s)"
+
+    races = sorted(order.races.values(), key=lambda r: r.second.seq)
+    for race in races:
+        race.hint = _hint(race, order.by_thread, names)
+    return SanitizerReport(races, order.accesses, len(records))

@@ -1,0 +1,276 @@
+"""Recording every symmetric-heap access of a CPU rank, in one order shared by all ranks.
+
+Under the Triton interpreter every ``tl.load``, ``tl.store`` and atomic ends in a method of the
+interpreter's builder, with the addresses as a numpy array. :func:`install` wraps those methods once per
+process; while a :class:`Recorder` is active they
+
+- check the addresses against the heaps and their allocations *before* the access runs, and raise
+  :class:`~gemmar.errors.HeapBoundsError` naming the rank, program, line and buffer (an access outside
+  every heap is not the heap's business and runs untouched);
+- run the access while holding one lock shared by every rank of the cluster, and number it from one
+  counter shared by them all. So the numbering is the order in which the memory saw the accesses: a read
+  read what the last earlier-numbered write to its address wrote, and the analysis (``order.py``) needs no
+  guesswork about which release an acquire saw.
+
+A kernel call is bracketed by start and end records (with the stream it ran on, which gemmar's launcher
+names), so that the analysis knows which programs ran concurrently. Repeated polls of a flag by one program
+are kept once: they order nothing and race with nothing the first poll does not.
+"""
+
+import fcntl
+import mmap
+import os
+import sys
+
+import numpy as np
+
+from ..errors import HeapBoundsError
+
+TRITON_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__import__("triton").__file__)))
+GEMMAR_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# Frames in these files are the device API, not the kernel: a report names the line that called them.
+PASS_THROUGH = (os.path.join(TRITON_DIR, "triton") + os.sep, os.path.join(GEMMAR_DIR, "sanitizer") + os.sep,
+                os.path.join(GEMMAR_DIR, "kernels", "device.py"), os.path.join(GEMMAR_DIR, "iris", "device.py"))
+OWNER_SHIFT = 40          # a location: owner rank << 40 | byte offset in the owner's heap
+SEMS = {"ACQUIRE": "acquire", "RELEASE": "release", "ACQUIRE_RELEASE": "acq_rel", "RELAXED": "relaxed"}
+SCOPES = {"GPU": "gpu", "CTA": "cta", "SYSTEM": "sys"}
+RMW_NAMES = {"ADD": "add", "FADD": "add", "AND": "and", "OR": "or", "XOR": "xor", "XCHG": "xchg", "MAX": "max",
+             "MIN": "min", "UMAX": "max", "UMIN": "min"}
+
+ACTIVE = None             # the Recorder of this process while a sanitized run records, else None
+_installed = False
+
+
+def kernel_line():
+    """(file, line, function) of the innermost frame that is the kernel's own code, not the device API."""
+    frame = sys._getframe(2)
+    while frame is not None and frame.f_code.co_filename.startswith(PASS_THROUGH):
+        frame = frame.f_back
+    if frame is None:
+        return ("?", 0, "?")
+    return (frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name)
+
+
+class Recorder:
+    """One rank's record of a sanitized run. ``heap``: the rank's SymmetricHeap (cpu backend)."""
+
+    def __init__(self, heap, sync_path):
+        self.rank, self.world_size = heap.rank, heap.world_size
+        self.heap = heap
+        self.bases = np.array(heap.heap_bases.tolist(), dtype=np.int64)
+        self.heap_size = heap.size
+        self.bases_ptr = heap.heap_bases.data_ptr()
+        fd = os.open(sync_path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            os.ftruncate(fd, max(os.fstat(fd).st_size, 8))
+            self._sync_fd, self._map = fd, mmap.mmap(fd, 8)
+        except Exception:
+            os.close(fd)
+            raise
+        self._counter = np.frombuffer(self._map, dtype=np.int64, count=1)
+        self.events = []          # tuples, see _access / kernel_start
+        self.kernels = 0          # kernel calls so far on this rank
+        self.kernel = None        # (index, name, grid) of the running kernel call
+        self.stream = "main"      # the stream gemmar's launcher says the next kernel runs on
+        self._polls = {}          # program -> signatures of relaxed reads since its last other access
+
+    # -- the shared order -----------------------------------------------------------------------------
+    def _numbered(self, run):
+        fcntl.flock(self._sync_fd, fcntl.LOCK_EX)
+        try:
+            out = run()
+            self._counter[0] += 1
+            return out, int(self._counter[0])
+        finally:
+            fcntl.flock(self._sync_fd, fcntl.LOCK_UN)
+
+    def host(self, kind, **details):
+        """A host event in the shared order: ``join`` (a stream waits for another), ``sync`` (the host
+        waits for its streams)."""
+        _, seq = self._numbered(lambda: None)
+        self.events.append(("host", seq, kind, details))
+
+    def kernel_start(self, name, grid):
+        self.kernels += 1
+        self.kernel = (self.kernels, name, tuple(grid) + (1,) * (3 - len(grid)))
+        self._polls.clear()
+        _, seq = self._numbered(lambda: None)
+        self.events.append(("start", seq, self.kernels, name, self.stream))
+
+    def kernel_end(self):
+        _, seq = self._numbered(lambda: None)
+        self.events.append(("end", seq, self.kernel[0]))
+        self.kernel = None
+
+    # -- accesses -------------------------------------------------------------------------------------
+    def _program(self, builder):
+        x, y, z = builder.grid_idx
+        gx, gy, _ = self.kernel[2]
+        return x + gx * (y + gy * z)
+
+    def access(self, builder, kind, ptrs, mask, run, atomic, sem=None, scope=None, op=None):
+        """Check, run (numbered) and record one memory operation of the running kernel; returns its result."""
+        addresses = np.asarray(ptrs.data, dtype=np.uint64).reshape(-1)
+        if mask is not None:
+            addresses = addresses[np.broadcast_to(np.asarray(mask.data, dtype=bool), np.shape(ptrs.data)).reshape(-1)]
+        if self.kernel is None or addresses.size == 0:
+            return run()
+        addresses = addresses.astype(np.int64)
+        self._check_rank_asked(addresses)
+        owners = self._owners(addresses)
+        if owners is None:
+            return run()    # not on any heap: A, B, the trace, a program's own tensors
+        size = ptrs.get_element_ty().primitive_bitwidth // 8
+        program = self._program(builder)
+        where = kernel_line()
+        offsets = addresses - self.bases[owners]
+        buffer = self._buffer(owners, offsets, size, program, where, kind)
+        keys = np.unique((owners.astype(np.int64) << OWNER_SHIFT) | offsets)
+        relaxed_read = kind == "read" and atomic and sem in (None, "relaxed")
+        if relaxed_read:
+            signature = (keys[0], keys.size, where)
+            seen = self._polls.setdefault(program, set())
+            if signature in seen:
+                return run()
+            seen.add(signature)
+        else:
+            self._polls.pop(program, None)
+        out, seq = self._numbered(run)
+        self.events.append(("access", seq, self.kernel[0], program, kind, atomic, sem, scope, op, keys, size,
+                            where, buffer, int(owners[0])))
+        return out
+
+    def _check_rank_asked(self, addresses):
+        # The device API reads heap_bases[rank] for every translation: a rank outside the world shows up as a
+        # read just past (or before) that table, before the translated address can crash the process.
+        index = (addresses - self.bases_ptr) // 8
+        near = (addresses >= self.bases_ptr - 8 * 64) & (addresses < self.bases_ptr + 8 * (self.world_size + 64))
+        bad = near & ((index < 0) | (index >= self.world_size))
+        if bad.any():
+            file, line, _ = kernel_line()
+            raise HeapBoundsError(
+                f"rank {self.rank}, program {self._program(_builder())} asked for rank {int(index[bad][0])} at "
+                f"{os.path.basename(file)}:{line}: ranks are 0 to {self.world_size - 1} (world_size={self.world_size})")
+
+    def _owners(self, addresses):
+        """The rank whose heap holds each address; None when none is on a heap. A mix is a bounds error."""
+        offsets = addresses[:, None] - self.bases[None, :]
+        inside = (offsets >= 0) & (offsets < self.heap_size)
+        on_heap = inside.any(axis=1)
+        if not on_heap.any():
+            return None
+        if not on_heap.all():
+            stray = int(addresses[~on_heap][0])
+            first = int(np.argmax(on_heap))
+            owner = int(np.argmax(inside[first]))
+            raise HeapBoundsError(self._text(owner, int(offsets[first, owner]), stray - int(self.bases[owner]),
+                                             "outside every rank's heap"))
+        return np.argmax(inside, axis=1)
+
+    def _buffer(self, owners, offsets, size, program, where, kind):
+        """(label, start byte, shape, dtype) of the one allocation the access falls in; else HeapBoundsError."""
+        starts, ends, labels = self.heap.allocation_table()
+        index = np.searchsorted(starts, offsets, side="right") - 1
+        outside = (index < 0) | (offsets + size > ends[np.maximum(index, 0)])
+        first = int(index[0]) if not outside[0] else None
+        if outside.any() or (index != index[0]).any() or (owners != owners[0]).any():
+            bad = int(np.argmax(outside | (index != index[0]) | (owners != owners[0])))
+            problem = "outside every buffer" if outside[bad] else "into another buffer" if index[bad] != index[0] \
+                else "onto another rank"
+            anchor = 0 if first is not None else bad
+            raise HeapBoundsError(self._text(int(owners[anchor]), int(offsets[anchor]), int(offsets[bad]), problem,
+                                             kind, program, where, int(owners[bad])))
+        return labels[first] + (int(starts[first]),)
+
+    def _text(self, owner, anchor, stray, problem, kind="access", program=None, where=None, stray_owner=None):
+        file, line, _ = where or kernel_line()
+        program = self._program(_builder()) if program is None else program
+        named = self.heap.describe_offset(stray)
+        near = self.heap.describe_offset(anchor)
+        on = f" of rank {stray_owner}" if stray_owner is not None and stray_owner != owner else ""
+        return (f"rank {self.rank}, program {program}: a {kind} at {os.path.basename(file)}:{line} reaches {named}{on} "
+                f"on rank {owner}'s heap ({problem}); the same access also touches {near}")
+
+    def take(self):
+        """This rank's record, for the analysis: plain Python and numpy, picklable."""
+        return dict(rank=self.rank, world_size=self.world_size, events=self.events)
+
+    def close(self):
+        self._counter = None
+        self._map.close()
+        os.close(self._sync_fd)
+
+
+def _builder():
+    from triton.runtime import interpreter
+
+    return interpreter.interpreter_builder
+
+
+def install():
+    """Wrap the interpreter's memory operations and kernel calls (once per process; a no-op while no
+    Recorder is active)."""
+    global _installed
+    if _installed:
+        return
+    from triton.runtime import interpreter
+
+    builder = interpreter.interpreter_builder
+    original = {name: getattr(builder, name) for name in
+                ("create_masked_load", "create_masked_store", "create_atomic_rmw", "create_atomic_cas")}
+
+    def masked_load(ptrs, mask, *rest):
+        rec, run = ACTIVE, lambda: original["create_masked_load"](ptrs, mask, *rest)
+        if rec is None:
+            return run()
+        return rec.access(builder, "read", ptrs, mask, run, atomic=bool(rest[-1]))
+
+    def masked_store(ptrs, value, mask, *rest):
+        rec, run = ACTIVE, lambda: original["create_masked_store"](ptrs, value, mask, *rest)
+        if rec is None:
+            return run()
+        return rec.access(builder, "write", ptrs, mask, run, atomic=False)
+
+    def atomic_rmw(rmw, ptr, val, mask, sem, scope):
+        rec, run = ACTIVE, lambda: original["create_atomic_rmw"](rmw, ptr, val, mask, sem, scope)
+        if rec is None:
+            return run()
+        return rec.access(builder, "rmw", ptr, mask, run, atomic=True, sem=SEMS.get(sem.name, sem.name),
+                          scope=SCOPES.get(scope.name, scope.name), op=RMW_NAMES.get(rmw.name, rmw.name.lower()))
+
+    def atomic_cas(ptr, cmp, val, sem, scope):
+        rec, run = ACTIVE, lambda: original["create_atomic_cas"](ptr, cmp, val, sem, scope)
+        if rec is None:
+            return run()
+        return rec.access(builder, "rmw", ptr, None, run, atomic=True, sem=SEMS.get(sem.name, sem.name),
+                          scope=SCOPES.get(scope.name, scope.name), op="cas")
+
+    builder.create_masked_load, builder.create_masked_store = masked_load, masked_store
+    builder.create_atomic_rmw, builder.create_atomic_cas = atomic_rmw, atomic_cas
+
+    grid_call = interpreter.GridExecutor.__call__
+
+    def call_with_record(self, *args, **kwargs):
+        rec = ACTIVE
+        if rec is None:
+            return grid_call(self, *args, **kwargs)
+        grid = self.grid
+        if callable(grid):
+            grid = _resolved_grid(self, grid, args, kwargs)
+        rec.kernel_start(getattr(self.fn, "__name__", "kernel"), grid)
+        try:
+            return grid_call(self, *args, **kwargs)
+        finally:
+            rec.kernel_end()
+
+    interpreter.GridExecutor.__call__ = call_with_record
+    _installed = True
+
+
+def _resolved_grid(executor, grid, args, kwargs):
+    import inspect
+
+    try:
+        return tuple(grid(inspect.getcallargs(executor.fn, *args, **kwargs)))
+    except Exception:  # noqa: BLE001 - a grid we cannot evaluate here: number programs by x alone
+        return (1 << 30,)
