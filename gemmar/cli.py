@@ -102,6 +102,9 @@ def _add_run_flags(p):
     p.add_argument("--output_file", help="(Iris) write a JSON report with Iris's keys and gemmar's (and, with -t, "
                                          "<stem>.trace.json beside it)")
     p.add_argument("--timeout", type=float, default=60.0, help="watchdog on every spin-wait, seconds")
+    p.add_argument("--sanitize", action="store_true",
+                   help="(cpu) record every heap access and report races across ranks and programs, and accesses "
+                        "outside their buffer; exit 1 on a race (docs/sanitizer.md)")
     p.add_argument("--heap_size", type=int, help="(Iris) symmetric heap bytes per rank (default: what the run needs, "
                                                  "at least 256 MiB)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random inputs, the same on every rank "
@@ -133,7 +136,7 @@ def config_from_args(args, backend, algorithm=None):
     takes_dtypes = strict or spec.wire_dtype
     return RunConfig(m=args.m, n=args.n, k=args.k, datatype=args.datatype, algorithm=algorithm,
                      world_size=args.num_ranks, iterations=args.iterations, timeout_s=args.timeout,
-                     trace=args.trace_tiles, seed=args.seed, out_dtype=args.out_dtype if takes_dtypes else None,
+                     trace=args.trace_tiles, sanitize=args.sanitize, seed=args.seed, out_dtype=args.out_dtype if takes_dtypes else None,
                      wire_dtype=args.wire_dtype if takes_dtypes else None, **knobs).validate()
 
 
@@ -160,6 +163,9 @@ def cmd_bench(args):
         log("-", args.num_ranks, f"--algorithm auto: {args.algorithm}, because {why}")
         if args.algorithm == "unfused":
             return run_unfused(args, backend)
+    if args.sanitize and backend != "cpu":
+        raise UsageError(f"--sanitize is not allowed on the {backend} backend: the sanitizer watches kernels under the "
+                         f"Triton interpreter; add --backend cpu")
     config = config_from_args(args, backend)
     W = config.world_size
     _check_config_before_work(args, backend, config)
@@ -231,6 +237,8 @@ def _report_bench(args, config, result, figures):
         log("-", W, f"time per iteration (slowest rank): median {median_ms:.3f} ms, "
                     f"min {min(seconds) * 1e3:.3f} ms over {len(seconds)} iteration(s)")
     success = result.ok if args.validate else True
+    if config.sanitize and not result.sanitizer.ok:
+        success = False
     if args.validate:
         log("-", W, f"{'PASSED' if success else 'FAILED'}: max|C - ref| = {result.max_abs_diff:.3g} on all "
                     f"{W} ranks over {config.iterations} iteration(s)")

@@ -162,7 +162,7 @@ def _run_parser(sub):
                        epilog="Exit status: 0 when every rank exits 0; otherwise the first failed rank's exit code "
                               "(a killed rank: 128 + its signal), after one line naming each failed rank and how; "
                               "3 when a rank is still running at the deadline (it is named and stopped); 2 for bad "
-                              "arguments. When a rank fails, the others get 5 s to end before they are stopped.")
+                              "arguments; 1 when --sanitize found a race. When a rank fails, the others get 5 s to end before they are stopped.")
     p.add_argument("-r", "--num_ranks", type=int, default=2, help="ranks = processes (default %(default)s)")
     p.add_argument("--backend", choices=("auto", "cpu", "cuda"), default="auto",
                    help="cpu (Triton interpreter, shared memory) or cuda (a GPU per rank, or ranks sharing GPU 0 "
@@ -174,6 +174,9 @@ def _run_parser(sub):
                         "gets this heap")
     p.add_argument("--replace_iris", action="store_true",
                    help="use gemmar's iris module even where a real Iris is installed")
+    p.add_argument("--sanitize", action="store_true",
+                   help="(cpu) record every heap access of the program's kernels and report races across ranks "
+                        "and programs, and accesses outside their buffer (docs/sanitizer.md); exit 1 on a race")
     p.add_argument("script", help="the Python program each rank runs")
     p.add_argument("args", nargs=argparse.REMAINDER, help="its arguments")
     p.set_defaults(func=cmd_run)
@@ -195,6 +198,9 @@ def cmd_run(args):
 
         refuse_installed_iris()
     backend = resolve_backend(args.backend, args.num_ranks)
+    if args.sanitize and backend != "cpu":
+        raise UsageError(f"--sanitize is not allowed on the {backend} backend: the sanitizer watches kernels under the "
+                         f"Triton interpreter; add --backend cpu")
     check_heap_fits(backend, args.num_ranks, args.heap_size)
     W = args.num_ranks
     start = time.monotonic()
@@ -205,10 +211,15 @@ def cmd_run(args):
     log("-", W, f"{where}, backend {backend}, heap {size_text(args.heap_size)} per rank")
     with Cluster(world_size=W, backend=backend, heap_size=args.heap_size, timeout_s=max(10.0, args.timeout),
                  process_per_rank=True) as cluster:
-        result = cluster.run_script(args.script, *args.args, timeout=args.timeout, replace_iris=args.replace_iris)
+        result = cluster.run_script(args.script, *args.args, timeout=args.timeout, replace_iris=args.replace_iris,
+                                    sanitize=args.sanitize)
     seconds = time.monotonic() - start
     if result.ok:
         log("-", W, f"every rank exited 0 ({seconds:.1f} s)")
     else:
         print(f"gemmar run: {'; '.join(result.failure_lines())}", file=sys.stderr, flush=True)
+    if result.ok and result.sanitizer is not None and not result.sanitizer.ok:
+        print(f"gemmar run: the sanitizer found {len(result.sanitizer.races)} race(s), above", file=sys.stderr,
+              flush=True)
+        return 1
     return result.exit_code

@@ -176,13 +176,14 @@ class Cluster(EngineCluster, ProgramRunner):
         return figures
 
     def all_reduce(self, numel, datatype="bf16", comm_sms=None, iterations=3, seed=0, reps=0, baseline=False,
-                   scheme=SCHEMES[0], on_heap=False):
+                   scheme=SCHEMES[0], on_heap=False, sanitize=False):
         """The standalone all-reduce on the symmetric heap (``scheme`` two_shot: by tile owner, or one_shot:
         every rank sums everything; ``runtime/allreduce.py``) of ``numel`` seeded values per rank: every
         rank's result checked against the float64 sum of all inputs after each launch, and its bits compared
         across ranks. ``on_heap``: the values already lie in the all-reduce's heap input (as torch's
         symmetric-memory all-reduce reduces its own buffer), so no launch copies them in. On GPUs, ``reps`` >
         0 times it, and ``baseline`` times NCCL (and torch's symmetric-memory two-shot) on the same values.
+        ``sanitize`` (cpu): record the launches' heap accesses; the dict's ``sanitizer`` is the SanitizerReport.
         Returns a dict: ``max_abs_diff``, ``tolerance``, ``identical`` (every rank the same bits) and the
         times in ms."""
         from .config import dtype_name
@@ -191,8 +192,11 @@ class Cluster(EngineCluster, ProgramRunner):
         for name, value, smallest in (("numel", numel, 1), ("iterations", iterations, 1), ("reps", reps, 0)):
             if isinstance(value, bool) or not isinstance(value, int) or not smallest <= value <= 2 ** 40:
                 raise UsageError(f"{name}={value!r} is not allowed: use a whole number from {smallest} up")
+        if sanitize and self.backend != "cpu":
+            raise UsageError(f"sanitize=True is not allowed on the {self.backend} backend: the sanitizer watches "
+                             f"kernels under the Triton interpreter, so use backend='cpu'")
         outs = self.run_ranks(run_all_reduce, numel, datatype, comm_sms, iterations, seed, self.timeout_s,
-                              reps, baseline, scheme, bool(on_heap))
+                              reps, baseline, scheme, bool(on_heap), bool(sanitize))
         RankFailure.raise_first(outs)
         figures = dict(numel=numel, datatype=datatype, scheme=scheme, on_heap=bool(on_heap), comm_sms=outs[0]["comm_sms"],
                        world_size=self.world_size,
@@ -203,6 +207,10 @@ class Cluster(EngineCluster, ProgramRunner):
             if values:
                 figures[key] = max(values) if key.endswith("_ms") else values[0]
         figures["ok"] = figures["max_abs_diff"] <= figures["tolerance"] and figures["identical"]
+        if sanitize:
+            from .sanitizer import analyse
+
+            figures["sanitizer"] = analyse([o["sanitizer"] for o in outs])
         return figures
 
     def _run(self, config, data, validate, verbose, mistake, return_c, on_progress=None, parts=None):
@@ -243,7 +251,8 @@ class Cluster(EngineCluster, ProgramRunner):
                 log(r, W, f"{verdict}: max|C - ref| = {max(out.max_abs_diff):.3g} over {n} iteration(s) "
                           f"(tolerance {out.tolerance:.3g})")
         if verbose and config.sanitize:
-            print(result.sanitizer, flush=True)
+            for line in str(result.sanitizer).splitlines():
+                log("-", W, line)
         return result
 
 

@@ -49,3 +49,15 @@ class RankDiedError(GemmarError):
 
 class ClusterError(GemmarError):
     """The cluster could not start, or is not running."""
+
+
+def gemmar_cause(error):
+    """The GemmarError that ``error`` wraps (the interpreter re-raises a kernel's exception as its own
+    InterpreterError, once per @triton.jit call level), or None."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        if isinstance(error, GemmarError):
+            return error
+        seen.add(id(error))
+        error = error.__cause__ or error.__context__
+    return None

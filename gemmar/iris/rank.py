@@ -34,7 +34,8 @@ import types
 
 import torch
 
-from ..errors import UsageError
+from .. import sanitizer
+from ..errors import UsageError, gemmar_cause
 from ..runtime import rank as rank_runtime
 from . import launch
 
@@ -311,6 +312,9 @@ def _warn_false_assumes():
 # -- running a program ------------------------------------------------------------------------------------
 def failure_line(error):
     """One line for an exception a program raised: type, message's first line, and where in the user's code."""
+    cause = gemmar_cause(error)
+    if cause is not None and cause is not error:   # gemmar's own refusal from inside a kernel: already one line
+        return f"{type(cause).__name__}: {cause}"
     message = str(error).strip()
     if type(error).__name__ in ("CompilationError", "InterpreterError") or "triton" in type(error).__module__:
         # Triton's messages carry the kernel's source; the cause is the last line (or the wrapped error).
@@ -350,21 +354,21 @@ def _innermost_program_frame(error):
     return frames[-1] if frames else None
 
 
-def run_program(path, args, cwd, store_path, replace_iris=False):
+def run_program(path, args, cwd, store_path, replace_iris=False, sanitize=False):
     """Run ``path`` as ``__main__`` with ``sys.argv = [path, *args]`` in ``cwd``, on this engine's rank;
     ``store_path``: a file in the cluster's private folder where this run's ranks meet for
     ``torch.distributed`` (``launch.py``). Returns {"rank", "exit_code", "error"}: 0 and None when it ended
-    normally or by ``sys.exit(0)``."""
+    normally or by ``sys.exit(0)``; with ``sanitize``, also "sanitizer": this rank's record of heap accesses."""
     rank = install_iris(replace_iris)
     heap = rank_runtime.local_ranks()[0].heap
     saved = sys.argv, list(sys.path), os.getcwd(), set(sys.modules)
     sys.argv = [path, *map(str, args)]
     sys.path.insert(0, os.path.dirname(os.path.abspath(path)))
     os.chdir(cwd)
-    code, error = 0, None
+    code, error, records = 0, None, []
     try:
         with launch.program_run(rank, heap.world_size, heap.backend, heap.device, heap.ranks_on_device == 1,
-                                store_path, heap.timeout_s):
+                                store_path, heap.timeout_s), sanitizer.recording(heap, sanitize) as records:
             runpy.run_path(path, run_name="__main__")
     except SystemExit as e:
         if e.code is None or isinstance(e.code, int):
@@ -389,7 +393,7 @@ def run_program(path, args, cwd, store_path, replace_iris=False):
         for stream in (sys.stdout, sys.stderr):
             with contextlib.suppress(Exception):
                 stream.flush()
-    return {"rank": rank, "exit_code": code, "error": error}
+    return {"rank": rank, "exit_code": code, "error": error, "sanitizer": records[0] if records else None}
 
 
 # builtins.exit / quit (used by Iris's examples) raise SystemExit as sys.exit does, also under ipyparallel.

@@ -30,6 +30,7 @@ class ProgramResult:
     errors: list                               # by rank: None, or one line saying how it failed
     stopped: list = field(default_factory=list)  # ranks stopped (deadline or another rank's failure)
     timed_out: bool = False
+    sanitizer: object = None                   # sanitize=True: the SanitizerReport (races across ranks), if all ended
 
     @property
     def ok(self):
@@ -59,14 +60,20 @@ def _signal_exit_code(what):
 class ProgramRunner:
     """A part of ``Cluster``: needs the engine cluster's client, engines, deaths and restart machinery."""
 
-    def run_script(self, path, *args, timeout=None, echo=True, replace_iris=False, out=None, err=None):
+    def run_script(self, path, *args, timeout=None, echo=True, replace_iris=False, out=None, err=None,
+                   sanitize=False):
         """Run the Python program ``path`` with ``args`` on every rank, as ``mpirun -np N python path args``
         would, with gemmar's ``iris`` module as ``iris``. Output is printed as it comes, each line tagged
         ``[rank r/N]`` (``echo=False``: not printed). ``timeout``: seconds before ranks still running are
-        named and stopped (None: no deadline). Returns a ProgramResult."""
+        named and stopped (None: no deadline). ``sanitize`` (cpu): record every heap access of the program's
+        kernels and report races and out-of-bounds accesses (``ProgramResult.sanitizer``, also printed).
+        Returns a ProgramResult."""
         path = os.path.abspath(os.fspath(path))
         if not os.path.isfile(path):
             raise UsageError(f"{path}: no such program file")
+        if sanitize and self.backend != "cpu":
+            raise UsageError(f"sanitize=True is not allowed on the {self.backend} backend: the sanitizer watches "
+                             f"kernels under the Triton interpreter, so use backend='cpu'")
         if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
                                     or not 0 < timeout <= 86400):
             raise UsageError(f"timeout={timeout!r} is not allowed: use seconds from 0 to 86400, or None")
@@ -81,7 +88,8 @@ class ProgramRunner:
         # Where this run's ranks meet for torch.distributed: a fresh file in the cluster's private folder.
         store_path = os.path.join(self.profile_dir, f"dist-{uuid.uuid4().hex}.store")
         pending = [self.client[eid].apply_async(rank_scripts.run_program, path, list(args), os.getcwd(), store_path,
-                                                replace_iris) for eid in self.engine_ids]
+                                                replace_iris, bool(sanitize)) for eid in self.engine_ids]
+        records = [None] * W
         shown = [[0, 0] for _ in pending]   # per rank: stdout, stderr characters shown (whole lines only)
         exit_codes, errors, stopped = [None] * W, [None] * W, []
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -115,6 +123,7 @@ class ProgramRunner:
                     if exit_codes[r] is None and ar.ready():
                         outcome = self._outcome(ar)
                         exit_codes[r], errors[r] = outcome["exit_code"], outcome["error"]
+                        records[r] = outcome.get("sanitizer")
                 failed = [r for r, c in enumerate(exit_codes) if c]
                 if failed and first_failure is None:
                     first_failure = time.monotonic()
@@ -147,7 +156,14 @@ class ProgramRunner:
             self.stop()   # a rank may spin forever on a flag: fresh ranks next time
             lost = stopped or [r for r, c in enumerate(exit_codes) if c]
             self._restart_reason = f"in its last program rank(s) {lost} were stopped or died"
-        return ProgramResult(path, exit_codes, errors, stopped, timed_out)
+        result = ProgramResult(path, exit_codes, errors, stopped, timed_out)
+        if sanitize and all(records):
+            from ..sanitizer import analyse
+
+            result.sanitizer = analyse(records)
+            if echo:
+                print(f"[gemmar] {result.sanitizer}", file=out, flush=True)
+        return result
 
     @staticmethod
     def _outcome(ar):

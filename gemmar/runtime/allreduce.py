@@ -181,12 +181,14 @@ def all_reduce_input(numel, dtype, seed, rank, device):
 
 @errors_as_results
 def run_all_reduce(numel, datatype, comm_sms, iterations, seed=0, timeout_s=60.0, reps=0, baseline=False,
-                   scheme="two_shot", on_heap=False):
+                   scheme="two_shot", on_heap=False, sanitize=False):
     """The standalone all-reduce on this engine's ranks: ``iterations`` checked launches (every rank's
     result against the float64 sum of every rank's input; a digest of its bits, to compare across ranks);
     on GPUs, with ``reps``, the median time of back-to-back launches, and with ``baseline`` NCCL's
     all_reduce of the same values (and torch's symmetric-memory two-shot all-reduce where there is one).
-    ``on_heap``: the values are written into each op's heap ``input`` once and reduced where they lie."""
+    ``on_heap``: the values are written into each op's heap ``input`` once and reduced where they lie.
+    ``sanitize`` (cpu): the checked launches are recorded for the sanitizer (``out["sanitizer"]``)."""
+    from .. import sanitizer
     from ..config import DTYPES, dtype_name
 
     dtype = DTYPES[dtype_name(datatype)]
@@ -214,6 +216,7 @@ def run_all_reduce(numel, datatype, comm_sms, iterations, seed=0, timeout_s=60.0
             for op, x in zip(ops, inputs):
                 op.input.copy_(x)
             inputs = [op.input for op in ops]
+        records = scopes.enter_context(sanitizer.recording(heaps[0], sanitize))
         barrier_all(heaps, timeout_s)
 
         def launch_all():
@@ -234,6 +237,8 @@ def run_all_reduce(numel, datatype, comm_sms, iterations, seed=0, timeout_s=60.0
             for out in outs:
                 out["gemmar_ms"] = ms
         barrier_all(heaps, timeout_s)
+    if records:
+        outs[0]["sanitizer"] = records[0]
     if timed and baseline:
         import torch.distributed as dist
 

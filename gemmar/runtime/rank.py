@@ -18,7 +18,7 @@ import time
 import numpy as np
 import torch
 
-from ..errors import DeadlockError, GemmarError, UsageError
+from ..errors import DeadlockError, GemmarError, UsageError, gemmar_cause
 from .heap import barrier_all, create_heap
 from .. import sanitizer
 from .launch import FusedGemmAllReduce, launch_ranks
@@ -164,6 +164,11 @@ def errors_as_results(fn):
             return fn(*args, **kwargs)
         except (UsageError, DeadlockError) as e:
             return [RankFailure(c.rank, e) for c in _ranks]
+        except Exception as e:
+            cause = gemmar_cause(e)   # raised inside a kernel (the sanitizer's bounds checks): wrapped by Triton
+            if not isinstance(cause, (UsageError, DeadlockError)):
+                raise
+            return [RankFailure(c.rank, cause) for c in _ranks]
 
     # ipyparallel ships a function's code and runs it in the globals of its __module__ on the engine:
     # the wrapper's code needs this module's (functools.wraps copied the wrapped function's module).

@@ -35,6 +35,7 @@ class Access:
 
     seq: int
     rank: int
+    call: int             # the rank's kernel call it belongs to
     program: int
     kernel: str
     thread: int
@@ -170,7 +171,7 @@ class _Order:
                 seen = self.release.get(key)
                 if seen:
                     _join(clock, seen)
-        a = Access(seq, rank, program, self.kernels[(rank, call)]["name"], t, clock[t], kind, bool(atomic), sem,
+        a = Access(seq, rank, call, program, self.kernels[(rank, call)]["name"], t, clock[t], kind, bool(atomic), sem,
                    where, buffer, owner, keys)
         self.accesses += 1
         self.by_thread.setdefault(t, []).append(a)
@@ -208,7 +209,9 @@ class _Order:
             return
         if earlier.clock <= clock.get(earlier.thread, 0):
             return
-        name = (earlier.line, earlier.kind, later.line, later.kind, earlier.buffer[0], earlier.rank == later.rank)
+        # One report per pair of lines (in either order) and buffer: the same mistake on every rank and tile.
+        name = (tuple(sorted([(earlier.line, earlier.kind), (later.line, later.kind)])), earlier.buffer[0],
+                earlier.rank == later.rank)
         race = self.races.get(name)
         if race is None:
             self.races[name] = Race(earlier, later, key)
@@ -216,21 +219,49 @@ class _Order:
             race.locations += 1
 
 
+def _releases_after(access, by_thread):
+    return [x for x in by_thread.get(access.thread, []) if x.seq > access.seq and x.sem in RELEASES and x.kind == "rmw"]
+
+
+def _acquires_of(access, release, by_thread):
+    """The acquires of ``release``'s location by ``access``'s program, in the same kernel call."""
+    keys = set(release.keys.tolist())
+    return [x for x in by_thread.get(access.thread, []) if x.sem in ACQUIRES and x.call == access.call and
+            keys & set(x.keys.tolist())]
+
+
 def _hint(race, by_thread, names):
-    """What would order the two sides: the release the earlier side's program makes after it, and whether the
-    later side's program acquires that location before its access."""
+    """What would order the two sides. A plain store against an atomic is a flag written without release.
+    Otherwise the intended direction is the one where one side's program releases a flag after its access
+    and the other side's program acquires that flag somewhere; the hint says whether it acquired too early,
+    too late (after its access), or never."""
     a, b = race.first, race.second
-    after = [x for x in by_thread.get(a.thread, []) if x.seq > a.seq and x.sem in RELEASES and x.kind == "rmw"]
-    if not after:
-        if not a.atomic and b.atomic and a.kind == "write":
-            return (f"{a.who()} writes this flag with a plain store: publish it with a release atomic "
+    for plain, other in ((a, b), (b, a)):
+        if plain.kind == "write" and not plain.atomic and other.atomic:
+            return (f"{plain.who()} writes this flag with a plain store: publish it with a release atomic "
                     f"(atomic_xchg or atomic_add with sem=\"release\", scope=\"sys\").")
+
+    def fit(x, y):
+        """How well "x's program releases a flag after its access, y's acquires it before its own" explains the
+        race: y acquires it only after its access (3: the wait is misplaced), never (2), or only before,
+        an older value (1); x releases nothing after its access (0)."""
+        after = _releases_after(x, by_thread)
+        if not after:
+            return 0
+        acquires = _acquires_of(y, after[0], by_thread)
+        return 3 if any(q.seq > y.seq for q in acquires) else 1 if acquires else 2
+
+    # The order the memory saw is the intended one (it usually gave the right values), unless the other
+    # side's program waits on the flag only after its access: then that wait is misplaced.
+    if fit(b, a) == 3 > fit(a, b):
+        a, b = b, a
+    after = _releases_after(a, by_thread)
+    if not after:
         return (f"{a.who()} releases nothing after {ACTING[a.kind]} it: follow the {a.kind} with a release "
                 f"atomic on a flag that {b.who()} acquires before its {b.kind}.")
     release = after[0]
     flag = names(release)
-    acquires = [x for x in by_thread.get(b.thread, []) if x.sem in ACQUIRES and
-                set(x.keys.tolist()) & set(release.keys.tolist())]
+    acquires = _acquires_of(b, release, by_thread)
     later = [x for x in acquires if x.seq > b.seq]
     earlier = [x for x in acquires if x.seq < b.seq]
     if earlier:

@@ -31,6 +31,8 @@ GEMMAR_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Frames in these files are the device API, not the kernel: a report names the line that called them.
 PASS_THROUGH = (os.path.join(TRITON_DIR, "triton") + os.sep, os.path.join(GEMMAR_DIR, "sanitizer") + os.sep,
                 os.path.join(GEMMAR_DIR, "kernels", "device.py"), os.path.join(GEMMAR_DIR, "iris", "device.py"))
+UNNAMED = "heap tensor at byte"   # (the heap's name for an allocation nobody named)
+ARTICLED = {"read": "a read", "write": "a write", "rmw": "an atomic", "access": "an access"}
 OWNER_SHIFT = 40          # a location: owner rank << 40 | byte offset in the owner's heap
 SEMS = {"ACQUIRE": "acquire", "RELEASE": "release", "ACQUIRE_RELEASE": "acq_rel", "RELAXED": "relaxed"}
 SCOPES = {"GPU": "gpu", "CTA": "cta", "SYSTEM": "sys"}
@@ -73,6 +75,7 @@ class Recorder:
         self.kernel = None        # (index, name, grid) of the running kernel call
         self.stream = "main"      # the stream gemmar's launcher says the next kernel runs on
         self._polls = {}          # program -> signatures of relaxed reads since its last other access
+        self._arguments = {}      # (kernel, allocation start) -> the kernel argument that points there
 
     # -- the shared order -----------------------------------------------------------------------------
     def _numbered(self, run):
@@ -117,7 +120,7 @@ class Recorder:
             return run()
         addresses = addresses.astype(np.int64)
         self._check_rank_asked(addresses)
-        owners = self._owners(addresses)
+        owners = self._owners(addresses, kind)
         if owners is None:
             return run()    # not on any heap: A, B, the trace, a program's own tensors
         size = ptrs.get_element_ty().primitive_bitwidth // 8
@@ -152,7 +155,7 @@ class Recorder:
                 f"rank {self.rank}, program {self._program(_builder())} asked for rank {int(index[bad][0])} at "
                 f"{os.path.basename(file)}:{line}: ranks are 0 to {self.world_size - 1} (world_size={self.world_size})")
 
-    def _owners(self, addresses):
+    def _owners(self, addresses, kind):
         """The rank whose heap holds each address; None when none is on a heap. A mix is a bounds error."""
         offsets = addresses[:, None] - self.bases[None, :]
         inside = (offsets >= 0) & (offsets < self.heap_size)
@@ -160,36 +163,56 @@ class Recorder:
         if not on_heap.any():
             return None
         if not on_heap.all():
-            stray = int(addresses[~on_heap][0])
             first = int(np.argmax(on_heap))
             owner = int(np.argmax(inside[first]))
-            raise HeapBoundsError(self._text(owner, int(offsets[first, owner]), stray - int(self.bases[owner]),
-                                             "outside every rank's heap"))
+            stray = int(addresses[~on_heap][0]) - int(self.bases[owner])
+            raise HeapBoundsError(self._bounds_text(kind, owner, int(offsets[first, owner]), stray,
+                                                    "outside every rank's heap"))
         return np.argmax(inside, axis=1)
 
     def _buffer(self, owners, offsets, size, program, where, kind):
-        """(label, start byte, shape, dtype) of the one allocation the access falls in; else HeapBoundsError."""
+        """(name, shape, dtype, start byte) of the one allocation the access falls in; else HeapBoundsError."""
         starts, ends, labels = self.heap.allocation_table()
         index = np.searchsorted(starts, offsets, side="right") - 1
         outside = (index < 0) | (offsets + size > ends[np.maximum(index, 0)])
-        first = int(index[0]) if not outside[0] else None
-        if outside.any() or (index != index[0]).any() or (owners != owners[0]).any():
-            bad = int(np.argmax(outside | (index != index[0]) | (owners != owners[0])))
-            problem = "outside every buffer" if outside[bad] else "into another buffer" if index[bad] != index[0] \
-                else "onto another rank"
-            anchor = 0 if first is not None else bad
-            raise HeapBoundsError(self._text(int(owners[anchor]), int(offsets[anchor]), int(offsets[bad]), problem,
-                                             kind, program, where, int(owners[bad])))
-        return labels[first] + (int(starts[first]),)
+        inside = np.flatnonzero(~outside)
+        anchor = int(inside[0]) if inside.size else 0
+        wrong = outside | (index != index[anchor]) | (owners != owners[anchor])
+        if wrong.any():
+            bad = int(np.argmax(wrong))
+            problem = ("in no buffer" if outside[bad] else
+                       f"in {self.heap.describe_offset(int(offsets[bad]))}, another buffer" if index[bad] != index[anchor]
+                       else f"on rank {int(owners[bad])}'s heap, not rank {int(owners[anchor])}'s")
+            raise HeapBoundsError(self._bounds_text(kind, int(owners[anchor]), int(offsets[anchor]), int(offsets[bad]),
+                                                    problem, program, where, size))
+        first = int(index[anchor])
+        label = labels[first]
+        if label[0].startswith(UNNAMED):
+            key = (self.kernel[1], int(starts[first]))
+            if key not in self._arguments:
+                self._arguments[key] = _argument_named(int(self.bases[self.rank]) + int(starts[first]))
+            if self._arguments[key]:
+                label = (self._arguments[key],) + label[1:]
+        return label + (int(starts[first]),)
 
-    def _text(self, owner, anchor, stray, problem, kind="access", program=None, where=None, stray_owner=None):
+    def _bounds_text(self, kind, owner, anchor, stray, problem, program=None, where=None, size=1):
+        """One line: who (rank, program, line) reached which element past which buffer, and where that is."""
         file, line, _ = where or kernel_line()
         program = self._program(_builder()) if program is None else program
-        named = self.heap.describe_offset(stray)
-        near = self.heap.describe_offset(anchor)
-        on = f" of rank {stray_owner}" if stray_owner is not None and stray_owner != owner else ""
-        return (f"rank {self.rank}, program {program}: a {kind} at {os.path.basename(file)}:{line} reaches {named}{on} "
-                f"on rank {owner}'s heap ({problem}); the same access also touches {near}")
+        starts, ends, labels = self.heap.allocation_table()
+        i = int(np.searchsorted(starts, anchor, side="right")) - 1
+        if i < 0 or anchor >= ends[i]:
+            return (f"rank {self.rank}, program {program}: {ARTICLED[kind]} at {os.path.basename(file)}:{line} reaches byte "
+                    f"{stray} of rank {owner}'s heap, {problem}")
+        name, shape, dtype = labels[i]
+        if name.startswith(UNNAMED):
+            name = _argument_named(int(self.bases[self.rank]) + int(starts[i])) or name
+        element = (stray - int(starts[i])) // size
+        count = (int(ends[i]) - int(starts[i])) // size
+        return (f"rank {self.rank}, program {program}: {ARTICLED[kind]} at {os.path.basename(file)}:{line} reaches element "
+                f"{element} of {name} ({dtype}{list(shape)}, {count} elements) on rank {owner}'s heap, "
+                f"{'past its end' if element >= count else 'before its start' if element < 0 else 'inside it'}: "
+                f"byte {stray} is {problem}")
 
     def take(self):
         """This rank's record, for the analysis: plain Python and numpy, picklable."""
@@ -199,6 +222,24 @@ class Recorder:
         self._counter = None
         self._map.close()
         os.close(self._sync_fd)
+
+
+def _argument_named(address):
+    """The name of the kernel argument (a pointer) whose value is ``address``: what the kernel calls a heap
+    tensor that has no name of its own (an Iris program's). None when no argument points there."""
+    frame = sys._getframe(2)
+    for _ in range(16):
+        if frame is None:
+            return None
+        if not frame.f_code.co_filename.startswith(PASS_THROUGH):
+            for name, value in frame.f_locals.items():
+                data = getattr(getattr(value, "handle", None), "data", None)
+                dtype = getattr(value, "dtype", None)
+                if data is not None and np.size(data) == 1 and getattr(dtype, "is_ptr", lambda: False)() and \
+                        int(np.asarray(data).reshape(-1)[0]) == address:
+                    return name
+        frame = frame.f_back
+    return None
 
 
 def _builder():

@@ -1,0 +1,200 @@
+"""The race and bounds sanitizer (gemmar/sanitizer): clean runs report nothing, every mistake reports its race
+or its bounds error on the first run, with no straggler, and a race that gave the right values is still found.
+"""
+
+import io
+import os
+import re
+import subprocess
+import sys
+
+import numpy as np
+import torch
+import pytest
+import triton
+
+import gemmar
+import one_shot_push
+from gemmar.errors import UsageError
+from gemmar.kernels import device
+from gemmar.sanitizer import analyse
+from inputs import random_inputs
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+HANDOFF = os.path.join(ROOT, "tests", "iris_programs", "flag_handoff.py")
+
+
+# -- happens-before on hand-made records (no engines) ------------------------------------------------------
+def access(seq, call, kind, key, sem=None, atomic=None, line=1, name="flag"):
+    atomic = kind == "rmw" if atomic is None else atomic
+    return ("access", seq, call, 0, kind, atomic, sem, "sys", None, np.array([key], np.int64), 4,
+            ("k.py", line, "k"), (name, (64,), "int32", key), 0)
+
+
+def records(rank0, rank1):
+    """Two ranks, one kernel call each (one program), with the given accesses in between."""
+    return [dict(rank=r, world_size=2, events=[("start", 1 + r, 1, f"kernel{r}", "main")] + list(events) +
+                 [("end", 1000 + r, 1)]) for r, events in enumerate((rank0, rank1))]
+
+
+def test_a_release_and_the_acquire_that_reads_it_order_the_data():
+    data, flag = 0, 64
+    ordered = records([access(10, 1, "write", data, name="data"), access(11, 1, "rmw", flag, "release")],
+                      [access(12, 1, "rmw", flag, "acquire"), access(13, 1, "read", data, name="data")])
+    assert analyse(ordered).ok
+    # The same, with the acquire before the release in the memory's order: it read an older value.
+    early = records([access(10, 1, "write", data, name="data"), access(12, 1, "rmw", flag, "release")],
+                    [access(11, 1, "rmw", flag, "acquire"), access(13, 1, "read", data, name="data")])
+    report = analyse(early)
+    assert [r.element for r in report.races] == ["data[0]"], report
+    assert "acquires flag[0] (rank 0's) at k.py:1 first, but not the value" in report.races[0].text
+
+
+def test_a_relaxed_read_modify_write_continues_a_release_sequence_and_a_plain_store_ends_it():
+    data, flag = 0, 64
+    rank1_reads = [access(13, 1, "rmw", flag, "acquire"), access(14, 1, "read", data, name="data")]
+    # rank 0 releases; then a relaxed add (of rank 0's second program, say) before rank 1's acquire.
+    continued = records([access(10, 1, "write", data, name="data"), access(11, 1, "rmw", flag, "release"),
+                         access(12, 1, "rmw", flag, "relaxed")], rank1_reads)
+    assert analyse(continued).ok
+    ended = records([access(10, 1, "write", data, name="data"), access(11, 1, "rmw", flag, "release"),
+                     access(12, 1, "write", flag)], rank1_reads)
+    report = analyse(ended)
+    assert {r.element for r in report.races} == {"data[0]", "flag[0]"}, report
+    plain = next(r for r in report.races if r.element == "flag[0]")
+    assert "writes this flag with a plain store" in plain.text
+
+
+def test_polls_race_with_plain_writes_only_and_atomics_never_race_with_each_other():
+    flag = 64
+    assert analyse(records([access(10, 1, "rmw", flag, "relaxed")],
+                           [access(11, 1, "read", flag, atomic=True), access(12, 1, "rmw", flag, "relaxed")])).ok
+    report = analyse(records([access(10, 1, "write", flag)], [access(11, 1, "read", flag, atomic=True)]))
+    assert len(report.races) == 1 and "polls it" in report.races[0].text
+
+
+def test_bad_sanitize_values_are_refused():
+    with pytest.raises(UsageError, match=r"sanitize='yes' is not allowed: use True or False"):
+        gemmar.RunConfig(sanitize="yes").validate()
+
+
+# -- gemmar's own kernels -----------------------------------------------------------------------------------
+CLEAN = [("two_shot", dict(m=72, n=40, k=48, comm_sms=1)), ("two_shot", dict(m=40, n=72, k=40, comm_sms=3)),
+         ("ring", dict(m=72, n=40, k=48)), ("atomics", dict(m=40, n=72, k=40))]
+
+
+@pytest.mark.parametrize("world_size", [2, 3, 4])
+@pytest.mark.parametrize("algorithm,shape", CLEAN)
+def test_the_builtin_algorithms_have_no_race_and_stay_in_bounds(clusters, world_size, algorithm, shape):
+    """Edge tiles (72 and 40 are not multiples of 32), back-to-back launches: no race, no bounds error."""
+    result = clusters(world_size).bench(algorithm=algorithm, BLK_M=32, BLK_N=32, BLK_K=16, num_sms=2,
+                                        iterations=3, sanitize=True, **shape)
+    assert result.ok, result.max_abs_diff
+    report = result.sanitizer
+    assert report.ok and report.accesses > 20 * world_size, str(report)
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_the_standalone_all_reduce_and_a_users_algorithm_have_no_race(clusters, world_size):
+    cluster = clusters(world_size)
+    for scheme in ("two_shot", "one_shot"):
+        figures = cluster.all_reduce(5000, datatype="fp32", iterations=3, scheme=scheme, sanitize=True)
+        assert figures["ok"] and figures["sanitizer"].ok, (scheme, str(figures["sanitizer"]))
+    A, B = random_inputs(40, 56, 36, torch.float16, seed=3)
+    result = cluster.gemm_all_reduce(A, B, algorithm=one_shot_push.SPEC, BLK_M=16, BLK_N=16, BLK_K=16, num_sms=3,
+                                     iterations=2, sanitize=True)
+    assert result.ok and result.sanitizer.ok, str(result.sanitizer)
+
+
+@pytest.mark.parametrize("world_size", [2])
+def test_two_shots_skipped_partial_wait_is_a_race_on_the_first_run(clusters, world_size):
+    result = clusters(world_size).bench(algorithm="two_shot", m=64, n=64, k=64, BLK_M=32, BLK_N=32, BLK_K=32,
+                                        num_sms=2, iterations=1, sanitize=True, mistake="skip_partial_wait")
+    races = result.sanitizer.races
+    assert races and all(r.first.buffer[0] == "partials" for r in races), str(result.sanitizer)
+    text = races[0].text
+    assert "(two_shot_gemm) writes it at two_shot.py:" in text and "(two_shot_reduce) reads it at two_shot.py:" in text
+    assert "releases partial_ready[" in text and "never acquires it" in text
+
+
+@pytest.mark.parametrize("world_size", [2])
+def test_the_rings_skipped_slot_free_wait_is_a_race_when_nothing_else_orders_the_slot(clusters, world_size):
+    """One tile per program: the next launch's store into the peer's slot is ordered after the peer's read by
+    nothing but the skipped wait. (With two tiles per program at two ranks the later tile's messages order
+    it: no run could go wrong there, and the sanitizer says so.)"""
+    cluster = clusters(world_size)
+    settings = dict(algorithm="ring", n=32, k=64, BLK_M=32, BLK_N=32, BLK_K=32, iterations=2, sanitize=True,
+                    mistake="skip_slot_free_wait")
+    result = cluster.bench(m=32, num_sms=1, **settings)
+    races = result.sanitizer.races
+    assert result.ok and len(races) == 1, str(result.sanitizer)
+    assert races[0].first.buffer[0] == "ring_buffer" and {races[0].first.kind, races[0].second.kind} == {"read", "write"}
+    assert "releases slot_free[0]" in races[0].text and "never acquires it" in races[0].text
+    assert cluster.bench(m=64, num_sms=1, **settings).sanitizer.ok
+    assert cluster.bench(m=32, num_sms=1, **{**settings, "mistake": "none"}).sanitizer.ok
+
+
+@triton.jit
+def push_without_mask(C_tile, acc, mask, step, rank, world_size, heap_bases):
+    peer = (rank + 1 + step) % world_size
+    device.atomic_add(C_tile, acc, rank, peer, heap_bases, sem="relaxed", scope="sys")
+    return peer
+
+
+@pytest.mark.parametrize("world_size", [2])
+def test_a_push_without_mask_on_an_edge_tile_is_named_before_it_writes(clusters, world_size):
+    """C is one plane of a [2, M, N] buffer: launch 1's stray rows land in launch 2's plane (a race with its
+    zeroing), launch 2's past the buffer's end, which stops the run."""
+    with pytest.raises(UsageError, match=r"your push_partial failed at `device.atomic_add\(.*\)`: HeapBoundsError: "
+                                         r"rank \d, program \d: an atomic at <gemmar part push_partial \w+>:4 reaches "
+                                         r"element \d+ of C_pair \(float32\[2, 40, 40\], 3200 elements\) on rank \d's "
+                                         r"heap, past its end"):
+        clusters(world_size).bench(algorithm="atomics", m=40, n=40, k=32, BLK_M=32, BLK_N=32, BLK_K=32,
+                                   num_sms=2, iterations=2, sanitize=True, parts={"push_partial": push_without_mask})
+
+
+# -- Iris programs, unchanged ----------------------------------------------------------------------------
+def run_handoff(cluster, mistake):
+    out, err = io.StringIO(), io.StringIO()
+    result = cluster.run_script(HANDOFF, "--mistake", mistake, timeout=120, out=out, err=err, sanitize=True)
+    return result, out.getvalue()
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_an_iris_programs_plain_store_flag_is_a_race_even_when_every_value_arrived(clusters, world_size):
+    cluster = clusters(world_size)
+    result, out = run_handoff(cluster, "none")
+    assert result.ok and result.sanitizer.ok, out
+    result, out = run_handoff(cluster, "plain_flag")
+    assert result.ok and out.count("100 of 100 values arrived intact") == world_size, out   # right, by luck
+    texts = [r.text for r in result.sanitizer.races]
+    assert any(t.startswith("race on flags[0]") and "writes this flag with a plain store" in t for t in texts), texts
+    assert any(t.startswith("race on target[0]") and "releases nothing after writing it" in t for t in texts), texts
+    assert "[gemmar] sanitizer: " in out and "race(s)" in out
+    result, out = run_handoff(cluster, "no_wait")
+    races = result.sanitizer.races
+    assert len(races) == 1 and "reads it before its acquire of flags[0]" in races[0].text, out
+
+
+@pytest.mark.parametrize("world_size", [2])
+def test_an_iris_programs_stray_store_and_missing_rank_are_named(clusters, world_size):
+    cluster = clusters(world_size)
+    result, _ = run_handoff(cluster, "no_mask")
+    assert result.exit_codes == [1, 1]
+    assert result.failure_lines()[0] == (
+        "rank 0: HeapBoundsError: rank 0, program 1: a write at flag_handoff.py:28 reaches element 100 of target "
+        "(float32[100], 100 elements) on rank 1's heap, past its end: byte %s is in no buffer"
+        % result.failure_lines()[0].rsplit("byte ", 1)[1].split(" ")[0])
+    result, _ = run_handoff(cluster, "bad_rank")
+    assert result.failure_lines()[1] == ("rank 1: HeapBoundsError: rank 1, program 0 asked for rank 2 at "
+                                         "flag_handoff.py:30: ranks are 0 to 1 (world_size=2)")
+    assert cluster.run_script(HANDOFF, timeout=60, echo=False).ok   # the ranks still work
+
+
+def test_gemmar_run_sanitize_exits_1_on_a_race(tmp_path):
+    env = {**os.environ, "CI": "true"}
+    run = subprocess.run([sys.executable, "-m", "gemmar", "run", "-r", "2", "--backend", "cpu", "--sanitize", HANDOFF,
+                          "--mistake", "no_wait"], capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
+    assert run.returncode == 1, run.stderr
+    assert "gemmar run: the sanitizer found 1 race(s), above" in run.stderr
+    assert re.search(r"^- race on target\[0\] in rank \d's heap", run.stdout, re.M), run.stdout
