@@ -1,7 +1,7 @@
 """The package's layers, from its own imports: no module imports from a layer above it, and no cycle.
 
 client (cluster, cli, cli_tools, outputs, console, exercises, explorer, report, __init__) -> runtime, analysis
--> config, algorithms (the registry of specs) -> kernels (with each algorithm's spec) -> errors
+-> config, algorithms (the registry of specs), sanitizer -> kernels (with each algorithm's spec) -> errors
 """
 
 import ast
@@ -12,7 +12,7 @@ import pytest
 
 PACKAGE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "gemmar")
 LAYER = {"__init__": 5, "__main__": 5, "cluster": 4, "cli": 4, "cli_tools": 4, "outputs": 4, "console": 4, "exercises": 4,
-         "explorer": 4, "report": 4, "iris": 4, "runtime": 3, "analysis": 3, "algorithms": 2, "config": 2, "kernels": 1,
+         "explorer": 4, "report": 4, "iris": 4, "runtime": 3, "analysis": 3, "sanitizer": 2, "algorithms": 2, "config": 2, "kernels": 1,
          "errors": 0}
 
 

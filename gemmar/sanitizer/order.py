@@ -21,8 +21,7 @@ writes.)
 import dataclasses
 import os
 
-from ..runtime.heap.base import element_text
-from .record import OWNER_SHIFT
+from .record import OWNER_SHIFT, element_text
 
 ACQUIRES, RELEASES = ("acquire", "acq_rel"), ("release", "acq_rel")
 DOING = {"read": "reads", "write": "writes", "rmw": "atomically updates"}

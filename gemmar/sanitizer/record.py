@@ -39,8 +39,22 @@ SCOPES = {"GPU": "gpu", "CTA": "cta", "SYSTEM": "sys"}
 RMW_NAMES = {"ADD": "add", "FADD": "add", "AND": "and", "OR": "or", "XOR": "xor", "XCHG": "xchg", "MAX": "max",
              "MIN": "min", "UMAX": "max", "UMIN": "min"}
 
+DTYPE_SIZES = {"bfloat16": "float16", "float8_e4m3fn": "uint8", "float8_e5m2": "uint8", "bool": "bool"}
 ACTIVE = None             # the Recorder of this process while a sanitized run records, else None
 _installed = False
+
+
+def element_text(label, byte):
+    """(name, shape, dtype) and a byte offset into it -> ``partials[3, 17]`` (or ``+byte`` past whole elements)."""
+    name, shape, dtype = label
+    size = np.dtype(DTYPE_SIZES.get(dtype, dtype)).itemsize if dtype in DTYPE_SIZES or hasattr(np, dtype) else 1
+    index, rest = divmod(int(byte), size)
+    digits = []
+    for extent in reversed(shape[1:]):
+        index, digit = divmod(index, extent)
+        digits.append(digit)
+    text = f"{name}[{', '.join(str(d) for d in [index] + digits[::-1])}]"
+    return text + (f" (+{rest} bytes)" if rest else "")
 
 
 def kernel_line():

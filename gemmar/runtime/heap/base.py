@@ -24,24 +24,13 @@ import numpy as np
 import torch
 
 from ...errors import ClusterError, DeadlockError, UsageError
+from ...sanitizer import host_event
+from ...sanitizer.record import element_text
 from ...kernels.device import read_watchdog
 
 ALIGN = 256
 HEADER_BYTES = 256         # barrier counter + barrier watchdog at the start of every arena
 DEFAULT_HEAP_BYTES = 256 << 20
-
-
-def element_text(label, byte):
-    """(name, shape, dtype) and a byte offset into it -> ``partials[3, 17]`` (or ``+byte`` past whole elements)."""
-    name, shape, dtype = label
-    size = torch.empty((), dtype=getattr(torch, dtype)).element_size() if hasattr(torch, dtype) else 1
-    index, rest = divmod(int(byte), size)
-    digits = []
-    for extent in reversed(shape[1:]):
-        index, digit = divmod(index, extent)
-        digits.append(digit)
-    text = f"{name}[{', '.join(str(d) for d in [index] + digits[::-1])}]"
-    return text + (f" (+{rest} bytes)" if rest else "")
 
 
 def size_text(nbytes):
@@ -186,8 +175,6 @@ class SymmetricHeap:
     # -- synchronisation ------------------------------------------------------------------------------
     def synchronize(self):
         """Wait for this rank's device work (no-op on cpu)."""
-        from ...sanitizer import host_event
-
         host_event("sync")
 
     def on_stream(self):
@@ -201,8 +188,6 @@ class SymmetricHeap:
 
     def join_side_stream(self):
         """Make what this rank runs next on its main stream wait for the side stream's work so far."""
-        from ...sanitizer import host_event
-
         host_event("join", into="main", waits_for="side")
 
     def delay(self, seconds):
