@@ -28,7 +28,7 @@ HANDOFF = os.path.join(ROOT, "tests", "iris_programs", "flag_handoff.py")
 def access(seq, call, kind, key, sem=None, atomic=None, line=1, name="flag"):
     atomic = kind == "rmw" if atomic is None else atomic
     return ("access", seq, call, 0, kind, atomic, sem, "sys", None, np.array([key], np.int64), 4,
-            ("k.py", line, "k"), (name, (64,), "int32", key), 0)
+            ("k.py", line, "k"), (name, (64,), "int32", key), 0, seq * 1000)
 
 
 def records(rank0, rank1):
@@ -115,6 +115,25 @@ def test_two_shots_skipped_partial_wait_is_a_race_on_the_first_run(clusters, wor
     text = races[0].text
     assert "(two_shot_gemm) writes it at two_shot.py:" in text and "(two_shot_reduce) reads it at two_shot.py:" in text
     assert "releases partial_ready[" in text and "never acquires it" in text
+
+
+@pytest.mark.parametrize("world_size", [2])
+def test_a_race_is_drawn_on_the_gantt_chart_and_flows_in_perfetto(clusters, world_size, tmp_path):
+    result = clusters(world_size).bench(algorithm="two_shot", m=64, n=64, k=64, BLK_M=32, BLK_N=32, BLK_K=32,
+                                        num_sms=2, iterations=2, trace=True, sanitize=True, mistake="skip_partial_wait")
+    races = result.sanitizer.races
+    trace = result.trace
+    assert [r["text"] for r in trace.meta["races"]] == [r.text for r in races]
+    fig = trace.gantt(iteration=0)
+    legend = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    assert any(t.startswith("race: two accesses nothing orders") for t in legend), legend
+    crosses = [c for c in fig.axes[0].collections if c.get_offsets().shape[0] == 2]
+    assert crosses, "no race drawn"
+    doc = trace.to_perfetto(tmp_path / "run.perfetto.json")
+    flows = [e for e in doc["traceEvents"] if e.get("cat") == "race" and e["ph"] in "sf"]
+    assert flows and {e["ph"] for e in flows} == {"s", "f"}
+    trace.save(tmp_path / "run.trace.json.gz")   # the races travel with a saved trace
+    assert gemmar.Trace.load(tmp_path / "run.trace.json.gz").meta["races"] == trace.meta["races"]
 
 
 @pytest.mark.parametrize("world_size", [2])

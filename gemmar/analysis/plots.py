@@ -87,6 +87,7 @@ def gantt(trace, iteration=-1, max_lanes=48, ranks=None, programs=None, path=Non
         _draw_lanes(ax, df, lanes, span, width, trace.meta["num_sms"] if trace.meta.get("comm_sms") else None)
     m = trace.meta
     it = sorted(trace.events["iteration"].unique())[iteration] if len(trace.events) else 0
+    races = 0 if aggregate else _draw_races(ax, trace, df, lanes, it, scale, span)
     comm = f" + {m['comm_sms']} communication" if m.get("comm_sms") else ""
     W = m.get("world_size") or 1
     k_rank = _k_per_rank(m["k"], W) if W > 1 and isinstance(m.get("k"), int) else "one rank"
@@ -111,6 +112,11 @@ def gantt(trace, iteration=-1, max_lanes=48, ranks=None, programs=None, path=Non
     if skewed:
         handles.append(plt.Rectangle((0, 0), 1, 1, facecolor="#eeeeee", hatch="///", edgecolor="#999999"))
         names.append("not launched yet (launch skew)")
+    if races:
+        from matplotlib.lines import Line2D
+
+        handles.append(Line2D([0], [0], color=RACE_COLOR, ls="--", marker="x"))
+        names.append(f"race: two accesses nothing orders\n({plural(len(m['races']), 'race')}: result.sanitizer)")
     ax.legend(handles, names, loc="upper left", bbox_to_anchor=(1.005, 1.0), fontsize=8, framealpha=0.9)
     _draw_summary(summary, ax_sum, ranks, scale, unit)
     return finish_figure(fig, path)
@@ -132,6 +138,47 @@ def _draw_launch_skew(ax, skew, lanes, span):
             ax.barh(i, late[rank], left=0, height=0.8, facecolor="#eeeeee", hatch="///", edgecolor="#999999",
                     linewidth=0)
     return not late.empty
+
+
+RACE_COLOR = "#d62728"
+
+
+def _draw_races(ax, trace, df, lanes, iteration, scale, span, most=24):
+    """The sanitizer's races (``trace.meta["races"]``, sanitize=True) that fall in this iteration: both accesses
+    as crosses, joined by a dashed line, each on the lane of the program that was running on its rank then
+    (the interpreter runs one program of a rank at a time). Returns how many pairs it drew."""
+    events = trace.events
+    raw = events.loc[events["iteration"] == iteration, "start_us"]
+    if not trace.meta.get("races") or raw.empty:
+        return 0
+    t0 = raw.min()
+    index = {lane: i for i, lane in enumerate(lanes)}
+
+    def place(side):
+        x = (side["time_ns"] / 1e3 - t0) / scale
+        rows = df[df["rank"] == side["rank"]]
+        if rows.empty or not 0 <= x <= span * 1.01:
+            return None
+        gap = np.maximum(rows["start_us"].to_numpy() - x, 0) + np.maximum(x - rows["end_us"].to_numpy(), 0)
+        row = rows.iloc[int(np.argmin(gap))]
+        return x, index[(row["rank"], row["program"])]
+
+    drawn = 0
+    for number, race in enumerate(trace.meta["races"], 1):
+        labelled = False
+        for pair in race["sides"]:
+            points = [place(side) for side in pair]
+            if None in points or drawn >= most:
+                continue
+            (xa, ya), (xb, yb) = points
+            ax.plot([xa, xb], [ya, yb], color=RACE_COLOR, ls="--", lw=1.0, zorder=5)
+            ax.scatter([xa, xb], [ya, yb], color=RACE_COLOR, marker="x", s=40, zorder=6)
+            if not labelled:   # each race's number once, at the later access of its first pair drawn
+                ax.annotate(f"race {number}", (xb, yb), xytext=(5, 5), textcoords="offset points", fontsize=7,
+                            color=RACE_COLOR, zorder=6, bbox=dict(boxstyle="round,pad=0.1", fc="white", ec="none"))
+                labelled = True
+            drawn += 1
+    return drawn
 
 
 def _draw_lanes(ax, df, lanes, span, width_in, gemm_programs=None, max_labels=600):

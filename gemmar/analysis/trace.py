@@ -175,6 +175,9 @@ class Trace:
                     torch=info[0].get("torch"), triton=info[0].get("triton"),
                     dropped_events=[int(out.dropped_events) for out in result.ranks],
                     seconds=[list(map(float, out.seconds)) for out in result.ranks])
+        if cfg.sanitize and shared_clock:
+            # The sanitizer's races, on the trace's clock (cpu ranks: the same CLOCK_MONOTONIC), to draw.
+            meta["races"] = [dict(text=race.text, sides=race.sides(first_exit)) for race in result.sanitizer.races]
         if any(meta["dropped_events"]):  # cannot happen unless events_per_program is wrong; never silently
             import warnings
 

@@ -25,6 +25,7 @@ from .record import OWNER_SHIFT, element_text
 
 ACQUIRES, RELEASES = ("acquire", "acq_rel"), ("release", "acq_rel")
 DOING = {"read": "reads", "write": "writes", "rmw": "atomically updates"}
+MAX_PAIRS = 64           # pairs of accesses kept per race, to draw
 ACTING = {"read": "reading", "write": "writing", "rmw": "updating"}
 
 
@@ -46,6 +47,7 @@ class Access:
     buffer: tuple
     owner: int
     keys: object
+    time_ns: int          # CLOCK_MONOTONIC when it ran (the trace's clock on cpu ranks)
 
     @property
     def line(self):
@@ -68,6 +70,13 @@ class Race:
     key: int              # the first location (owner rank << 40 | heap byte offset) they both touch
     locations: int = 1    # how many locations this pair of lines raced on
     hint: str = ""
+    pairs: list = dataclasses.field(default_factory=list, repr=False)  # up to MAX_PAIRS (earlier, later), to draw
+    seen: set = dataclasses.field(default_factory=set, repr=False)
+
+    def sides(self, t_zero_ns=0):
+        """Every drawn pair as two (rank, time in ns since ``t_zero_ns``, what it did) sides."""
+        return [[dict(rank=x.rank, time_ns=int(x.time_ns - t_zero_ns), doing=f"{x.doing()} {self.element} at {x.line}")
+                 for x in pair] for pair in self.pairs]
 
     @property
     def element(self):
@@ -161,7 +170,7 @@ class _Order:
                     _join(host, clock)
 
     def access(self, rank, event):
-        _, seq, call, program, kind, atomic, sem, scope, op, keys, size, where, buffer, owner = event
+        _, seq, call, program, kind, atomic, sem, scope, op, keys, size, where, buffer, owner, time_ns = event
         t = self.thread(rank, call, program)
         clock = self.clocks[t]
         clock[t] = clock.get(t, 0) + 1
@@ -171,7 +180,7 @@ class _Order:
                 if seen:
                     _join(clock, seen)
         a = Access(seq, rank, call, program, self.kernels[(rank, call)]["name"], t, clock[t], kind, bool(atomic), sem,
-                   where, buffer, owner, keys)
+                   where, buffer, owner, keys, time_ns)
         self.accesses += 1
         self.by_thread.setdefault(t, []).append(a)
         writes = kind != "read"
@@ -213,9 +222,12 @@ class _Order:
                 earlier.rank == later.rank)
         race = self.races.get(name)
         if race is None:
-            self.races[name] = Race(earlier, later, key)
+            race = self.races[name] = Race(earlier, later, key)
         else:
             race.locations += 1
+        if len(race.pairs) < MAX_PAIRS and (earlier.seq, later.seq) not in race.seen:
+            race.seen.add((earlier.seq, later.seq))
+            race.pairs.append((earlier, later))
 
 
 def _releases_after(access, by_thread):

@@ -21,6 +21,7 @@ import fcntl
 import mmap
 import os
 import sys
+import time
 
 import numpy as np
 
@@ -153,8 +154,9 @@ class Recorder:
         else:
             self._polls.pop(program, None)
         out, seq = self._numbered(run)
+        # (the time, on the clock the trace uses under the interpreter, to draw the access on the Gantt chart)
         self.events.append(("access", seq, self.kernel[0], program, kind, atomic, sem, scope, op, keys, size,
-                            where, buffer, int(owners[0])))
+                            where, buffer, int(owners[0]), time.monotonic_ns()))
         return out
 
     def _check_rank_asked(self, addresses):
