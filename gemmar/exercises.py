@@ -39,8 +39,11 @@ def _run_part(cluster, algorithm, parts, A, B, **settings):
         print(f"({why}: starting {cluster.world_size} rank(s) again)")
         cluster.start()
     try:
-        return cluster.gemm_all_reduce(A, B, algorithm=algorithm, parts=parts, trace=True, timeout_s=20,
-                                       **settings), None
+        # cpu: with the sanitizer, so that an access outside its buffer or to a rank that does not exist is
+        # named (rank, line, buffer) instead of crashing the ranks, and a race that gave the right sum is told.
+        result = cluster.gemm_all_reduce(A, B, algorithm=algorithm, parts=parts, trace=True, timeout_s=20,
+                                         sanitize=cluster.backend == "cpu", **settings)
+        return result, None
     except RankDiedError as e:
         crashed = any(f"killed by {sig}" in str(e) for sig in ("SIGSEGV", "SIGBUS"))
         hint = (f"; a load or store of your {', '.join(parts)} reached an address outside every rank's heap: "
@@ -49,6 +52,15 @@ def _run_part(cluster, algorithm, parts, A, B, **settings):
         return None, f"not yet: {e}{hint}. The next check starts fresh ranks by itself"
     except GemmarError as e:
         return None, f"not yet: {e}"
+
+
+def _race_verdict(result):
+    """What to say when the sanitizer found a race in a run whose values came out right; else None."""
+    report = result.sanitizer
+    if report is None or report.ok:
+        return None
+    return (f"not yet: every value is right this time, but the sanitizer found a race that another timing "
+            f"would lose: {report.races[0].text}")
 
 
 def _gpu_verdict(result, parts):
@@ -159,7 +171,7 @@ def check_tile_coords(cluster, my_tile_coords):
         return _say(f"not quite: C is right (every tile once), but not in grouped order {setting}: tile id {t} "
                     f"went to {p}. Consecutive ids walk down a column of GROUP_SIZE_M tile-rows before moving one "
                     f"column right" + (f", and the last group has only {short} row(s)" if short else ""), result)
-    return _say(_gpu_verdict(result, {"tile_coords": my_tile_coords}) or
+    return _say(_race_verdict(result) or _gpu_verdict(result, {"tile_coords": my_tile_coords}) or
                 f"right! every tile once, in grouped order, the short last group included {setting}", result)
 
 
@@ -181,7 +193,8 @@ def _partials_verdict(cluster, algorithm, part, fn, shape, seed, smallest, too_f
         return failed, None
     wrong = _judge_partials(result, A, B, lambda rank, tile: hint(result, rank, tile) if callable(hint) else
                             hint.format(W=cluster.world_size, steps=cluster.world_size - 1, tile=tile))
-    return wrong or _gpu_verdict(result, {part: fn}) or f"right! {right}, over 2 back-to-back launches", result
+    return (wrong or _race_verdict(result) or _gpu_verdict(result, {part: fn}) or
+            f"right! {right}, over 2 back-to-back launches"), result
 
 
 def _pushes_of(result, rank, tile):

@@ -172,6 +172,33 @@ def test_a_push_without_mask_on_an_edge_tile_is_named_before_it_writes(clusters,
                                    num_sms=2, iterations=2, sanitize=True, parts={"push_partial": push_without_mask})
 
 
+@triton.jit
+def push_without_modulo(C_tile, acc, mask, step, rank, world_size, heap_bases):
+    peer = rank + 1 + step
+    device.atomic_add(C_tile, acc, rank, peer, heap_bases, mask=mask, sem="relaxed", scope="sys")
+    return peer
+
+
+@pytest.mark.parametrize("world_size", [3])
+def test_a_puzzle_answer_that_forgets_the_modulo_is_told_the_rank_it_asked_for(clusters, world_size):
+    """Issue 37's crash "explained" as swapped ranks: the sanitizer (on in the puzzle checks) names the rank."""
+    from gemmar import exercises
+
+    cluster = clusters(world_size)
+    said = exercises.check_push_partial(cluster, push_without_modulo)
+    assert re.fullmatch(r"not yet: your push_partial failed at `device\.atomic_add\(.*\)`: HeapBoundsError: rank \d, "
+                        r"program \d asked for rank [3-5] at <gemmar part push_partial \w+>:4: ranks are 0 to 2 "
+                        r"\(world_size=3\)", said), said
+    assert exercises.check_push_partial(cluster, push_with_modulo).startswith("right!")   # fresh ranks, by itself
+
+
+@triton.jit
+def push_with_modulo(C_tile, acc, mask, step, rank, world_size, heap_bases):
+    peer = (rank + 1 + step) % world_size
+    device.atomic_add(C_tile, acc, rank, peer, heap_bases, mask=mask, sem="relaxed", scope="sys")
+    return peer
+
+
 # -- Iris programs, unchanged ----------------------------------------------------------------------------
 def run_handoff(cluster, mistake):
     out, err = io.StringIO(), io.StringIO()

@@ -23,7 +23,7 @@ import weakref
 import psutil
 
 from ..config import MIN_TIMEOUT_S
-from ..errors import ClusterError, RankDiedError, UsageError
+from ..errors import ClusterError, HeapBoundsError, RankDiedError, UsageError
 from . import rank as rank_runtime
 from .heap import DEFAULT_HEAP_BYTES, make_heap_folder, remove_arenas
 from .backends import check_heap_fits, check_world_size, resolve_backend, shares_gpu
@@ -253,7 +253,15 @@ class EngineCluster(EngineDeaths):
             raise ClusterError("the cluster is not running: call start() (or restart()) first")
         self._in_run = True
         try:
-            return self._run_on_engines(fn, args, kwargs, engine_args, timeout, on_progress, launch_deadline_s)
+            results = self._run_on_engines(fn, args, kwargs, engine_args, timeout, on_progress, launch_deadline_s,
+                                           stop_on=HeapBoundsError)
+            self._stop_after_stray_access(results)
+            return results
+        except _StoppedBySanitizer as e:
+            self._in_run = False
+            self.stop()
+            self._restart_reason = f"in its last run rank {e.failure.rank} stopped at an access outside its buffer"
+            raise e.failure.error from None
         except KeyboardInterrupt:
             # The ranks would go on with the interrupted work and the next call would queue behind it: stop
             # them now; the next call starts fresh ranks, and says so.
@@ -271,12 +279,21 @@ class EngineCluster(EngineDeaths):
         finally:
             self._in_run = False
 
+    def _stop_after_stray_access(self, results):
+        """A rank the sanitizer stopped mid-launch (HeapBoundsError) leaves its peers' flags and barrier counts
+        behind theirs: fresh ranks for the next run (the error itself travels back as the rank's result)."""
+        for item in results:
+            for failure in item if isinstance(item, list) else [item]:
+                if isinstance(getattr(failure, "error", None), HeapBoundsError):
+                    raise _StoppedBySanitizer(failure)
+
     def _check_not_stopped(self):
         if self._stopped_during_run.is_set():
             raise ClusterError("the run was stopped by the user: stop() was called while it ran; start() or "
                                "restart() the cluster to run again")
 
-    def _run_on_engines(self, fn, args, kwargs, engine_args, timeout, on_progress, launch_deadline_s):
+    def _run_on_engines(self, fn, args, kwargs, engine_args, timeout, on_progress, launch_deadline_s, stop_on=None):
+        """(``stop_on``: an error class; a rank that returns a failure of it ends the wait for the others at once.)"""
         pending = []
         for e, eid in enumerate(self.engine_ids):
             call_args = engine_args(e) if engine_args else args
@@ -306,6 +323,8 @@ class EngineCluster(EngineDeaths):
             for e, ar in enumerate(pending):   # an engine that died or was interrupted says so at once
                 if ar.ready() and not ar.successful():
                     self._raise_engine_failure(e, ar, seen)
+                if stop_on is not None and ar.ready():   # (its peers may wait for it on a flag until the watchdog)
+                    self._stop_after_stray_access([ar.get()])
             late = [e for e, ar in enumerate(pending) if not ar.ready()]
             if deadline is not None and time.monotonic() > deadline:
                 ranks = [r for e in late for r in self.engine_ranks[e]]
@@ -349,6 +368,12 @@ class EngineCluster(EngineDeaths):
     def run_ranks(self, fn, *args, **kwargs):
         """Like :meth:`run` for functions that return one item per hosted rank: the items, by rank."""
         return [item for items in self.run(fn, *args, **kwargs) for item in items]
+
+class _StoppedBySanitizer(Exception):
+    def __init__(self, failure):
+        super().__init__(str(failure.error))
+        self.failure = failure
+
 
 def _stop_at_exit(ref):
     cluster = ref()

@@ -18,7 +18,7 @@ import time
 import numpy as np
 import torch
 
-from ..errors import DeadlockError, GemmarError, UsageError, gemmar_cause
+from ..errors import DeadlockError, GemmarError, HeapBoundsError, UsageError, gemmar_cause
 from .heap import barrier_all, create_heap
 from .. import sanitizer
 from .launch import FusedGemmAllReduce, launch_ranks
@@ -200,7 +200,9 @@ def run_gemm_all_reduce(config, inputs=None, reference=None, scale=None, mistake
     except Exception as e:  # noqa: BLE001 - with parts, the participant's code failed, not gemmar: say where
         if not parts:
             raise
-        raise UsageError(failure_text(e, parts)) from None
+        # (still a HeapBoundsError when the sanitizer stopped it: the client then starts fresh ranks)
+        kind = HeapBoundsError if isinstance(gemmar_cause(e), HeapBoundsError) else UsageError
+        raise kind(failure_text(e, parts)) from None
 
 
 @dataclasses.dataclass

@@ -91,6 +91,7 @@ class Recorder:
         self.stream = "main"      # the stream gemmar's launcher says the next kernel runs on
         self._polls = {}          # program -> signatures of relaxed reads since its last other access
         self._arguments = {}      # (kernel, allocation start) -> the kernel argument that points there
+        self._translations = {}   # program -> the ranks of its last heap_bases reads (a translate's from, to)
 
     # -- the shared order -----------------------------------------------------------------------------
     def _numbered(self, run):
@@ -131,15 +132,24 @@ class Recorder:
         addresses = np.asarray(ptrs.data, dtype=np.uint64).reshape(-1)
         if mask is not None:
             addresses = addresses[np.broadcast_to(np.asarray(mask.data, dtype=bool), np.shape(ptrs.data)).reshape(-1)]
-        if self.kernel is None or addresses.size == 0:
+        if self.kernel is None:
+            return run()
+        program = self._program(builder)
+        if addresses.size == 0:   # (all masked off: a translated pointer used by nothing)
+            self._translations.pop(program, None)
             return run()
         addresses = addresses.astype(np.int64)
-        self._check_rank_asked(addresses)
+        asked = self._check_rank_asked(addresses)
+        if asked is not None:   # translate reads heap_bases[from_rank], then heap_bases[to_rank]
+            self._translations[program] = (self._translations.get(program, ()) + (asked,))[-2:]
+            return run()
+        translation = self._translations.pop(program, None)
         owners = self._owners(addresses, kind)
         if owners is None:
+            if translation is not None and len(translation) == 2 and kind != "read":
+                self._wild(addresses, kind, program, translation)
             return run()    # not on any heap: A, B, the trace, a program's own tensors
         size = ptrs.get_element_ty().primitive_bitwidth // 8
-        program = self._program(builder)
         where = kernel_line()
         offsets = addresses - self.bases[owners]
         buffer = self._buffer(owners, offsets, size, program, where, kind)
@@ -160,16 +170,38 @@ class Recorder:
         return out
 
     def _check_rank_asked(self, addresses):
-        # The device API reads heap_bases[rank] for every translation: a rank outside the world shows up as a
-        # read just past (or before) that table, before the translated address can crash the process.
+        """The rank a read of the heap_bases table asks for (None when the access is not one). The device API
+        reads heap_bases[rank] for every translation: a rank outside the world shows up as a read just past (or
+        before) that table, before the translated address can crash the process."""
         index = (addresses - self.bases_ptr) // 8
         near = (addresses >= self.bases_ptr - 8 * 64) & (addresses < self.bases_ptr + 8 * (self.world_size + 64))
+        if not near.any():
+            return None
         bad = near & ((index < 0) | (index >= self.world_size))
         if bad.any():
             file, line, _ = kernel_line()
             raise HeapBoundsError(
                 f"rank {self.rank}, program {self._program(_builder())} asked for rank {int(index[bad][0])} at "
                 f"{os.path.basename(file)}:{line}: ranks are 0 to {self.world_size - 1} (world_size={self.world_size})")
+        return int(index[0]) if near.all() and addresses.size == 1 else None
+
+    def _wild(self, addresses, kind, program, translation):
+        """A write through a translated pointer that lands on no heap: the pointer was not in the heap of the
+        rank it was translated from (from_rank and to_rank swapped, or a pointer that is not a heap tensor).
+        Stopped here: the write would land in whatever memory is there, or crash the process."""
+        from_rank, to_rank = translation
+        file, line, _ = kernel_line()
+        original = int(addresses[0]) - int(self.bases[to_rank] - self.bases[from_rank])
+        offsets = original - self.bases
+        inside = np.flatnonzero((offsets >= 0) & (offsets < self.heap_size))
+        where = f"in rank {int(inside[0])}'s heap" if inside.size else "on no rank's heap"
+        hint = (f": the caller is rank {self.rank}, so from_rank must be {self.rank} (data flows from from_rank to "
+                f"to_rank)" if inside.size and int(inside[0]) == self.rank != from_rank else
+                ": translate a pointer into a tensor of the symmetric heap")
+        raise HeapBoundsError(
+            f"rank {self.rank}, program {program}: {ARTICLED[kind]} at {os.path.basename(file)}:{line} translates a "
+            f"pointer from rank {from_rank} to rank {to_rank}, but the pointer is {where}, not rank {from_rank}'s, "
+            f"so the address lands on no heap{hint}")
 
     def _owners(self, addresses, kind):
         """The rank whose heap holds each address; None when none is on a heap. A mix is a bounds error."""
