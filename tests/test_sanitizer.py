@@ -132,6 +132,8 @@ def test_a_race_is_drawn_on_the_gantt_chart_and_flows_in_perfetto(clusters, worl
     doc = trace.to_perfetto(tmp_path / "run.perfetto.json")
     flows = [e for e in doc["traceEvents"] if e.get("cat") == "race" and e["ph"] in "sf"]
     assert flows and {e["ph"] for e in flows} == {"s", "f"}
+    marked = [text for state in trace.replay_states(0) for text in state["races"]]   # the replay says when
+    assert any(re.fullmatch(r"race 1: rank \d writes partials\[\d+, 0\] at two_shot\.py:\d+", t) for t in marked), marked
     trace.save(tmp_path / "run.trace.json.gz")   # the races travel with a saved trace
     assert gemmar.Trace.load(tmp_path / "run.trace.json.gz").meta["races"] == trace.meta["races"]
 

@@ -56,6 +56,19 @@ class _Timeline:
         self.waits_for = {p["name"]: p.get("waits_for", "") for p in protocol["phases"]}
         self.waits = df[df["phase"] == "wait"]
         self.times = np.unique(np.concatenate([df["start_us"].to_numpy(), df["end_us"].to_numpy()]))
+        self.race_marks = self._race_marks(trace, iteration)
+
+    def _race_marks(self, trace, iteration):
+        """(time in this iteration, "race n: rank r writes partials[3, 0] at two_shot.py:168"): the sanitizer's
+        race accesses (sanitize=True) that fall in this iteration, in time order."""
+        races = trace.meta.get("races") or []
+        its = sorted(trace.events["iteration"].unique())
+        if not races or not its or self.times.size == 0:
+            return []
+        t0 = trace.events.loc[trace.events["iteration"] == its[iteration], "start_us"].min()
+        marks = [(side["time_ns"] / 1e3 - t0, f"race {n}: rank {side['rank']} {side['doing']}")
+                 for n, race in enumerate(races, 1) for pair in race["sides"] for side in pair]
+        return sorted((t, text) for t, text in set(marks) if 0 <= t <= self.times[-1])
 
     def _grid(self, values):
         grid = np.zeros((self.tm, self.tn), dtype=values.dtype)
@@ -88,6 +101,8 @@ class _Timeline:
         state = dict(step=step, time_us=float(t), event=event, waiting=waiting,
                      tiles=[self._grid(status[r]) for r in range(self.W)])
         state["flags"] = {flag: self._counts(rows, t) for flag, rows in self.flags.items()}
+        before = self.times[step - 1] if step > 0 else -np.inf
+        state["races"] = [text for when, text in self.race_marks if before < when <= t]
         return state
 
 
@@ -160,5 +175,6 @@ class ReplayWidget:
         flags = f" (under each tile id: its {'/'.join(state['flags'])} counters)" if state["flags"] else ""
         waits = "<br>".join(state["waiting"]) or "nobody is waiting"
         scale, unit = time_unit(self.span_us)
+        races = "".join(f"<br><span style='color:#d62728'>{text}</span>" for text in state["races"][:6])
         self.text.value = (f"<b>t = {state['time_us'] / scale:.1f} {unit}</b>{flags}<br>{state['event']}<br>"
-                           f"<i>{waits}</i>")
+                           f"<i>{waits}</i>{races}")

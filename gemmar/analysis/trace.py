@@ -360,7 +360,8 @@ class Trace:
         Each state: ``time_us``; ``tiles[rank]``, a (tiles_m x tiles_n) array of 0 not started, 1 in GEMM,
         2 partial (GEMM done, not yet reduced), 3 reduced; for the ring, ``data_ready[rank][tile]`` and
         ``slot_free[rank][tile]`` (the flag counters as the events imply them); ``waiting``, one line per
-        program that is waiting at that moment; ``event``, what just happened.
+        program that is waiting at that moment; ``event``, what just happened; ``races``, the sanitizer's race
+        accesses since the previous state (sanitize=True runs; the player shows them in red).
         """
         from .replay import build_states
 
