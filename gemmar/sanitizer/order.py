@@ -254,22 +254,25 @@ def _hint(race, by_thread, names):
 
     def fit(x, y):
         """How well "x's program releases a flag after its access, y's acquires it before its own" explains the
-        race: y acquires it only after its access (3: the wait is misplaced), never (2), or only before,
-        an older value (1); x releases nothing after its access (0)."""
+        race: y acquires it only after its access (3: the wait is misplaced), never (2), or before it, an
+        older value (1); x releases nothing after its access (0)."""
         after = _releases_after(x, by_thread)
         if not after:
             return 0
         acquires = _acquires_of(y, after[0], by_thread)
-        return 3 if any(q.seq > y.seq for q in acquires) else 1 if acquires else 2
+        if not acquires:
+            return 2
+        return 1 if any(q.seq < y.seq for q in acquires) else 3
 
     # The order the memory saw is the intended one (it usually gave the right values), unless the other
     # side's program waits on the flag only after its access: then that wait is misplaced.
-    if fit(b, a) == 3 > fit(a, b):
-        a, b = b, a
+    forward, backward = fit(a, b), fit(b, a)
+    if backward == 3 > forward or (forward == backward == 0 and a.kind == "read" != b.kind):
+        a, b = b, a   # (with no release on either side: a write, then the read it should come before)
     after = _releases_after(a, by_thread)
     if not after:
-        return (f"{a.who()} releases nothing after {ACTING[a.kind]} it: follow the {a.kind} with a release "
-                f"atomic on a flag that {b.who()} acquires before its {b.kind}.")
+        return (f"{a.who()} releases nothing after {ACTING[a.kind]} it: make this {a.kind} a release atomic, or "
+                f"follow it with one on a flag that {b.who()} acquires before its {b.kind}.")
     release = after[0]
     flag = names(release)
     acquires = _acquires_of(b, release, by_thread)
