@@ -94,7 +94,7 @@ def test_the_builtin_algorithms_have_no_race_and_stay_in_bounds(clusters, world_
     assert report.ok and report.accesses > 20 * world_size, str(report)
 
 
-@pytest.mark.parametrize("world_size", [2, 3])
+@pytest.mark.parametrize("world_size", [2, 3, 4])
 def test_the_standalone_all_reduce_and_a_users_algorithm_have_no_race(clusters, world_size):
     cluster = clusters(world_size)
     for scheme in ("two_shot", "one_shot"):
@@ -223,6 +223,17 @@ def test_an_iris_programs_plain_store_flag_is_a_race_even_when_every_value_arriv
     result, out = run_handoff(cluster, "no_wait")
     races = result.sanitizer.races
     assert len(races) == 1 and "reads it before its acquire of flags[0]" in races[0].text, out
+
+
+@pytest.mark.parametrize("world_size", [3])
+def test_todays_iris_programs_ccl_and_ops_have_no_race(clusters, world_size):
+    """Iris's ccl.all_reduce and ops.matmul_all_reduce as today's programs call them (gemmar's kernels behind)."""
+    cluster = clusters(world_size)
+    for program, args in (("torchrun_ccl.py", ["-m", "40", "-n", "72", "--iterations", "2"]),
+                          ("ops_matmul_all_reduce.py", ["-m", "50", "-n", "70", "-k", "90", "--iterations", "2"])):
+        result = cluster.run_script(os.path.join(ROOT, "examples", "iris_today", program), *args, timeout=120,
+                                    echo=False, sanitize=True)
+        assert result.ok and result.sanitizer.ok and result.sanitizer.accesses > 100, (program, str(result.sanitizer))
 
 
 @pytest.mark.parametrize("world_size", [2])
