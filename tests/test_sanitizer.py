@@ -28,7 +28,7 @@ HANDOFF = os.path.join(ROOT, "tests", "iris_programs", "flag_handoff.py")
 def access(seq, call, kind, key, sem=None, atomic=None, line=1, name="flag"):
     atomic = kind == "rmw" if atomic is None else atomic
     return ("access", seq, call, 0, kind, atomic, sem, "sys", None, np.array([key], np.int64), 4,
-            ("k.py", line, "k"), (name, (64,), "int32", key), 0, seq * 1000)
+            ("k.py", line, "k"), (name, (64,), "int32", key), 0, seq * 1000, (0, 1) if kind == "rmw" else None)
 
 
 def records(rank0, rank1):

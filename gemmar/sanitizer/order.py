@@ -48,6 +48,8 @@ class Access:
     owner: int
     keys: object
     time_ns: int          # CLOCK_MONOTONIC when it ran (the trace's clock on cpu ranks)
+    op: str = None        # an atomic's operation (add, cas, xchg, ...)
+    values: tuple = None  # an atomic's first lane: (the value it saw, the operand it gave)
 
     @property
     def line(self):
@@ -59,8 +61,10 @@ class Access:
     def doing(self):
         if self.kind == "read" and self.atomic:
             return "polls"
-        sem = f" ({self.sem})" if self.atomic and self.sem and self.kind != "read" else ""
-        return DOING[self.kind] + sem
+        if self.kind != "rmw":
+            return DOING[self.kind]
+        seen = f", saw {self.values[0]}" if self.values and self.values[0] is not None else ""
+        return f"atomically updates ({self.op or 'rmw'}, {self.sem}{seen})"
 
 
 @dataclasses.dataclass
@@ -170,7 +174,7 @@ class _Order:
                     _join(host, clock)
 
     def access(self, rank, event):
-        _, seq, call, program, kind, atomic, sem, scope, op, keys, size, where, buffer, owner, time_ns = event
+        _, seq, call, program, kind, atomic, sem, scope, op, keys, size, where, buffer, owner, time_ns, values = event
         t = self.thread(rank, call, program)
         clock = self.clocks[t]
         clock[t] = clock.get(t, 0) + 1
@@ -180,7 +184,7 @@ class _Order:
                 if seen:
                     _join(clock, seen)
         a = Access(seq, rank, call, program, self.kernels[(rank, call)]["name"], t, clock[t], kind, bool(atomic), sem,
-                   where, buffer, owner, keys, time_ns)
+                   where, buffer, owner, keys, time_ns, op, values)
         self.accesses += 1
         self.by_thread.setdefault(t, []).append(a)
         writes = kind != "read"

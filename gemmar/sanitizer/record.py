@@ -127,7 +127,7 @@ class Recorder:
         gx, gy, _ = self.kernel[2]
         return x + gx * (y + gy * z)
 
-    def access(self, builder, kind, ptrs, mask, run, atomic, sem=None, scope=None, op=None):
+    def access(self, builder, kind, ptrs, mask, run, atomic, sem=None, scope=None, op=None, written=None):
         """Check, run (numbered) and record one memory operation of the running kernel; returns its result."""
         addresses = np.asarray(ptrs.data, dtype=np.uint64).reshape(-1)
         if mask is not None:
@@ -164,9 +164,11 @@ class Recorder:
         else:
             self._polls.pop(program, None)
         out, seq = self._numbered(run)
+        # An atomic's first lane: the value it saw and the one it gave (for the reports).
+        values = (_first(out), _first(written)) if kind == "rmw" else None
         # (the time, on the clock the trace uses under the interpreter, to draw the access on the Gantt chart)
         self.events.append(("access", seq, self.kernel[0], program, kind, atomic, sem, scope, op, keys, size,
-                            where, buffer, int(owners[0]), time.monotonic_ns()))
+                            where, buffer, int(owners[0]), time.monotonic_ns(), values))
         return out
 
     def _check_rank_asked(self, addresses):
@@ -290,6 +292,14 @@ def _argument_named(address):
     return None
 
 
+def _first(handle):
+    data = getattr(handle, "data", None)
+    if data is None or np.size(data) == 0:
+        return None
+    value = np.asarray(data).reshape(-1)[0]
+    return value.item() if hasattr(value, "item") else value
+
+
 def _builder():
     from triton.runtime import interpreter
 
@@ -325,14 +335,15 @@ def install():
         if rec is None:
             return run()
         return rec.access(builder, "rmw", ptr, mask, run, atomic=True, sem=SEMS.get(sem.name, sem.name),
-                          scope=SCOPES.get(scope.name, scope.name), op=RMW_NAMES.get(rmw.name, rmw.name.lower()))
+                          scope=SCOPES.get(scope.name, scope.name), op=RMW_NAMES.get(rmw.name, rmw.name.lower()),
+                          written=val)
 
     def atomic_cas(ptr, cmp, val, sem, scope):
         rec, run = ACTIVE, lambda: original["create_atomic_cas"](ptr, cmp, val, sem, scope)
         if rec is None:
             return run()
         return rec.access(builder, "rmw", ptr, None, run, atomic=True, sem=SEMS.get(sem.name, sem.name),
-                          scope=SCOPES.get(scope.name, scope.name), op="cas")
+                          scope=SCOPES.get(scope.name, scope.name), op="cas", written=val)
 
     builder.create_masked_load, builder.create_masked_store = masked_load, masked_store
     builder.create_atomic_rmw, builder.create_atomic_cas = atomic_rmw, atomic_cas
