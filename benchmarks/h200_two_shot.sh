@@ -15,7 +15,7 @@ step tail; timeout 240 python3 benchmarks/two_shot_tail.py "$OUTDIR" --world_siz
 for w in 1 2 4; do step launch $w; timeout 120 python3 benchmarks/launch_cost.py --world_size $w; done
 step profile; timeout 120 python3 benchmarks/launch_cost.py --world_size 2 --profile | head -60
 step bench; timeout 300 python3 benchmarks/h200_bench.py "$OUTDIR/bench" --world_size 1 --algorithms two_shot --no_traces
-step allreduce 1; timeout 200 python3 -m gemmar.cli allreduce --backend cuda -r 1 -b --sizes 1 4 16 64 256
+step allreduce 1; timeout 200 python3 -m gemmar.cli allreduce --backend cuda -r 1 --baseline --sizes 1 4 16 64 256
 for r in 2 4; do step allreduce $r; timeout 200 python3 -m gemmar.cli allreduce --backend cuda -r $r --sizes 1 4 16 64 256; done
 step tests; GEMMAR_TEST_BACKEND=cuda timeout 400 python3 -m pytest -q -p no:cacheprovider tests/test_allreduce.py \
   tests/test_kernels.py tests/test_trace.py -k "(two_shot or every_rank or back_to_back or shared or trace) and not command and not killed"

@@ -15,6 +15,7 @@ from .cli_tools import _allreduce_parser, _gantt_parser, _run_parser, starting_l
 from .config import AUTO_RULE, BACKENDS, DTYPES, TUNED_KNOBS, RunConfig, choose_algorithm, reads_by_tma, tuned_defaults
 from .errors import ClusterError, DeadlockError, GemmarError, RankDiedError, UsageError
 from .outputs import DEFAULT_TRACE_FILE, check_output_path, iris_report, trace_path_for, write_report
+from .analysis.plots import plural
 from .report import log, print_figures
 from .runtime.backends import check_heap_fits, gpu_count, gpu_properties, resolve_backend, shares_gpu
 from .runtime.heap import size_text
@@ -28,7 +29,30 @@ IRIS_AMD_ONLY = ("two_tiles", "waves_per_eu", "mfmaInstrSize", "kpack")
 class _Parser(argparse.ArgumentParser):
     def error(self, message):
         # One line naming the problem, exit code 2 (argparse would print the whole usage first).
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+        self.exit(2, f"{self.prog}: error: {message}{self._did_you_mean(message)} (see {self.prog} --help)\n")
+
+    def _options(self):
+        for action in self._actions:
+            yield from action.option_strings
+            if isinstance(action, argparse._SubParsersAction):
+                for parser in action.choices.values():
+                    yield from parser._options()
+
+    def _did_you_mean(self, message):
+        """For an unknown option that is a known one in another case or nearly (--blk_m: --BLK_M)."""
+        import difflib
+
+        if not message.startswith("unrecognized arguments:"):
+            return ""
+        known = sorted(set(self._options()))
+        for word in message.split(":", 1)[1].split():
+            if not word.startswith("-"):
+                continue
+            name = word.split("=")[0]
+            same = [o for o in known if o.lower() == name.lower()] or difflib.get_close_matches(name, known, 1, 0.8)
+            if same:
+                return f" (did you mean {same[0]}?)"
+        return ""
 
 
 def _bench_parser(sub):
@@ -53,8 +77,9 @@ def _bench_parser(sub):
     p.add_argument("--datatype", choices=list(DTYPES), default=d.datatype,
                    help="(Iris) input dtype; accumulation is fp32")
     p.add_argument("--algorithm", choices=builtin_names() + ("auto",), default=d.algorithm,
-                   help="how partial tiles are reduced; auto: chosen by the rule in BENCHMARKS.md (a fused kernel, "
-                        "or cuBLAS + NCCL where those measured faster), saying which and why")
+                   help="how partial tiles are reduced (default %(default)s); auto: chosen by the rule in "
+                        "BENCHMARKS.md (a fused kernel, or cuBLAS + NCCL where those measured faster), saying which "
+                        "and why")
     p.add_argument("--BLK_M", type=int, help="(Iris) rows of a tile: a power of two from 16 to 256; " + tuned)
     p.add_argument("--BLK_N", type=int, help="(Iris) columns of a tile, as BLK_M")
     p.add_argument("--BLK_K", type=int, help="(Iris) the K step of a tile's GEMM, as BLK_M")
@@ -241,7 +266,10 @@ def _report_bench(args, config, result, figures):
         success = False
     if args.validate:
         log("-", W, f"{'PASSED' if success else 'FAILED'}: max|C - ref| = {result.max_abs_diff:.3g} on all "
-                    f"{W} ranks over {config.iterations} iteration(s)")
+                    f"{plural(W, 'rank')} over {config.iterations} iteration(s)")
+    else:
+        log("-", W, f"ran {config.iterations} iteration(s) on {plural(W, 'rank')}; C was not checked (add -v to "
+                    f"check it against torch after every iteration)")
     kernels = result.ranks[0].kernels
     if args.debug:
         if not kernels:

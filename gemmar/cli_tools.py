@@ -40,7 +40,7 @@ def _allreduce_parser(sub):
                    help="two_shot (by tile owner) and/or one_shot (every rank sums everything); default both")
     p.add_argument("--iterations", type=int, default=3, help="checked launches per size (default %(default)s)")
     p.add_argument("--reps", type=int, default=20, help="GPU: launches per timing, median of 5 (default %(default)s)")
-    p.add_argument("-b", "--baseline", action="store_true", help="GPU, one per rank: also time NCCL's all_reduce "
+    p.add_argument("--baseline", action="store_true", help="GPU, one per rank: also time NCCL's all_reduce "
                                                                  "(and torch's symmetric-memory two-shot)")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds before a wait counts as a hang")
     p.add_argument("--output_file", help="write the figures as JSON here")

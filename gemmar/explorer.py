@@ -78,7 +78,7 @@ class Explorer:
             self.cluster.stop()
             self.cluster = None
         if self.cluster is None:
-            self.status.value = f"starting {world_size} ranks (ipyparallel engines)..."
+            self.status.value = f"starting {plural(world_size, 'rank')} (ipyparallel engines)..."
             self.cluster = Cluster(world_size=world_size, backend=self.backend)
         return self.cluster
 
@@ -132,13 +132,13 @@ class Explorer:
             done[rank] = data["iteration"]
             self.progress.value = sum(done.values())
 
-        self.status.value = f"running {config.algorithm} on {config.world_size} ranks..."
+        self.status.value = f"running {config.algorithm} on {plural(config.world_size, 'rank')}..."
         result = cluster.bench(config, on_progress=on_progress)
         self.progress.value = self.progress.max
         self.runs += 1
         verdict = "correct on every rank" if result.ok else "WRONG RESULT"
         self.status.value = (f"run {self.runs}: {config.algorithm}, {config.m}x{config.n}x{config.k} "
-                             f"{config.datatype}, {config.world_size} ranks x {plural(config.num_sms, 'program')}: "
+                             f"{config.datatype}, {plural(config.world_size, 'rank')} x {plural(config.num_sms, 'program')}: "
                              f"{verdict} (max |C - ref| {result.max_abs_diff:.2g}), "
                              f"{time.monotonic() - start:.1f} s")
         self.result = result

@@ -77,8 +77,10 @@ def iris_report(args, config, median_ms, iterations, success, kernels):
     ``gemm_ms`` / ``gemm_experiments``; on GPUs ``gemm_registers`` / ``gemm_spills``."""
     W = config.world_size
     flat = arguments(args)
+    # (the tile and programs the run used, where the flags left them to the tuning)
     out = dict(flat, world_size=W, M=config.m, N=config.n, K=config.k, k=-(-config.k // W),
-               gemm_sms=config.num_sms)
+               gemm_sms=config.num_sms, BLK_M=config.BLK_M, BLK_N=config.BLK_N, BLK_K=config.BLK_K,
+               gsize_m=config.gsize_m, num_sms=config.num_sms)
     if args.validate:
         out["success"] = success
     if args.benchmark:

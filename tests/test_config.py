@@ -217,3 +217,15 @@ def test_programs_that_cannot_share_an_sm_are_refused_in_one_line(monkeypatch):
     launch.check_co_resident([(kernel(16, 32, 0), 264)], one)        # two 1024-thread programs to an SM fit
     with pytest.raises(UsageError, match=r"each SM would need 3072 threads of 2048\)"):
         launch.check_co_resident([(kernel(16, 32, 0), 396)], one)    # three do not
+
+
+def test_a_mistyped_flag_gets_the_flag_it_meant(capsys):
+    from gemmar.cli import main
+
+    for argv, meant in ((["bench", "--blk_m", "32"], "--BLK_M"), (["allreduce", "--Baseline"], "--baseline"),
+                        (["bench", "--zzz"], None)):
+        with pytest.raises(SystemExit) as stop:
+            main(argv)
+        said = capsys.readouterr().err.strip()
+        assert stop.value.code == 2 and said.count("\n") == 0, said
+        assert (f"(did you mean {meant}?)" in said) if meant else ("did you mean" not in said), said

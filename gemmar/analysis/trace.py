@@ -23,7 +23,7 @@ import pandas as pd
 
 from ..errors import UsageError
 from ..kernels.events import COLUMNS
-from .plots import PHASE_COLORS
+from .plots import PHASE_COLORS, plural
 
 FORMAT = "gemmar-trace"
 VERSION = 1
@@ -246,10 +246,10 @@ class Trace:
     def __repr__(self):
         m = self.meta
         if m.get("source") == "iris":
-            return f"Trace({m['algorithm']}, {m['world_size']} ranks x {m['num_sms']} programs, {len(self.events)} events)"
+            return f"Trace({m['algorithm']}, {plural(m['world_size'], 'rank')} x {plural(m['num_sms'], 'program')}, {len(self.events)} events)"
         comm = f" + {m['comm_sms']} communication" if m.get("comm_sms") else ""
         return (f"Trace({m.get('algorithm')}, {m.get('m')}x{m.get('n')}x{m.get('k')}, "
-                f"{m.get('world_size')} ranks x {m.get('num_sms')}{comm} programs, {len(self.events)} events)")
+                f"{plural(m.get('world_size'), 'rank')} x {m.get('num_sms')}{comm} programs, {len(self.events)} events)")
 
     # -- selections and figures -----------------------------------------------------------------------
     def iteration(self, iteration=-1):

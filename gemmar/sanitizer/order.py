@@ -110,7 +110,7 @@ class SanitizerReport:
 
     def __str__(self):
         if self.ok:
-            return (f"sanitizer: no race among {self.accesses} recorded heap accesses of {self.ranks} ranks "
+            return (f"sanitizer: no race among {self.accesses} recorded heap accesses of {self.ranks} rank{'s' if self.ranks != 1 else ''} "
                     f"(and no access outside its buffer)")
         return "\n".join([f"sanitizer: {len(self.races)} race(s) among {self.accesses} heap accesses:"] +
                          [f"- {race.text}" for race in self.races])

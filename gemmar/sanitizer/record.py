@@ -146,7 +146,7 @@ class Recorder:
         translation = self._translations.pop(program, None)
         owners = self._owners(addresses, kind)
         if owners is None:
-            if translation is not None and len(translation) == 2 and kind != "read":
+            if translation is not None and len(translation) == 2:
                 self._wild(addresses, kind, program, translation)
             return run()    # not on any heap: A, B, the trace, a program's own tensors
         size = ptrs.get_element_ty().primitive_bitwidth // 8
