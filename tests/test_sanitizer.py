@@ -12,6 +12,7 @@ import numpy as np
 import torch
 import pytest
 import triton
+import triton.language as tl
 
 import gemmar
 import one_shot_push
@@ -192,6 +193,24 @@ def test_a_puzzle_answer_that_forgets_the_modulo_is_told_the_rank_it_asked_for(c
                         r"program \d asked for rank [3-5] at <gemmar part push_partial \w+>:4: ranks are 0 to 2 "
                         r"\(world_size=3\)", said), said
     assert exercises.check_push_partial(cluster, push_with_modulo).startswith("right!")   # fresh ranks, by itself
+
+
+@triton.jit
+def sum_with_translate_swapped(slot, rank, world_size, heap_bases, PEER_CACHE: tl.constexpr):
+    total = tl.zeros(slot.shape, tl.float32)
+    for source in range(world_size):
+        total += tl.load(device.translate(slot, source, rank, heap_bases), cache_modifier=PEER_CACHE).to(tl.float32)
+    return total
+
+
+@pytest.mark.parametrize("world_size", [2])
+def test_a_puzzle_answer_with_translates_ranks_swapped_is_told_which_rank_from_rank_must_be(clusters, world_size):
+    from gemmar import exercises
+
+    said = exercises.check_sum_partials(clusters(world_size), sum_with_translate_swapped)
+    assert re.search(r"HeapBoundsError: rank 0, program \d: a read at <gemmar part sum_partials \w+>:5 translates a "
+                     r"pointer from rank 1 to rank 0, but the pointer is in rank 0's heap, not rank 1's, so the address "
+                     r"lands on no heap: the caller is rank 0, so from_rank must be 0", said), said
 
 
 @triton.jit
