@@ -35,7 +35,9 @@ def _say(message, result=None):
 def _run_part(cluster, algorithm, parts, A, B, **settings):
     """(the Result, None), or (None, what went wrong) when the participant's code did not run through."""
     if not cluster.running:   # stopped by the notebook's last cell after a Run All, or after a crash
-        why = "the last check's ranks crashed" if cluster.restart_reason else "the cluster was stopped"
+        reason = cluster.restart_reason or ""
+        why = ("the last check's ranks were stopped at an access outside its buffer" if "outside its buffer" in reason
+               else "the last check's ranks crashed" if reason else "the cluster was stopped")
         print(f"({why}: starting {cluster.world_size} rank(s) again)")
         cluster.start()
     try:

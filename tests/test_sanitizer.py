@@ -183,7 +183,7 @@ def push_without_modulo(C_tile, acc, mask, step, rank, world_size, heap_bases):
 
 
 @pytest.mark.parametrize("world_size", [3])
-def test_a_puzzle_answer_that_forgets_the_modulo_is_told_the_rank_it_asked_for(clusters, world_size):
+def test_a_puzzle_answer_that_forgets_the_modulo_is_told_the_rank_it_asked_for(clusters, world_size, capsys):
     """Issue 37's crash "explained" as swapped ranks: the sanitizer (on in the puzzle checks) names the rank."""
     from gemmar import exercises
 
@@ -193,6 +193,8 @@ def test_a_puzzle_answer_that_forgets_the_modulo_is_told_the_rank_it_asked_for(c
                         r"program \d asked for rank [3-5] at <gemmar part push_partial \w+>:4: ranks are 0 to 2 "
                         r"\(world_size=3\)", said), said
     assert exercises.check_push_partial(cluster, push_with_modulo).startswith("right!")   # fresh ranks, by itself
+    assert "(the last check's ranks were stopped at an access outside its buffer: starting 3 rank(s) again)" in \
+        capsys.readouterr().out
 
 
 @triton.jit
