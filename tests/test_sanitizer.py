@@ -84,7 +84,7 @@ CLEAN = [("two_shot", dict(m=72, n=40, k=48, comm_sms=1)), ("two_shot", dict(m=4
          ("ring", dict(m=72, n=40, k=48)), ("atomics", dict(m=40, n=72, k=40))]
 
 
-@pytest.mark.parametrize("world_size", [2, 3, 4])
+@pytest.mark.parametrize("world_size", [2, 4])   # (3 ranks: the all-reduce, a user's algorithm, Iris's programs)
 @pytest.mark.parametrize("algorithm,shape", CLEAN)
 def test_the_builtin_algorithms_have_no_race_and_stay_in_bounds(clusters, world_size, algorithm, shape):
     """Edge tiles (72 and 40 are not multiples of 32), back-to-back launches: no race, no bounds error."""
