@@ -34,6 +34,7 @@ PASS_THROUGH = (os.path.join(TRITON_DIR, "triton") + os.sep, os.path.join(GEMMAR
                 os.path.join(GEMMAR_DIR, "kernels", "device.py"), os.path.join(GEMMAR_DIR, "iris", "device.py"))
 UNNAMED = "heap tensor at byte"   # (the heap's name for an allocation nobody named)
 ARTICLED = {"read": "a read", "write": "a write", "rmw": "an atomic", "access": "an access"}
+BASES_GUARD = 64   # int64s of zeros on each side of a cpu heap's heap_bases table (runtime/heap/cpu.py)
 OWNER_SHIFT = 40          # a location: owner rank << 40 | byte offset in the owner's heap
 SEMS = {"ACQUIRE": "acquire", "RELEASE": "release", "ACQUIRE_RELEASE": "acq_rel", "RELAXED": "relaxed"}
 SCOPES = {"GPU": "gpu", "CTA": "cta", "SYSTEM": "sys"}
@@ -176,7 +177,8 @@ class Recorder:
         reads heap_bases[rank] for every translation: a rank outside the world shows up as a read just past (or
         before) that table, before the translated address can crash the process."""
         index = (addresses - self.bases_ptr) // 8
-        near = (addresses >= self.bases_ptr - 8 * 64) & (addresses < self.bases_ptr + 8 * (self.world_size + 64))
+        near = (addresses >= self.bases_ptr - 8 * BASES_GUARD) & \
+            (addresses < self.bases_ptr + 8 * (self.world_size + BASES_GUARD))
         if not near.any():
             return None
         bad = near & ((index < 0) | (index >= self.world_size))

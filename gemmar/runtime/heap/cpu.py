@@ -23,6 +23,7 @@ import time
 import torch
 
 from ...errors import ClusterError, UsageError
+from ...sanitizer.record import BASES_GUARD
 from .base import ALIGN, HEADER_BYTES, SymmetricHeap
 
 
@@ -137,7 +138,11 @@ class CpuHeap(SymmetricHeap):
             finally:
                 os.close(fd)
         arenas = [torch.frombuffer(m, dtype=torch.uint8) for m in maps]
-        bases = torch.tensor([a.data_ptr() for a in arenas], dtype=torch.int64)
+        # The table sits inside a zeroed guard on each side that nothing else uses: the sanitizer tells a read of
+        # heap_bases[rank] for a rank outside the world by its address falling there (sanitizer/record.py).
+        guarded = torch.zeros(2 * BASES_GUARD + world_size, dtype=torch.int64)
+        bases = guarded[BASES_GUARD:BASES_GUARD + world_size]
+        bases.copy_(torch.tensor([a.data_ptr() for a in arenas], dtype=torch.int64))
         heap = cls(rank, world_size, arenas[rank], bases, torch.device("cpu"), timeout_s)
         heap._peer_arenas = arenas   # keeps every mapping alive as long as the heap
         heap.folder = os.path.dirname(paths[rank])   # private to this user: the sanitizer's lock lives here too
