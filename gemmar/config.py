@@ -285,7 +285,7 @@ class RunConfig:
         return spec.c_dtype(self) if spec.c_dtype is not None else torch.float32
 
     @property
-    def partial_dtype(self):
+    def wire_torch_dtype(self):
         """The dtype partial tiles travel in, for an algorithm that has one (the input dtype unless wire_dtype
         says otherwise)."""
         return DTYPES[self.wire_dtype] if self.wire_dtype is not None else self.torch_dtype

@@ -37,5 +37,5 @@ def allowed_error(result, A, B):
     interpreted = result.backend == "cpu"   # (the interpreter's conversions truncate: a whole ulp)
     rounding = EPSILON[result.C.dtype] * (2 if interpreted else 1)
     if result.config.spec.wire_dtype:   # partials rounded to their wire dtype on the way
-        rounding += result.config.world_size * EPSILON[result.config.partial_dtype] * (2 if interpreted else 1)
+        rounding += result.config.world_size * EPSILON[result.config.wire_torch_dtype] * (2 if interpreted else 1)
     return 1e-3 * max(1.0, A.shape[1] ** 0.5) + rounding * peak

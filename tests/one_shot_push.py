@@ -38,6 +38,8 @@ PHASES = (GEMM_PHASE,
           Phase(22, "sum", "reduce"),
           Phase(23, "store", "store"))
 PUSH, ARRIVAL_WAIT, SUM, STORE = (tl.constexpr(p.kind_id) for p in PHASES[1:])
+WAIT_FLAGS = {"arrived": 1}   # the id its wait passes to wait_at_least, named in a DeadlockError
+ARRIVED_FLAG = tl.constexpr(WAIT_FLAGS["arrived"])
 
 
 @triton.jit
@@ -76,7 +78,7 @@ def one_shot_push_kernel(
         n_events, t = event(trace, n_events, t, PUSH, tile_id, pid_m, pid_n, 0, -1, TRACE_CAPACITY)
         # 3. Every rank's partial of this launch is in our inbox.
         device.wait_at_least(arrived + tile_id, world_size * (epoch + 1), timeout_ns, watchdog, rank, tile_id,
-                             device.PARTIAL_READY_FLAG, tile_id)
+                             ARRIVED_FLAG, tile_id)
         tl.debug_barrier()
         n_events, t = event(trace, n_events, t, ARRIVAL_WAIT, tile_id, pid_m, pid_n, 0, -1, TRACE_CAPACITY)
         # 4. Their sum, in rank order.
@@ -122,4 +124,4 @@ def events_per_launch(config, world_size, rank):
 SPEC = AlgorithmSpec(
     name="one_shot_push", summary="every rank pushes each partial tile to every rank, and every rank sums them",
     buffers=buffers, launches=launches, output=output, phases=PHASES, done=Done("store"),
-    events_per_program=events_per_program, events_per_launch=events_per_launch)
+    events_per_program=events_per_program, events_per_launch=events_per_launch, wait_flags=WAIT_FLAGS)

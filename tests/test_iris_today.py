@@ -260,7 +260,7 @@ def test_a_trace_written_by_iris_on_amd_reads_in_cycles(tmp_path):
     events = Trace.load(str(path)).events.set_index("kind")
     assert events.loc["put", ["rank", "program", "peer", "pid_m", "pid_n"]].tolist() == [0, 3, 1, 1, 2]
     assert events.loc["put", "t_start_ns"] == 1000 and events.loc["put", "duration_us"] == 0.5   # 100 cycles=1 µs
-    assert events.loc["atomic_add", "phase"] == "store" and events.loc["compute", "phase"] == "gemm"
+    assert events.loc["atomic_add", "group"] == "store" and events.loc["compute", "group"] == "gemm"
     doc["traceEvents"] = [dict(name="process_name", ph="M", pid=0), dict(name="put", cat="iris", pid=0)]
     path.write_text(json.dumps(doc))
     with pytest.raises(UsageError, match=r"Iris trace event 1 is not readable \(KeyError: 'ts'\)"):

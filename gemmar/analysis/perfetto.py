@@ -15,7 +15,7 @@ def to_perfetto(trace, path=None):
             events.append(dict(ph="M", name="thread_name", pid=int(rank), tid=int(program),
                                args=dict(name=f"program {program}")))
     for e in trace.events.itertuples():
-        events.append(dict(ph="X", name=f"{e.kind} t{e.tile}", cat=e.phase, pid=int(e.rank), tid=int(e.program),
+        events.append(dict(ph="X", name=f"{e.kind} t{e.tile}", cat=e.group, pid=int(e.rank), tid=int(e.program),
                            ts=float(e.start_us), dur=float(max(e.duration_us, 0.0)),
                            args=dict(tile=int(e.tile), pid_m=int(e.pid_m), pid_n=int(e.pid_n), step=int(e.step),
                                      peer=int(e.peer), iteration=int(e.iteration))))

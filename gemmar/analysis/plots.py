@@ -5,15 +5,15 @@ import numpy as np
 
 from ..errors import UsageError
 
-PHASE_COLORS = {"gemm": "#4C72B0", "wait": "#DD8452", "comm": "#55A868", "reduce": "#8172B3", "store": "#937860"}
-PHASE_LABELS = {"gemm": "GEMM", "wait": "waiting", "comm": "communicating", "reduce": "reducing",
+GROUP_COLORS = {"gemm": "#4C72B0", "wait": "#DD8452", "comm": "#55A868", "reduce": "#8172B3", "store": "#937860"}
+GROUP_LABELS = {"gemm": "GEMM", "wait": "waiting", "comm": "communicating", "reduce": "reducing",
                 "store": "storing C"}
 
 
 def phase_labels(protocol):
     """What each colour means in this algorithm's Gantt: the spec's own words where a group is a different act
     in it (atomics' 'store' zeroes the next launch's C)."""
-    return {**PHASE_LABELS, **protocol.get("labels", {})}
+    return {**GROUP_LABELS, **protocol.get("labels", {})}
 
 
 def program_colormap(num_programs):
@@ -55,10 +55,10 @@ def time_unit(span_us):
 
 
 def gantt(trace, iteration=-1, max_lanes=48, ranks=None, programs=None, path=None, figsize=None):
-    """Gantt chart: one lane per (rank, program), bars coloured by phase, tile ids where they fit.
+    """Gantt chart: one lane per (rank, program), bars coloured by group (the phase's colour group), tile ids where they fit.
 
     With more lanes than ``max_lanes`` (e.g. 2 ranks x 132 programs) each rank becomes one panel that
-    shows how many programs are in each phase over time; pass ``programs=range(a, b)`` to zoom back
+    shows how many programs are in each colour group over time; pass ``programs=range(a, b)`` to zoom back
     to individual lanes. Per-rank summary figures go in the lower panel.
     """
     import matplotlib.pyplot as plt
@@ -106,8 +106,8 @@ def gantt(trace, iteration=-1, max_lanes=48, ranks=None, programs=None, path=Non
     skewed = not aggregate and _draw_launch_skew(ax, summary["launch_skew_us"] / scale, lanes, span)
     # Only the phases this chart shows, named for this algorithm, outside the data.
     labels = phase_labels(trace.protocol)
-    shown = [p for p in PHASE_COLORS if (df["phase"] == p).any()]
-    handles = [plt.Rectangle((0, 0), 1, 1, color=PHASE_COLORS[p]) for p in shown]
+    shown = [p for p in GROUP_COLORS if (df["group"] == p).any()]
+    handles = [plt.Rectangle((0, 0), 1, 1, color=GROUP_COLORS[p]) for p in shown]
     names = [labels[p] for p in shown]
     if skewed:
         handles.append(plt.Rectangle((0, 0), 1, 1, facecolor="#eeeeee", hatch="///", edgecolor="#999999"))
@@ -192,10 +192,10 @@ def _draw_lanes(ax, df, lanes, span, width_in, gemm_programs=None, max_labels=60
     end = start + np.maximum(df["duration_us"].to_numpy(float), span * 1e-4)
     corners = np.stack([np.stack([start, y - 0.4], 1), np.stack([start, y + 0.4], 1),
                         np.stack([end, y + 0.4], 1), np.stack([end, y - 0.4], 1)], 1)
-    colors = df["phase"].map(PHASE_COLORS).fillna("#999999").to_numpy()
+    colors = df["group"].map(GROUP_COLORS).fillna("#999999").to_numpy()
     ax.add_collection(PolyCollection(corners, facecolors=colors, edgecolors="none"))
     px_per_us = width_in * 80 / max(span, 1e-9)
-    wide = np.flatnonzero((df["phase"].to_numpy() == "gemm") & (df["duration_us"].to_numpy() * px_per_us > 22))
+    wide = np.flatnonzero((df["group"].to_numpy() == "gemm") & (df["duration_us"].to_numpy() * px_per_us > 22))
     tiles = df["tile"].to_numpy()
     for i in wide[:max_labels]:
         ax.text((start[i] + end[i]) / 2, y[i], str(tiles[i]), ha="center", va="center", fontsize=7, color="white")
@@ -220,9 +220,9 @@ def _draw_aggregate(ax, df, span, bins=400):
         d = df[df["rank"] == rank]
         n_prog = d["program"].nunique()
         bottom = np.zeros(bins)
-        for phase, color in PHASE_COLORS.items():
-            p = d[d["phase"] == phase]
-            # Programs in this phase at each bin's middle: events begun by then, less those ended by then.
+        for group, color in GROUP_COLORS.items():
+            p = d[d["group"] == group]
+            # Programs in this group at each bin's middle: events begun by then, less those ended by then.
             count = (np.searchsorted(np.sort(p["start_us"].to_numpy()), mids, side="right") -
                      np.searchsorted(np.sort(p["end_us"].to_numpy()), mids, side="right")).astype(float)
             ax.fill_between(mids, offset + bottom / n_prog, offset + (bottom + count) / n_prog, color=color,
@@ -230,7 +230,7 @@ def _draw_aggregate(ax, df, span, bins=400):
             bottom += count
         # One program busy on its own is a hairline in a share: mark where the rank's last GEMM tile and its
         # launch end, so a long tail shows.
-        gemm_end, launch_end = d.loc[d["phase"] == "gemm", "end_us"].max(), d["end_us"].max()
+        gemm_end, launch_end = d.loc[d["group"] == "gemm", "end_us"].max(), d["end_us"].max()
         for x, style, what in ((gemm_end, ":", "last GEMM tile ends"), (launch_end, "-", "launch ends")):
             if np.isfinite(x):
                 ax.plot([x, x], [offset - 0.05, offset + 1.05], color="black", ls=style, lw=1)
@@ -241,7 +241,7 @@ def _draw_aggregate(ax, df, span, bins=400):
         offset += 1.15
     ax.set_yticks(yticks)
     ax.set_yticklabels(ylabels, fontsize=7)
-    ax.set_ylabel("share of the rank's programs in each phase")
+    ax.set_ylabel("share of the rank's programs in each group")
     ax.set_xlim(0, span)
 
 
@@ -327,19 +327,19 @@ def ring_handoff_diagram(world_size=3, path=None):
         ax.add_patch(FancyBboxPatch((x - 0.9, y - 0.55), 1.8, 1.1, boxstyle="round,pad=0.05", facecolor="#f4f4f4",
                                     edgecolor="black"))
         ax.text(x, y + 0.3, f"rank {r}", ha="center", fontsize=11, weight="bold")
-        ax.text(x, y - 0.05, "partial of tile t (GEMM)", ha="center", fontsize=8, color=PHASE_COLORS["gemm"])
+        ax.text(x, y - 0.05, "partial of tile t (GEMM)", ha="center", fontsize=8, color=GROUP_COLORS["gemm"])
         ax.text(x, y - 0.35, "slot[t]  data_ready[t]  slot_free[t]", ha="center", fontsize=7.5)
     for r in range(W):
         nxt = (r + 1) % W
         (x0, y0), (x1, y1) = centre[r], centre[nxt]
         ax.add_patch(FancyArrowPatch((x0, y0), (x1, y1), arrowstyle="-|>", mutation_scale=16, lw=2,
-                                     color=PHASE_COLORS["comm"], shrinkA=45, shrinkB=45,
+                                     color=GROUP_COLORS["comm"], shrinkA=45, shrinkB=45,
                                      connectionstyle="arc3,rad=0.18"))
         mx, my = (x0 + x1) / 2 * 2.15, (y0 + y1) / 2 * 2.15   # outside the dashed hand-back arc
         ax.text(mx, my, f"rank {r} stores its payload into rank {nxt}'s slot[t],\nthen data_ready[t] += 1 there "
-                        f"(release)", ha="center", va="center", fontsize=7.5, color=PHASE_COLORS["comm"])
+                        f"(release)", ha="center", va="center", fontsize=7.5, color=GROUP_COLORS["comm"])
         ax.add_patch(FancyArrowPatch((x1, y1), (x0, y0), arrowstyle="-|>", mutation_scale=12, lw=1.2, ls="--",
-                                     color=PHASE_COLORS["wait"], shrinkA=45, shrinkB=45,
+                                     color=GROUP_COLORS["wait"], shrinkA=45, shrinkB=45,
                                      connectionstyle="arc3,rad=0.18"))
     # The key, in a corner away from the arrows (in the centre it sat on the rank 0 -> 1 arrow).
     ax.text(-3.5, -3.0, f"{W} ranks: {W - 1} step{'s' if W != 2 else ''} per tile. At step 0 the payload is the "

@@ -54,7 +54,7 @@ class _Timeline:
         self.flags = {flag: df[df["kind"] == kind][["peer", "tile", "end_us"]].to_numpy()
                       for flag, kind in protocol.get("flags", {}).items()}
         self.waits_for = {p["name"]: p.get("waits_for", "") for p in protocol["phases"]}
-        self.waits = df[df["phase"] == "wait"]
+        self.waits = df[df["group"] == "wait"]
         self.times = np.unique(np.concatenate([df["start_us"].to_numpy(), df["end_us"].to_numpy()]))
         self.race_marks = self._race_marks(trace, iteration)
 

@@ -23,7 +23,7 @@ import pandas as pd
 
 from ..errors import UsageError
 from ..kernels.events import COLUMNS
-from .plots import PHASE_COLORS, plural
+from .plots import GROUP_COLORS, plural
 
 FORMAT = "gemmar-trace"
 VERSION = 1
@@ -138,7 +138,7 @@ class Trace:
         kinds = {p["kind_id"]: (p["name"], p["group"]) for p in self.protocol["phases"]}
         df = pd.DataFrame(raw, columns=RAW_COLUMNS)
         df["kind"] = df["kind_id"].map(lambda k: kinds.get(int(k), ("?", "?"))[0])
-        df["phase"] = df["kind_id"].map(lambda k: kinds.get(int(k), ("?", "?"))[1])
+        df["group"] = df["kind_id"].map(lambda k: kinds.get(int(k), ("?", "?"))[1])
         df["start_us"] = df["t_start_ns"] / 1e3
         df["end_us"] = df["t_end_ns"] / 1e3
         df["duration_us"] = df["end_us"] - df["start_us"]
@@ -300,9 +300,9 @@ class Trace:
         first_start = df["start_us"].min() if len(df) else 0.0
         rows = []
         for rank, d in df.groupby("rank"):
-            busy = {p: d.loc[d["phase"] == p, "duration_us"].sum() for p in PHASE_COLORS}
-            gemm = _interval_union(d.loc[d["phase"] == "gemm", "start_us"], d.loc[d["phase"] == "gemm", "end_us"])
-            comm_rows = d["phase"].isin(["comm", "wait", "reduce"])
+            busy = {p: d.loc[d["group"] == p, "duration_us"].sum() for p in GROUP_COLORS}
+            gemm = _interval_union(d.loc[d["group"] == "gemm", "start_us"], d.loc[d["group"] == "gemm", "end_us"])
+            comm_rows = d["group"].isin(["comm", "wait", "reduce"])
             comm = _interval_union(d.loc[comm_rows, "start_us"], d.loc[comm_rows, "end_us"])
             comm_len = float(np.sum(comm[1] - comm[0]))
             # Launch skew: how long after the first rank's first event this rank's kernel began at all. Time
@@ -336,7 +336,7 @@ class Trace:
         return (d["end_us"] - d["start_us"]).groupby(d["kind"]).median()
 
     def gantt(self, iteration=-1, max_lanes=48, ranks=None, programs=None, path=None, figsize=None):
-        """Gantt chart: one lane per (rank, program), bars coloured by phase (see ``plots.gantt``)."""
+        """Gantt chart: one lane per (rank, program), bars coloured by group (see ``plots.gantt``)."""
         from .plots import gantt
 
         return gantt(self, iteration, max_lanes, ranks, programs, path, figsize)

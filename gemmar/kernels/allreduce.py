@@ -23,9 +23,12 @@ import triton
 import triton.language as tl
 
 from . import device
-from .device import PARTIAL_READY_FLAG, PARTIALS_READ_FLAG
 from .gemm import tile_offsets
-from .two_shot import reduce_owned_tiles, slot_pointers, sum_partials
+from .owner_reduce import PARTIAL_READY_FLAG, reduce_owned_tiles, slot_pointers, sum_partials
+from .owner_reduce import WAIT_FLAGS as OWNER_WAIT_FLAGS
+
+WAIT_FLAGS = {**OWNER_WAIT_FLAGS, "partials_read": 3}   # the ids its waits pass to wait_at_least
+PARTIALS_READ_FLAG = tl.constexpr(WAIT_FLAGS["partials_read"])
 
 
 @triton.jit

@@ -16,7 +16,9 @@ import triton
 import triton.language as tl
 
 from . import device
-from .device import BARRIER_FLAG
+
+WAIT_FLAGS = {"barrier": 1}
+BARRIER_FLAG = tl.constexpr(WAIT_FLAGS["barrier"])
 
 
 @triton.jit(do_not_specialize=["rank", "target", "timeout_ns"])

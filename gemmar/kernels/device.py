@@ -231,11 +231,8 @@ def atomic_xor(ptr, value, from_rank, to_rank, heap_bases, mask=None, sem=None, 
 # The watchdog record is 8 int64 words in the caller's own heap: a report of the first wait that expired.
 WATCHDOG_WORDS = 8
 
-# The flags a kernel can wait on, by the id passed to wait_at_least, named in DeadlockError.
-FLAG_NAMES = {1: "slot_free", 2: "data_ready", 3: "barrier", 4: "partial_ready", 5: "results_in",
-              6: "partials_read"}
-SLOT_FREE_FLAG, DATA_READY_FLAG, BARRIER_FLAG, PARTIAL_READY_FLAG, RESULTS_IN_FLAG, PARTIALS_READ_FLAG = \
-    (tl.constexpr(i) for i in range(1, 7))
+# Each algorithm names the flags it waits on by the ids its kernels pass to wait_at_least as ``flag_kind``
+# (``AlgorithmSpec.wait_flags``: name -> id), so that a DeadlockError says which flag, in its own words.
 
 # Counters that several ranks update and others poll sit this many int32s apart: one 128-byte cache line
 # each, so that an update of one never invalidates the line another program is polling.
@@ -243,12 +240,14 @@ FLAG_WORDS = 32                        # host side
 FLAG_STRIDE = tl.constexpr(FLAG_WORDS)   # kernels
 
 
-def read_watchdog(words):
-    """A watchdog record (8 int64s, host side) -> a dict for DeadlockError, or None when nothing expired."""
+def read_watchdog(words, wait_flags):
+    """A watchdog record (8 int64s, host side) -> a dict for DeadlockError, or None when nothing expired.
+    ``wait_flags``: the waiting kernel's flag names -> ids."""
     words = [int(x) for x in words]
     if words[0] == 0:
         return None
-    return dict(rank=words[1], tile=words[2], flag=FLAG_NAMES.get(words[3], str(words[3])), index=words[4],
+    names = {flag_id: name for name, flag_id in wait_flags.items()}
+    return dict(rank=words[1], tile=words[2], flag=names.get(words[3], f"flag {words[3]}"), index=words[4],
                 expected=words[5], seen=words[6], program=words[7])
 
 

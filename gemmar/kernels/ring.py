@@ -41,7 +41,6 @@ import triton
 import triton.language as tl
 
 from . import device
-from .device import DATA_READY_FLAG, SLOT_FREE_FLAG
 from .events import event, finish_trace
 from .gemm import GEMM_PHASE, STORE, STORE_PHASE, TILE_COORDS_PART, tile_offsets, traced_gemm_tile
 from .spec import AlgorithmSpec, Done, Launch, Part, Phase
@@ -52,6 +51,8 @@ PHASES = (GEMM_PHASE,
           Phase(5, "recv_wait", "wait", "tile {tile} step {step} waits for data_ready (rank {peer} sends)"),
           Phase(6, "reduce", "reduce"), STORE_PHASE)
 SLOT_WAIT, SEND, SIGNAL, RECV_WAIT, REDUCE = (tl.constexpr(p.kind_id) for p in PHASES[1:6])
+WAIT_FLAGS = {"slot_free": 1, "data_ready": 2}   # the ids its waits pass to wait_at_least
+SLOT_FREE_FLAG, DATA_READY_FLAG = tl.constexpr(WAIT_FLAGS["slot_free"]), tl.constexpr(WAIT_FLAGS["data_ready"])
 
 MISTAKES = ("none", "forward_accumulator", "skip_slot_free_wait", "wait_for_missing_message")
 SKIP_SLOT_FREE_WAIT, WAIT_FOR_MISSING_MESSAGE = tl.constexpr(2), tl.constexpr(3)   # (indices into MISTAKES)
@@ -151,7 +152,7 @@ def launches(ctx):
         A=ctx.A, B=ctx.B, C=buf.C, ring_buffer=buf.ring_buffer, data_ready=buf.data_ready, slot_free=buf.slot_free,
         watchdog=ctx.watchdog, heap_bases=ctx.heap.heap_bases, rank=ctx.rank, world_size=ctx.world_size, epoch=0,
         M=cfg.m, N=cfg.n, K=ctx.K, **ctx.strides, stride_cm=cfg.n, stride_cn=1, timeout_ns=ctx.timeout_ns,
-        trace=ctx.trace, trace_counts=ctx.trace_counts, **ctx.gemm, MISTAKE=ctx.mistake, SLOT_CACHE=ctx.peer_cache,
+        trace=ctx.trace, trace_counts=ctx.trace_counts, **ctx.gemm, MISTAKE=ctx.mistake_index, SLOT_CACHE=ctx.peer_cache,
         TILE_COORDS=ctx.parts["tile_coords"], REDUCE_STEP=ctx.parts["reduce_step"]), per_launch=("epoch",))]
 
 
@@ -163,7 +164,7 @@ SPEC = AlgorithmSpec(
     name="ring", summary="each finished tile travels around the ring of ranks, handed over slot by slot with "
                          "per-tile flags",
     buffers=buffers, launches=launches, output=lambda buffers, epoch: buffers.C, phases=PHASES,
-    done=Done("store"), flags={"data_ready": "signal", "slot_free": "reduce"},
+    done=Done("store"), flags={"data_ready": "signal", "slot_free": "reduce"}, wait_flags=WAIT_FLAGS,
     events_per_program=lambda cfg, W: -(-cfg.tile_count // cfg.num_sms) * events_per_tile(W),
     events_per_launch=lambda cfg, W, rank: cfg.tile_count * events_per_tile(W),
     parts={"tile_coords": TILE_COORDS_PART, "reduce_step": Part(reduce_step, "(total, payload)")},

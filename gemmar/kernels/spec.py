@@ -19,6 +19,8 @@ new algorithm (a user's own, in a notebook cell or a file) is one spec and its k
   ``events_per_launch``), so the trace buffer is sized right and a trace is known complete.
 - **done**: the event after which a tile holds the full sum on a rank (``Done``), for the replay and the
   tile grid; ``flags``: replayed flag counters (a flag name -> the event kind that raises it at its peer).
+- **wait_flags**: the flags its kernels wait on (a flag name -> the id each wait passes to
+  ``device.wait_at_least``), so that a wait that expires is reported as a DeadlockError naming the flag.
 - **parts**: the @triton.jit functions a puzzle may replace (:class:`Part`: the reference function itself;
   a participant's signature is checked against it), and **mistakes**: the teaching bugs, by name.
 - **c_dtype**: the dtype of the all-reduced C for a config.
@@ -102,7 +104,7 @@ class LaunchContext:
     trace: object               # this rank's trace buffer and per-program counts
     trace_counts: object
     parts: dict                 # part name -> @triton.jit function (the kernel's own, a mistake's, a participant's)
-    mistake: int                # index into the spec's mistakes (0: none)
+    mistake_index: int          # index into the spec's mistakes (0: none)
     watchdog: object            # int64 words the waits report an expired wait in
     gpu: bool
 
@@ -164,6 +166,8 @@ class AlgorithmSpec:
     events_per_launch: Callable = None   # (config, world_size, rank) -> events one rank records per launch
     labels: dict = field(default_factory=dict)   # colour group -> legend text, where it differs
     flags: dict = field(default_factory=dict)    # replayed flag -> event kind that raises it at its peer
+    wait_flags: dict = field(default_factory=dict)  # flag name -> the id its waits pass to wait_at_least
+    #                                                 (flag_kind), named in a DeadlockError
     parts: dict = field(default_factory=dict)    # name -> Part
     mistakes: tuple = ("none",)
     mistake_parts: dict = field(default_factory=dict)  # mistake -> {part name: function}
@@ -198,6 +202,10 @@ class AlgorithmSpec:
         if self.done.kind not in names or self.done.where not in ("rank", "every_rank", "peer"):
             raise UsageError(f"algorithm {self.name}: done must name one of its phases ({', '.join(names)}) and "
                              f"where = rank, every_rank or peer")
+        flag_ids = list(self.wait_flags.values())
+        if not all(isinstance(i, int) and 0 < i < 2 ** 31 for i in flag_ids) or len(set(flag_ids)) != len(flag_ids):
+            raise UsageError(f"algorithm {self.name}: wait_flags must give each flag name its own id from 1 to "
+                             f"2**31 - 1, got {self.wait_flags}")
         if self.mistakes[:1] != ("none",):
             raise UsageError(f"algorithm {self.name}: mistakes must start with 'none'")
 

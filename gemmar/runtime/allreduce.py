@@ -169,7 +169,7 @@ class SymmetricAllReduce:
 
     def check(self):
         self.heap.synchronize()
-        self.heap.raise_if_expired(self.watchdog)
+        self.heap.raise_if_expired(self.watchdog, allreduce.WAIT_FLAGS)
 
 
 # -- the rank side: what each engine runs for Cluster.all_reduce -----------------------------------------

@@ -126,7 +126,7 @@ class FusedGemmAllReduce:
         if config.world_size != heap.world_size:
             raise UsageError(f"world_size={config.world_size} does not match the heap's {heap.world_size} ranks")
         self.spec = spec = config.spec
-        self.heap, self.config, self.mistake = heap, config, spec.mistake_index(mistake)
+        self.heap, self.config, self.mistake_index = heap, config, spec.mistake_index(mistake)
         # The kernel's swappable functions: its own, a mistake's, or a participant's (runtime/parts.py).
         self.parts = spec.parts_for(mistake, parts)
         self.launches = 0   # launches so far: the next one's epoch
@@ -250,13 +250,13 @@ class FusedGemmAllReduce:
                        stride_bn=B_ptr.stride(1))
         ctx = LaunchContext(config=cfg, heap=heap, buffers=self.buffers, A=A, B=B, K=K_r, strides=strides, gemm=gemm,
                             trace=self.trace, trace_counts=self.trace_counts, parts=self.parts,
-                            mistake=self.mistake, watchdog=self.watchdog, gpu=heap.device.type == "cuda")
+                            mistake_index=self.mistake_index, watchdog=self.watchdog, gpu=heap.device.type == "cuda")
         return self.spec.launches(ctx)
 
     def check(self):
         """Wait for this rank's work; raise DeadlockError if a wait (or the barrier) expired."""
         self.heap.synchronize()
-        self.heap.raise_if_expired(self.watchdog)
+        self.heap.raise_if_expired(self.watchdog, self.spec.wait_flags)
         self.heap.check_barrier()
 
     def events(self, iteration):

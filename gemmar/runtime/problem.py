@@ -49,7 +49,7 @@ def tolerance(config, scale=1.0, peak=None, c_dtype=None, wire_dtype=None):
     """
     base = (1e-3 * max(1.0, config.k ** 0.5) + 1e-4 * config.world_size) * max(scale, 1e-30)
     rounding = rounding_error(c_dtype or config.c_dtype)
-    wire_dtype = wire_dtype or (config.partial_dtype if config.spec.wire_dtype else None)
+    wire_dtype = wire_dtype or (config.wire_torch_dtype if config.spec.wire_dtype else None)
     if wire_dtype is not None:
         rounding += config.world_size * rounding_error(wire_dtype)
     return base + rounding * (peak if peak is not None else 0.0)

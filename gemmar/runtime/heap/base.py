@@ -27,6 +27,7 @@ from ...errors import ClusterError, DeadlockError, UsageError
 from ...sanitizer import host_event
 from ...sanitizer.record import element_text
 from ...kernels.device import read_watchdog
+from ...kernels import barrier as barrier_kernels
 
 ALIGN = 256
 HEADER_BYTES = 256         # barrier counter + barrier watchdog at the start of every arena
@@ -182,10 +183,6 @@ class SymmetricHeap:
         sharing a GPU run at the same time; on cpu there is nothing to choose."""
         return contextlib.nullcontext()
 
-    def on_side_stream(self):
-        """A second stream of this rank, for a kernel that runs beside the main one (two_shot's reduction)."""
-        return contextlib.nullcontext()
-
     def join_side_stream(self):
         """Make what this rank runs next on its main stream wait for the side stream's work so far."""
         host_event("join", into="main", waits_for="side")
@@ -220,10 +217,12 @@ class SymmetricHeap:
         return int(self._barrier_exit.item())
 
     def check_barrier(self):
-        self.raise_if_expired(self._barrier_watchdog)
+        self.raise_if_expired(self._barrier_watchdog, barrier_kernels.WAIT_FLAGS)
 
-    def raise_if_expired(self, watchdog):
-        report = read_watchdog(watchdog.tolist())
+    def raise_if_expired(self, watchdog, wait_flags):
+        """Raise DeadlockError if a wait of the kernel that wrote ``watchdog`` expired, naming its flag from
+        ``wait_flags`` (the kernel's flag names -> ids)."""
+        report = read_watchdog(watchdog.tolist(), wait_flags)
         if report is not None:
             watchdog.zero_()
             raise DeadlockError([report])

@@ -131,9 +131,6 @@ class CudaHeap(SymmetricHeap):
     def on_stream(self):
         return torch.cuda.stream(self.stream)
 
-    def on_side_stream(self):
-        return torch.cuda.stream(self.side_stream)
-
     def join_side_stream(self):
         self.side_done.record(self.side_stream)   # (one event, recorded again each launch: the wait takes
         self.stream.wait_event(self.side_done)    # the work recorded so far)
