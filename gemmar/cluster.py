@@ -17,7 +17,7 @@ from .runtime import rank as rank_runtime
 from .runtime.allreduce import SCHEMES, run_all_reduce
 from .runtime.problem import input_scale
 from .runtime.timing import benchmark_rank
-from .iris.runner import ProgramRunner
+from .iris import runner as programs
 from .runtime.engines import EngineCluster
 from .runtime.heap import size_text
 from .runtime.launch import heap_bytes_needed
@@ -86,9 +86,28 @@ class Result:
         return Trace.from_result(self)
 
 
-class Cluster(EngineCluster, ProgramRunner):
+class Cluster(EngineCluster):
     """``world_size`` ipyparallel engines as ranks, and the fused GEMM + all-reduce on them; Iris programs on
-    them with ``run_script`` and ``activate`` (``programs.py``)."""
+    them with ``run_script`` and ``activate`` (``iris/runner.py``)."""
+
+    def run_script(self, path, *args, timeout=None, echo=True, replace_iris=False, out=None, err=None,
+                   sanitize=False):
+        """Run the Python program ``path`` with ``args`` on every rank, as ``mpirun -np N python path args``
+        would, with gemmar's ``iris`` module as ``iris``. Output is printed as it comes, each line tagged
+        ``[rank r/N]`` (``echo=False``: not printed). ``timeout``: seconds before ranks still running are
+        named and stopped (None: no deadline). ``sanitize`` (cpu): record every heap access of the program's
+        kernels and report races and out-of-bounds accesses (``ProgramResult.sanitizer``, also printed).
+        Needs one process per rank (``Cluster(..., process_per_rank=True)`` where ranks share a GPU).
+        Returns a ProgramResult."""
+        return programs.run_script(self, path, args, timeout=timeout, echo=echo, replace_iris=replace_iris, out=out,
+                                   err=err, sanitize=sanitize)
+
+    def activate(self, suffix=""):
+        """Register ipyparallel's ``%px`` / ``%%px`` magics (``%%px{suffix}``) for these ranks in the running
+        IPython, with gemmar's ``iris`` module importable on every rank: in a ``%%px`` cell ``import iris``
+        and ``shmem = iris.iris(heap_size)`` work as in a program run by ``gemmar run``, kernels defined in
+        the cell run on every rank, and each rank's output is shown under its engine. Returns the view."""
+        return programs.activate(self, suffix)
 
     def bench(self, config=None, validate=True, verbose=False, mistake="none", return_c=False, on_progress=None,
               parts=None, **settings):

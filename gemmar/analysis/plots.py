@@ -55,7 +55,7 @@ def time_unit(span_us):
 
 
 def gantt(trace, iteration=-1, max_lanes=48, ranks=None, programs=None, path=None, figsize=None):
-    """Gantt chart: one lane per (rank, program), bars coloured by group (the phase's colour group), tile ids where they fit.
+    """Gantt chart: one lane per (rank, program), bars coloured by the phase's group, tile ids where they fit.
 
     With more lanes than ``max_lanes`` (e.g. 2 ranks x 132 programs) each rank becomes one panel that
     shows how many programs are in each colour group over time; pass ``programs=range(a, b)`` to zoom back
@@ -88,23 +88,34 @@ def gantt(trace, iteration=-1, max_lanes=48, ranks=None, programs=None, path=Non
     m = trace.meta
     it = sorted(trace.events["iteration"].unique())[iteration] if len(trace.events) else 0
     races = 0 if aggregate else _draw_races(ax, trace, df, lanes, it, scale, span)
-    comm = f" + {m['comm_sms']} communication" if m.get("comm_sms") else ""
-    W = m.get("world_size") or 1
-    k_rank = _k_per_rank(m["k"], W) if W > 1 and isinstance(m.get("k"), int) else "one rank"
-    if m.get("source") == "iris":   # a program's own events: no GEMM shape to name
-        ax.set_title(f"{m['algorithm']}: {plural(m.get('world_size'), 'rank')} x {m.get('num_sms')} programs, "
-                     f"{len(df)} events", fontsize=10)
-    else:
-        ax.set_title(f"{m.get('algorithm')} all-reduce, M x N x K = {m.get('m')} x {m.get('n')} x {m.get('k')} "
-                     f"{m.get('datatype')} (K split over the ranks: {k_rank}), blocks "
-                     f"{m.get('BLK_M')}x{m.get('BLK_N')}x{m.get('BLK_K')}\n{plural(m.get('world_size'), 'rank')} x "
-                     f"{m.get('num_sms')}{comm} "
-                     f"{'program' if m.get('num_sms') == 1 and not comm else 'programs'}, {m.get('backend')} backend, "
-                     f"iteration {it}", fontsize=10)
+    ax.set_title(_title(m, len(df), it), fontsize=10)
     ax.set_xlabel(f"time since the iteration started ({unit})")
     summary = trace.summary(iteration)   # the table below, and the launch skew drawn in the lanes
     skewed = not aggregate and _draw_launch_skew(ax, summary["launch_skew_us"] / scale, lanes, span)
-    # Only the phases this chart shows, named for this algorithm, outside the data.
+    _legend(ax, trace, df, skewed, races)
+    _draw_summary(summary, ax_sum, ranks, scale, unit)
+    return finish_figure(fig, path)
+
+
+def _title(m, events, iteration):
+    """The chart's title from the trace's meta ``m``."""
+    if m.get("source") == "iris":   # a program's own events: no GEMM shape to name
+        return f"{m['algorithm']}: {plural(m.get('world_size'), 'rank')} x {m.get('num_sms')} programs, {events} events"
+    comm = f" + {m['comm_sms']} communication" if m.get("comm_sms") else ""
+    W = m.get("world_size") or 1
+    k_rank = _k_per_rank(m["k"], W) if W > 1 and isinstance(m.get("k"), int) else "one rank"
+    return (f"{m.get('algorithm')} all-reduce, M x N x K = {m.get('m')} x {m.get('n')} x {m.get('k')} "
+            f"{m.get('datatype')} (K split over the ranks: {k_rank}), blocks "
+            f"{m.get('BLK_M')}x{m.get('BLK_N')}x{m.get('BLK_K')}\n{plural(m.get('world_size'), 'rank')} x "
+            f"{m.get('num_sms')}{comm} {'program' if m.get('num_sms') == 1 and not comm else 'programs'}, "
+            f"{m.get('backend')} backend, iteration {iteration}")
+
+
+def _legend(ax, trace, df, skewed, races):
+    """Only the groups this chart shows, named for this algorithm, outside the data; the launch skew's
+    hatching and the races' lines where drawn."""
+    import matplotlib.pyplot as plt
+
     labels = phase_labels(trace.protocol)
     shown = [p for p in GROUP_COLORS if (df["group"] == p).any()]
     handles = [plt.Rectangle((0, 0), 1, 1, color=GROUP_COLORS[p]) for p in shown]
@@ -116,10 +127,9 @@ def gantt(trace, iteration=-1, max_lanes=48, ranks=None, programs=None, path=Non
         from matplotlib.lines import Line2D
 
         handles.append(Line2D([0], [0], color=RACE_COLOR, ls="--", marker="x"))
-        names.append(f"race: two accesses nothing orders\n({plural(len(m['races']), 'race')}: result.sanitizer)")
+        names.append(f"race: two accesses nothing orders\n({plural(len(trace.meta['races']), 'race')}: "
+                     f"result.sanitizer)")
     ax.legend(handles, names, loc="upper left", bbox_to_anchor=(1.005, 1.0), fontsize=8, framealpha=0.9)
-    _draw_summary(summary, ax_sum, ranks, scale, unit)
-    return finish_figure(fig, path)
 
 
 def _k_per_rank(k, W):

@@ -57,113 +57,125 @@ def _signal_exit_code(what):
     return 1
 
 
-class ProgramRunner:
-    """A part of ``Cluster``: needs the engine cluster's client, engines, deaths and restart machinery."""
+def run_script(cluster, path, args=(), timeout=None, echo=True, replace_iris=False, out=None, err=None,
+               sanitize=False):
+    """``Cluster.run_script`` (its docstring says what each argument does): the program at ``path`` on every
+    rank of ``cluster``, an EngineCluster with one process per rank. Returns a ProgramResult."""
+    path = os.path.abspath(os.fspath(path))
+    if not os.path.isfile(path):
+        raise UsageError(f"{path}: no such program file")
+    if sanitize and cluster.backend != "cpu":
+        raise UsageError(f"sanitize=True is not allowed on the {cluster.backend} backend: the sanitizer watches "
+                         f"kernels under the Triton interpreter, so use backend='cpu'")
+    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
+                                or not 0 < timeout <= 86400):
+        raise UsageError(f"timeout={timeout!r} is not allowed: use seconds from 0 to 86400, or None")
+    _check_process_per_rank(cluster, "Iris programs")
+    cluster.ensure_running()
+    run = _ProgramRun(cluster, out or sys.stdout, err or sys.stderr, echo)
+    # Where this run's ranks meet for torch.distributed: a fresh file in the cluster's private folder.
+    store_path = os.path.join(cluster.profile_dir, f"dist-{uuid.uuid4().hex}.store")
+    run.pending = [cluster.client[eid].apply_async(rank_scripts.run_program, path, list(args), os.getcwd(),
+                                                   store_path, replace_iris, bool(sanitize))
+                   for eid in cluster.engine_ids]
+    try:
+        with cluster.in_run():
+            run.wait(timeout)
+    except KeyboardInterrupt:
+        cluster.stop_for_restart("its last program was interrupted and its ranks were stopped")
+        raise
+    finally:
+        with contextlib.suppress(OSError):
+            os.remove(store_path)
+    if run.stopped or any(e and e.startswith("its process") for e in run.errors):
+        # a rank may spin forever on a flag: fresh ranks next time
+        lost = run.stopped or [r for r, c in enumerate(run.exit_codes) if c]
+        cluster.stop_for_restart(f"in its last program rank(s) {lost} were stopped or died")
+    result = ProgramResult(path, run.exit_codes, run.errors, run.stopped, run.timed_out)
+    if sanitize and all(run.records):
+        from ..sanitizer import analyse
 
-    def run_script(self, path, *args, timeout=None, echo=True, replace_iris=False, out=None, err=None,
-                   sanitize=False):
-        """Run the Python program ``path`` with ``args`` on every rank, as ``mpirun -np N python path args``
-        would, with gemmar's ``iris`` module as ``iris``. Output is printed as it comes, each line tagged
-        ``[rank r/N]`` (``echo=False``: not printed). ``timeout``: seconds before ranks still running are
-        named and stopped (None: no deadline). ``sanitize`` (cpu): record every heap access of the program's
-        kernels and report races and out-of-bounds accesses (``ProgramResult.sanitizer``, also printed).
-        Returns a ProgramResult."""
-        path = os.path.abspath(os.fspath(path))
-        if not os.path.isfile(path):
-            raise UsageError(f"{path}: no such program file")
-        if sanitize and self.backend != "cpu":
-            raise UsageError(f"sanitize=True is not allowed on the {self.backend} backend: the sanitizer watches "
-                             f"kernels under the Triton interpreter, so use backend='cpu'")
-        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
-                                    or not 0 < timeout <= 86400):
-            raise UsageError(f"timeout={timeout!r} is not allowed: use seconds from 0 to 86400, or None")
-        if len(self.engine_ranks) != self.world_size:
-            raise UsageError(f"Iris programs need one process per rank: this cluster's {self.world_size} ranks share "
-                             f"one engine; start it with Cluster(..., process_per_rank=True)")
-        out, err = out or sys.stdout, err or sys.stderr
-        if not self.running and self.restart_reason:
-            print(f"[gemmar] restarting the cluster: {self.restart_reason}", file=err, flush=True)
-            self.start()
-        W = self.world_size
-        # Where this run's ranks meet for torch.distributed: a fresh file in the cluster's private folder.
-        store_path = os.path.join(self.profile_dir, f"dist-{uuid.uuid4().hex}.store")
-        pending = [self.client[eid].apply_async(rank_scripts.run_program, path, list(args), os.getcwd(), store_path,
-                                                replace_iris, bool(sanitize)) for eid in self.engine_ids]
-        records = [None] * W
-        shown = [[0, 0] for _ in pending]   # per rank: stdout, stderr characters shown (whole lines only)
-        exit_codes, errors, stopped = [None] * W, [None] * W, []
+        result.sanitizer = analyse(run.records)
+        if echo:
+            print(f"[gemmar] {result.sanitizer}", file=run.out, flush=True)
+    return result
+
+
+def _check_process_per_rank(cluster, what):
+    if len(cluster.engine_ranks) != cluster.world_size:
+        raise UsageError(f"{what} need one process per rank: this cluster's {cluster.world_size} ranks share "
+                         f"one engine; start it with Cluster(..., process_per_rank=True)")
+
+
+class _ProgramRun:
+    """One program running on every rank: its output shown line by line as it comes, each rank's exit code,
+    error and sanitizer records, and the stopping of ranks after the deadline or another rank's failure."""
+
+    def __init__(self, cluster, out, err, echo):
+        W = cluster.world_size
+        self.cluster, self.out, self.err, self.echo = cluster, out, err, echo
+        self.pending = []
+        self.records = [None] * W
+        self.shown = [[0, 0] for _ in range(W)]   # per rank: stdout, stderr characters shown (whole lines)
+        self.exit_codes, self.errors, self.stopped = [None] * W, [None] * W, []
+        self.timed_out = False
+
+    def wait(self, timeout):
+        """Until every rank has ended, or the rest were stopped."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        first_failure, timed_out = None, False
+        first_failure = None
+        while any(code is None for code in self.exit_codes):
+            self.stream()
+            self.collect()
+            failed = [r for r, c in enumerate(self.exit_codes) if c]
+            if failed and first_failure is None:
+                first_failure = time.monotonic()
+            running = [r for r, c in enumerate(self.exit_codes) if c is None]
+            why = None
+            if running and deadline is not None and time.monotonic() > deadline:
+                why, self.timed_out = f"still running after the {timeout:g} s deadline: stopped", True
+            elif running and first_failure is not None and time.monotonic() - first_failure > FAILURE_GRACE_S:
+                why = f"stopped {FAILURE_GRACE_S:g} s after rank {failed[0]} failed"
+            if why:
+                self.stream(final=True)
+                for r in running:
+                    self.exit_codes[r], self.errors[r] = 1, why
+                self.stopped = running
+                break
+            time.sleep(0.05)
+        if not self.stopped:
+            time.sleep(0.1)   # the last output of ranks that just ended
+        self.stream(final=True)
 
-        def stream(final=False):
-            for r, ar in enumerate(pending):
-                for i, (text, to) in enumerate(((ar.stdout, out), (ar.stderr, err))):
-                    text = text if isinstance(text, str) else "".join(text or [])
-                    new = text[shown[r][i]:]
-                    shown[r][i] = len(text)
-                    lines = new.split("\n")
-                    complete, rest = lines[:-1], lines[-1]
-                    if final and rest:
-                        complete, rest = complete + [rest], ""
-                    for line in complete:
-                        if echo:
-                            print(f"[rank {r}/{W}] {line}", file=to, flush=True)
-                    shown[r][i] -= len(rest)
+    def collect(self):
+        """Exit codes of ranks whose process ended or froze, and of those whose call returned."""
+        for i, (how, what) in self.cluster.deaths.lost().items():
+            for r in self.cluster.deaths.ranks_of_process(i) or [i]:
+                if self.exit_codes[r] is None:
+                    self.exit_codes[r] = _signal_exit_code(what) if how == "died" else 1
+                    self.errors[r] = what.replace("engine process", "its process")
+        for r, ar in enumerate(self.pending):
+            if self.exit_codes[r] is None and ar.ready():
+                outcome = self._outcome(ar)
+                self.exit_codes[r], self.errors[r] = outcome["exit_code"], outcome["error"]
+                self.records[r] = outcome.get("sanitizer")
 
-        self._in_run = True
-        try:
-            while any(code is None for code in exit_codes):
-                stream()
-                for i, (how, what) in self._lost_engines().items():
-                    for r in self._ranks_of_process(i) or [i]:
-                        if exit_codes[r] is None:
-                            exit_codes[r] = _signal_exit_code(what) if how == "died" else 1
-                            errors[r] = what.replace("engine process", "its process")
-                for r, ar in enumerate(pending):
-                    if exit_codes[r] is None and ar.ready():
-                        outcome = self._outcome(ar)
-                        exit_codes[r], errors[r] = outcome["exit_code"], outcome["error"]
-                        records[r] = outcome.get("sanitizer")
-                failed = [r for r, c in enumerate(exit_codes) if c]
-                if failed and first_failure is None:
-                    first_failure = time.monotonic()
-                running = [r for r, c in enumerate(exit_codes) if c is None]
-                why = None
-                if running and deadline is not None and time.monotonic() > deadline:
-                    why, timed_out = f"still running after the {timeout:g} s deadline: stopped", True
-                elif running and first_failure is not None and time.monotonic() - first_failure > FAILURE_GRACE_S:
-                    why = f"stopped {FAILURE_GRACE_S:g} s after rank {failed[0]} failed"
-                if why:
-                    stream(final=True)
-                    for r in running:
-                        exit_codes[r], errors[r] = 1, why
-                    stopped = running
-                    break
-                time.sleep(0.05)
-            if not stopped:
-                time.sleep(0.1)   # the last output of ranks that just ended
-            stream(final=True)
-        except KeyboardInterrupt:
-            self._in_run = False
-            self.stop()
-            self._restart_reason = "its last program was interrupted and its ranks were stopped"
-            raise
-        finally:
-            self._in_run = False
-            with contextlib.suppress(OSError):
-                os.remove(store_path)
-        if stopped or any(e and e.startswith("its process") for e in errors):
-            self.stop()   # a rank may spin forever on a flag: fresh ranks next time
-            lost = stopped or [r for r, c in enumerate(exit_codes) if c]
-            self._restart_reason = f"in its last program rank(s) {lost} were stopped or died"
-        result = ProgramResult(path, exit_codes, errors, stopped, timed_out)
-        if sanitize and all(records):
-            from ..sanitizer import analyse
-
-            result.sanitizer = analyse(records)
-            if echo:
-                print(f"[gemmar] {result.sanitizer}", file=out, flush=True)
-        return result
+    def stream(self, final=False):
+        """Print the whole lines each rank has written since the last call (``final``: the rest too)."""
+        W = len(self.pending)
+        for r, ar in enumerate(self.pending):
+            for i, (text, to) in enumerate(((ar.stdout, self.out), (ar.stderr, self.err))):
+                text = text if isinstance(text, str) else "".join(text or [])
+                new = text[self.shown[r][i]:]
+                self.shown[r][i] = len(text)
+                lines = new.split("\n")
+                complete, rest = lines[:-1], lines[-1]
+                if final and rest:
+                    complete, rest = complete + [rest], ""
+                for line in complete:
+                    if self.echo:
+                        print(f"[rank {r}/{W}] {line}", file=to, flush=True)
+                self.shown[r][i] -= len(rest)
 
     @staticmethod
     def _outcome(ar):
@@ -174,16 +186,12 @@ class ProgramRunner:
             evalue = getattr(e, "evalue", str(e))
             return {"exit_code": 1, "error": f"{ename}: {evalue}".splitlines()[0]}
 
-    def activate(self, suffix=""):
-        """Register ipyparallel's ``%px`` / ``%%px`` magics (``%%px{suffix}``) for these ranks in the running
-        IPython, with gemmar's ``iris`` module importable on every rank: in a ``%%px`` cell ``import iris``
-        and ``shmem = iris.iris(heap_size)`` work as in a program run by ``gemmar run``, kernels defined in
-        the cell run on every rank, and each rank's output is shown under its engine. Returns the view."""
-        if len(self.engine_ranks) != self.world_size:
-            raise UsageError(f"%%px with Iris programs needs one process per rank: this cluster's {self.world_size} "
-                             f"ranks share one engine; start it with Cluster(..., process_per_rank=True)")
-        self.run(rank_scripts.install_iris, timeout=self.start_timeout_s)
-        view = self.client[self.engine_ids]
-        view.block = True
-        view.activate(suffix)
-        return view
+
+def activate(cluster, suffix=""):
+    """``Cluster.activate``: ipyparallel's ``%px`` magics over ``cluster``'s ranks, with gemmar's ``iris``."""
+    _check_process_per_rank(cluster, "%%px cells with Iris programs")
+    cluster.run(rank_scripts.install_iris, timeout=cluster.start_timeout_s)
+    view = cluster.client[cluster.engine_ids]
+    view.block = True
+    view.activate(suffix)
+    return view

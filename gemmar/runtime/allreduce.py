@@ -179,6 +179,13 @@ def all_reduce_input(numel, dtype, seed, rank, device):
     return torch.randn(numel, generator=gen).to(dtype).to(device)
 
 
+def _tolerance(reference, dtype, W):
+    """One ulp of the result's dtype at the largest value (Triton's interpreter rounds toward zero), and
+    fp32 summation of W values."""
+    peak = float(reference.abs().max())
+    return 2 * EPSILON[dtype] * peak + 1e-6 * W * peak
+
+
 @errors_as_results
 def run_all_reduce(numel, datatype, comm_sms, iterations, seed=0, timeout_s=60.0, reps=0, baseline=False,
                    scheme="two_shot", on_heap=False, sanitize=False):
@@ -199,10 +206,7 @@ def run_all_reduce(numel, datatype, comm_sms, iterations, seed=0, timeout_s=60.0
     if timed and baseline and len(group) > 1:   # refused before any work, not after it
         raise UsageError("the NCCL baseline needs one GPU per rank; these ranks share a GPU")
     reference = sum(all_reduce_input(numel, dtype, seed, r, "cpu").double() for r in range(W))
-    # One ulp of the result's dtype at the largest value (Triton's interpreter rounds toward zero), and
-    # fp32 summation of W values.
-    peak = float(reference.abs().max())
-    allowed = 2 * EPSILON[dtype] * peak + 1e-6 * W * peak
+    allowed = _tolerance(reference, dtype, W)
     inputs = [all_reduce_input(numel, dtype, seed, ctx.rank, device) for ctx in group]
     outs = [dict(rank=ctx.rank, max_abs_diff=[], tolerance=allowed, digest=None) for ctx in group]
     with contextlib.ExitStack() as scopes:
@@ -230,12 +234,7 @@ def run_all_reduce(numel, datatype, comm_sms, iterations, seed=0, timeout_s=60.0
                 raw = result.detach().cpu().contiguous().reshape(-1).view(torch.uint8)
                 out["digest"] = hashlib.sha1(raw.numpy().tobytes()).hexdigest()   # the bits, to compare ranks
         if timed:
-            for _ in range(3):
-                launch_all()
-            ms = median_ms(launch_all, reps, [h.stream for h in heaps], one_process=len(group) > 1)
-            check_all(ops)
-            for out in outs:
-                out["gemmar_ms"] = ms
+            _time_launches(launch_all, ops, heaps, outs, reps, one_process=len(group) > 1)
         barrier_all(heaps, timeout_s)
     if records:
         outs[0]["sanitizer"] = records[0]
@@ -246,3 +245,14 @@ def run_all_reduce(numel, datatype, comm_sms, iterations, seed=0, timeout_s=60.0
         outs[0]["nccl_ms"] = median_ms(lambda: dist.all_reduce(y), reps)
         outs[0].update(symm_mem_two_shot_ms(inputs[0], reps))
     return outs
+
+
+def _time_launches(launch_all, ops, heaps, outs, reps, one_process):
+    """The median time of ``reps`` back-to-back launches (after 3 untimed), into every rank's ``gemmar_ms``;
+    the results of the last one checked."""
+    for _ in range(3):
+        launch_all()
+    ms = median_ms(launch_all, reps, [h.stream for h in heaps], one_process=one_process)
+    check_all(ops)
+    for out in outs:
+        out["gemmar_ms"] = ms

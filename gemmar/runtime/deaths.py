@@ -1,21 +1,32 @@
 """How an engine cluster notices a lost rank: engine processes that died (how: a signal, an exit code) or are
 stopped, and the one-line RankDiedError that names the rank, how it ended and its last reported iteration.
-A part of ``EngineCluster`` (``engines.py``), kept apart for its size."""
+``EngineCluster`` (``engines.py``) holds one :class:`DeathWatch` per start of its engines."""
+
+import os
+import sys
+import time
 
 import psutil
 
 from ..errors import RankDiedError
 from .processes import _exit_text, _reaped_exit_code
+from .rank import progress_path
 
 
-class EngineDeaths:
-    """Needs ``_engine_processes`` (psutil.Process per engine), ``pids`` (by rank) and ``engine_ranks``."""
+class DeathWatch:
+    """The engine processes of one start of a cluster: ``processes`` (psutil.Process per engine, our children,
+    so their exit codes can be read), ``engine_ranks`` (the ranks each hosts), and ``pids`` (each rank's
+    process id, set once the ranks have reported them)."""
 
-    def _lost_engines(self):
+    def __init__(self, processes=(), engine_ranks=()):
+        self.processes, self.engine_ranks, self.pids = list(processes), engine_ranks, None
+        self.said_channel_failed = False   # (said once per start)
+
+    def lost(self):
         """{engine process index: (how, what)} for the engine processes that have ended ("died": 'engine
         process P was killed by SIGKILL' / '... exited with code 3') or are stopped ("froze"), in one pass."""
         lost = {}
-        for i, proc in enumerate(self._engine_processes):
+        for i, proc in enumerate(self.processes):
             try:
                 status = proc.status()
                 if status == psutil.STATUS_STOPPED:
@@ -32,15 +43,15 @@ class EngineDeaths:
             lost[i] = ("died", f"engine process {proc.pid} {_exit_text(code)}")
         return lost
 
-    def _dead_engines(self):
-        return {i: what for i, (how, what) in self._lost_engines().items() if how == "died"}
+    def dead(self):
+        return {i: what for i, (how, what) in self.lost().items() if how == "died"}
 
-    def _ranks_of_process(self, index):
+    def ranks_of_process(self, index):
         """The ranks engine process ``index`` hosts (known once the ranks have reported their pids)."""
-        pid = self._engine_processes[index].pid
-        return [r for r, p in enumerate(getattr(self, "pids", None) or []) if p == pid]
+        pid = self.processes[index].pid
+        return [r for r, p in enumerate(self.pids or []) if p == pid]
 
-    def _raise_engine_failure(self, e, ar, seen):
+    def raise_engine_failure(self, e, ar, seen):
         """Engine ``e``'s finished call: RankDiedError if its process died or was interrupted."""
         if ar.successful():
             return
@@ -49,24 +60,57 @@ class EngineDeaths:
         except Exception as err:  # noqa: BLE001 - what it is decides below
             ename = getattr(err, "ename", type(err).__name__)   # ipyparallel wraps them in RemoteError
             if ename in ("EngineError", "KeyboardInterrupt"):
-                dead = self._dead_engines() if ename == "EngineError" else {}
+                dead = self.dead() if ename == "EngineError" else {}
                 if dead:   # how it ended, from its process
-                    self._raise_rank_died(dead, seen, "died")
+                    self.raise_rank_died(dead, seen, "died")
                 ranks = self.engine_ranks[e]
                 how = "was interrupted (SIGINT)" if ename == "KeyboardInterrupt" else "died"
                 raise RankDiedError(f"rank {', '.join(map(str, ranks))} {how} during the run"
-                                    f"{self._last_steps(ranks, seen)}", ranks) from None
+                                    f"{last_steps(ranks, seen)}", ranks) from None
 
-    @staticmethod
-    def _last_steps(ranks, seen):
-        steps = [f"rank {r} last reported iteration {seen[r]['iteration']}" for r in ranks
-                 if isinstance(seen.get(r), dict) and "iteration" in seen[r]]
-        return f" ({'; '.join(steps)})" if steps else " (before it reported any iteration)"
-
-    def _raise_rank_died(self, processes, seen, how):
+    def raise_rank_died(self, processes, seen, how):
         """An engine process is gone or frozen: say which rank, how and what it was doing, at once (the
         caller then stops every rank: the others may be spinning on flags it will never set)."""
-        ranks = sorted(r for i in processes for r in self._ranks_of_process(i))
+        ranks = sorted(r for i in processes for r in self.ranks_of_process(i))
         which = f"rank {', '.join(map(str, ranks))}" if ranks else "an engine"
         raise RankDiedError(f"{which} {how} during the run: {'; '.join(processes.values())}"
-                            f"{self._last_steps(ranks, seen) if ranks else ''}", ranks)
+                            f"{last_steps(ranks, seen) if ranks else ''}", ranks)
+
+    def check_launches_finish(self, late, heard, seen, launch_deadline_s, heap_folder):
+        """RankDiedError for the engines in ``late`` that have reported no finished launch for
+        ``launch_deadline_s`` (``heard``: when each last did, updated here for one whose progress file says it
+        is busy; ``heap_folder``: where the progress files are)."""
+        stuck = [e for e in late if time.monotonic() - heard[e] > launch_deadline_s]
+        for e in [e for e in stuck if self._progress_age(e, heap_folder) < launch_deadline_s]:
+            # The rank's launches finish, but nothing it publishes reaches this client: its channel
+            # failed, not the rank. Say so once and go on (the run's own timeout still holds).
+            if not self.said_channel_failed:
+                print(f"[gemmar] rank {self.engine_ranks[e][0]} is finishing launches (its progress file "
+                      f"says so), but its progress no longer reaches this client over ipyparallel's "
+                      f"IOPub channel: the client's channel failed, not the rank; going on without "
+                      f"progress reports", file=sys.stderr, flush=True)
+                self.said_channel_failed = True
+            heard[e] = time.monotonic()
+            stuck.remove(e)
+        if stuck:
+            ranks = [r for e in stuck for r in self.engine_ranks[e]]
+            raise RankDiedError(
+                f"rank {', '.join(map(str, ranks))} finished no launch for {launch_deadline_s:g} s "
+                f"(the client's deadline, 2 x timeout_s + 10 s: a launch that runs without waiting on "
+                f"a flag, which the watchdog would catch){last_steps(ranks, seen)}; the ranks "
+                f"were stopped", ranks)
+
+    def _progress_age(self, e, heap_folder):
+        """Seconds since engine ``e`` last reported progress, read from the file it touches (rank.progress_path),
+        not from ipyparallel's channel; infinite when there is none."""
+        try:
+            return time.time() - os.stat(progress_path(heap_folder, self.engine_ranks[e][0])).st_mtime
+        except OSError:
+            return float("inf")
+
+
+def last_steps(ranks, seen):
+    """`` (rank r last reported iteration i; ...)`` from the progress ``seen`` (rank -> its last report)."""
+    steps = [f"rank {r} last reported iteration {seen[r]['iteration']}" for r in ranks
+             if isinstance(seen.get(r), dict) and "iteration" in seen[r]]
+    return f" ({'; '.join(steps)})" if steps else " (before it reported any iteration)"

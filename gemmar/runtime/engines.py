@@ -9,6 +9,7 @@ process helpers (exit codes, sessions): ``processes.py``.
 """
 
 import atexit
+import contextlib
 import logging
 import os
 import shutil
@@ -27,13 +28,13 @@ from ..errors import ClusterError, HeapBoundsError, RankDiedError, UsageError
 from . import rank as rank_runtime
 from .heap import DEFAULT_HEAP_BYTES, make_heap_folder, remove_arenas
 from .backends import check_heap_fits, check_world_size, resolve_backend, shares_gpu
-from .deaths import EngineDeaths
+from .deaths import DeathWatch
 from .processes import _children, _kill, _session
 from .reaper import end_sessions
 from .results import RankFailure
 
 
-class EngineCluster(EngineDeaths):
+class EngineCluster:
     def __init__(self, world_size=2, backend="auto", heap_size=DEFAULT_HEAP_BYTES, start_timeout_s=120.0,
                  timeout_s=60.0, start=True, process_per_rank=False):
         check_world_size(world_size)
@@ -60,8 +61,7 @@ class EngineCluster(EngineDeaths):
         self._restart_reason = None   # why the last run stopped the ranks; the next run starts fresh ones
         self._in_run = False
         self._owner_pid = os.getpid()   # only this process stops the cluster (not a forked child)
-        self._engine_processes = []
-        self._said_channel_failed = False
+        self.deaths = DeathWatch()   # the engine processes of the current start, watched
         if start:
             self.start()
 
@@ -99,9 +99,13 @@ class EngineCluster(EngineDeaths):
         # CurveZMQ on every channel: its listeners are on 127.0.0.1, where any local user could connect, read
         # (a PUB socket sends to any subscriber) and forge; without the controller's key, kept in the 0700
         # profile, no handshake completes, so nothing is heard and nothing gets in.
+        # An engine is registered at the controller's next heartbeat: every 0.5 s rather than ipyparallel's 3 s
+        # took a cluster's start from 8.6 s to 4.1 s (2 cores); 60 missed beats, not 10, before an engine is
+        # dropped keeps that at 30 s, as it was (gemmar watches the engine processes itself: deaths.py).
         self._ipp = ipp.Cluster(n=self.world_size, cluster_id=self.cluster_id, log_level=logging.ERROR,
                                 shutdown_atexit=False, profile_dir=self.profile_dir,
-                                controller_args=["--IPController.enable_curve=True"])
+                                controller_args=["--IPController.enable_curve=True", "--HeartMonitor.period=500",
+                                                 "--HeartMonitor.max_heartmonitor_misses=60"])
         atexit.register(_stop_at_exit, weakref.ref(self))
         try:
             engines = len(self.engine_ranks)
@@ -112,8 +116,8 @@ class EngineCluster(EngineDeaths):
                          for launcher in engine_set.launchers.values()]
             self._adopt([launcher.pid for launcher in launchers])
             # The engine processes (our children, so their exit codes can be read when they die).
-            self._engine_processes = [getattr(launcher, "process", None) or psutil.Process(launcher.pid)
-                                      for launcher in launchers]
+            self.deaths = DeathWatch([getattr(launcher, "process", None) or psutil.Process(launcher.pid)
+                                      for launcher in launchers], self.engine_ranks)
             if len(launchers) < engines:   # (ipyparallel forgets the launcher of an engine that has ended)
                 raise RankDiedError(f"an engine died while the cluster started: {len(launchers)} of {engines} "
                                     f"engine processes are left; nothing ran", [])
@@ -128,7 +132,7 @@ class EngineCluster(EngineDeaths):
                 self.engine_ranks[e], self.world_size, self.backend, self.heap_size, self.heap_folder,
                 self.timeout_s, self.start_timeout_s), timeout=self.start_timeout_s)
             RankFailure.raise_first(self.info)   # a rank that could not build its heap, in one line
-            self.pids = [i["pid"] for i in self.info]
+            self.pids = self.deaths.pids = [i["pid"] for i in self.info]
         except BaseException:
             self.stop()
             raise
@@ -140,7 +144,7 @@ class EngineCluster(EngineDeaths):
         # (Polled here: ipyparallel's wait_for_engines can block past its timeout once an engine has died.)
         while len(self.client.ids) < engines:
             time.sleep(0.1)
-            dead = self._dead_engines()
+            dead = self.deaths.dead()
             if dead:
                 raise RankDiedError(f"an engine died while the cluster started ({'; '.join(dead.values())}); "
                                     f"nothing ran", [])
@@ -246,38 +250,51 @@ class EngineCluster(EngineDeaths):
         progress for ``launch_deadline_s`` (runs of launches: each launch reports when it ends). Either way
         every rank is stopped and the next call starts fresh ones, saying so.
         """
+        self.ensure_running()
+        with self.in_run():
+            try:
+                results = self._run_on_engines(fn, args, kwargs, engine_args, timeout, on_progress,
+                                               launch_deadline_s, stop_on=HeapBoundsError)
+                self._stop_after_stray_access(results)
+                return results
+            except _StoppedBySanitizer as e:
+                self.stop_for_restart(f"in its last run rank {e.failure.rank} stopped at an access outside its "
+                                      f"buffer")
+                raise e.failure.error from None
+            except KeyboardInterrupt:
+                # The ranks would go on with the interrupted work and the next call would queue behind it:
+                # stop them now; the next call starts fresh ranks, and says so.
+                self.stop_for_restart("its last run was interrupted and its ranks were stopped")
+                raise
+            except RankDiedError as e:
+                # The other ranks may spin on flags the dead or frozen one will never set: end them all now;
+                # the next call starts fresh ranks and says so.
+                self.stop_for_restart(f"in its last run {e}")
+                raise
+
+    def ensure_running(self):
+        """Before a call on the ranks: start fresh ones if the last call stopped them (saying why)."""
         if not self.running and self._restart_reason:
             print(f"[gemmar] restarting the cluster: {self._restart_reason}", file=sys.stderr, flush=True)
             self.start()
         if not self.running:
             raise ClusterError("the cluster is not running: call start() (or restart()) first")
+
+    @contextlib.contextmanager
+    def in_run(self):
+        """Marks a call on the ranks, so that a stop() from another thread ends it with a ClusterError."""
         self._in_run = True
         try:
-            results = self._run_on_engines(fn, args, kwargs, engine_args, timeout, on_progress, launch_deadline_s,
-                                           stop_on=HeapBoundsError)
-            self._stop_after_stray_access(results)
-            return results
-        except _StoppedBySanitizer as e:
-            self._in_run = False
-            self.stop()
-            self._restart_reason = f"in its last run rank {e.failure.rank} stopped at an access outside its buffer"
-            raise e.failure.error from None
-        except KeyboardInterrupt:
-            # The ranks would go on with the interrupted work and the next call would queue behind it: stop
-            # them now; the next call starts fresh ranks, and says so.
-            self._in_run = False
-            self.stop()
-            self._restart_reason = "its last run was interrupted and its ranks were stopped"
-            raise
-        except RankDiedError as e:
-            # The other ranks may spin on flags the dead or frozen one will never set: end them all now;
-            # the next call starts fresh ranks and says so.
-            self._in_run = False
-            self.stop()
-            self._restart_reason = f"in its last run {e}"
-            raise
+            yield
         finally:
             self._in_run = False
+
+    def stop_for_restart(self, reason):
+        """Stop every rank now (one may spin forever on a flag); the next call starts fresh ones, saying
+        ``reason``."""
+        self._in_run = False
+        self.stop()
+        self._restart_reason = reason
 
     def _stop_after_stray_access(self, results):
         """A rank the sanitizer stopped mid-launch (HeapBoundsError) leaves its peers' flags and barrier counts
@@ -316,13 +333,13 @@ class EngineCluster(EngineDeaths):
         while not all(ar.ready() for ar in pending):
             self._check_not_stopped()
             report_progress()
-            lost = self._lost_engines()
+            lost = self.deaths.lost()
             for how in ("died", "froze"):
                 if any(h == how for h, _ in lost.values()):
-                    self._raise_rank_died({i: what for i, (h, what) in lost.items() if h == how}, seen, how)
+                    self.deaths.raise_rank_died({i: what for i, (h, what) in lost.items() if h == how}, seen, how)
             for e, ar in enumerate(pending):   # an engine that died or was interrupted says so at once
                 if ar.ready() and not ar.successful():
-                    self._raise_engine_failure(e, ar, seen)
+                    self.deaths.raise_engine_failure(e, ar, seen)
                 if stop_on is not None and ar.ready():   # (its peers may wait for it on a flag until the watchdog)
                     self._stop_after_stray_access([ar.get()])
             late = [e for e, ar in enumerate(pending) if not ar.ready()]
@@ -330,40 +347,14 @@ class EngineCluster(EngineDeaths):
                 ranks = [r for e in late for r in self.engine_ranks[e]]
                 raise RankDiedError(f"ranks {ranks} did not answer within {timeout:g} s; they were stopped", ranks)
             if launch_deadline_s is not None:
-                stuck = [e for e in late if time.monotonic() - heard[e] > launch_deadline_s]
-                for e in [e for e in stuck if self._progress_age(e) < launch_deadline_s]:
-                    # The rank's launches finish, but nothing it publishes reaches this client: its channel
-                    # failed, not the rank. Say so once and go on (the run's own timeout still holds).
-                    if not self._said_channel_failed:
-                        print(f"[gemmar] rank {self.engine_ranks[e][0]} is finishing launches (its progress file "
-                              f"says so), but its progress no longer reaches this client over ipyparallel's "
-                              f"IOPub channel: the client's channel failed, not the rank; going on without "
-                              f"progress reports", file=sys.stderr, flush=True)
-                        self._said_channel_failed = True
-                    heard[e] = time.monotonic()
-                    stuck.remove(e)
-                if stuck:
-                    ranks = [r for e in stuck for r in self.engine_ranks[e]]
-                    raise RankDiedError(
-                        f"rank {', '.join(map(str, ranks))} finished no launch for {launch_deadline_s:g} s "
-                        f"(the client's deadline, 2 x timeout_s + 10 s: a launch that runs without waiting on "
-                        f"a flag, which the watchdog would catch){self._last_steps(ranks, seen)}; the ranks "
-                        f"were stopped", ranks)
+                self.deaths.check_launches_finish(late, heard, seen, launch_deadline_s, self.heap_folder)
             time.sleep(0.02)
         results = []
         for e, ar in enumerate(pending):
-            self._raise_engine_failure(e, ar, seen)
+            self.deaths.raise_engine_failure(e, ar, seen)
             results.append(ar.get())   # (a bug on the engine raises here, with its remote traceback)
         report_progress()
         return results
-
-    def _progress_age(self, e):
-        """Seconds since engine ``e`` last reported progress, read from the file it touches (rank.progress_path),
-        not from ipyparallel's channel; infinite when there is none."""
-        try:
-            return time.time() - os.stat(rank_runtime.progress_path(self.heap_folder, self.engine_ranks[e][0])).st_mtime
-        except OSError:
-            return float("inf")
 
     def run_ranks(self, fn, *args, **kwargs):
         """Like :meth:`run` for functions that return one item per hosted rank: the items, by rank."""
