@@ -1,4 +1,4 @@
-"""two_shot's communication programs per shape: the default layout (``config.tuned_defaults``: on Hopper one
+"""two_shot's communication programs per shape: the default layout (``tuning.tuned_defaults``: on Hopper one
 beside each GEMM program) against fixed counts on SMs of their own, at world size 1 on one GPU, each as a ratio
 to torch.matmul of the same per-rank shape in the same run.
 
@@ -14,7 +14,7 @@ import sys
 import torch
 
 import gemmar
-from gemmar.config import tuned_defaults
+from gemmar.tuning import tuned_defaults
 from gemmar.runtime.backends import gpu_properties
 
 SHAPES = [(8192, 8192, 8192), (4096, 8192, 14336), (8192, 8192, 2048)]

@@ -21,7 +21,7 @@ import gemmar
 from gemmar.algorithms import builtin_names
 from gemmar.report import print_figures
 from gemmar.runtime.backends import gpu_properties
-from gemmar.config import tuned_defaults
+from gemmar.tuning import tuned_defaults
 
 SHAPES = [(8192, 8192, 8192), (4096, 8192, 14336), (8192, 8192, 2048)]
 ALGORITHMS = builtin_names()

@@ -19,7 +19,7 @@ import triton
 
 import gemmar
 from gemmar.algorithms import builtin_names
-from gemmar.config import tuned_defaults
+from gemmar.tuning import tuned_defaults
 from gemmar.runtime.backends import gpu_properties
 
 # per-rank M x N x K_r: the table, then the large square shape

@@ -162,7 +162,7 @@ def main():
     parser.add_argument("--max_m", type=int, default=1 << 20, help="only shapes of at most this many rows")
     parser.add_argument("--no_tma", action="store_true",
                         help="the GEMM reads A and B through plain pointers, never tensor descriptors (at world "
-                             "size 1 it already does for M <= config.FEW_ROWS)")
+                             "size 1 it already does for M <= tuning.FEW_ROWS)")
     args = parser.parse_args()
     if args.no_tma:
         from gemmar.runtime import launch

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 import gemmar
-from gemmar.config import tuned_defaults
+from gemmar.tuning import tuned_defaults
 from gemmar.runtime import rank as rank_runtime
 from gemmar.runtime.backends import gpu_properties
 from gemmar.runtime.launch import FusedGemmAllReduce, launch_ranks

@@ -4,15 +4,15 @@ any rank (the tail), and how far apart the ranks start (the host's launch cost p
     python3 benchmarks/two_shot_tail.py OUTDIR [--world_sizes 2 4] [--k_per_rank 4096]
     python3 benchmarks/two_shot_tail.py --read TRACE.json.gz [...]     # the figures of saved traces, no GPU
 
-8192 x 8192 C (2048 tiles of 128 x 256), bf16, the tuned defaults for the shape (``config.tuned_defaults``:
-GEMM and communication programs split by ``config.split_programs``). Writes each trace as OUTDIR/h200x1-two_shot-W-ranks-....gz.
+8192 x 8192 C (2048 tiles of 128 x 256), bf16, the tuned defaults for the shape (``tuning.tuned_defaults``:
+GEMM and communication programs split by ``tuning.split_programs``). Writes each trace as OUTDIR/h200x1-two_shot-W-ranks-....gz.
 """
 
 import argparse
 import os
 
 import gemmar
-from gemmar.config import tuned_defaults
+from gemmar.tuning import tuned_defaults
 from gemmar.runtime.backends import gpu_properties
 
 
@@ -49,7 +49,7 @@ if __name__ == "__main__":
     parser.add_argument("out_dir", nargs="?")
     parser.add_argument("--world_sizes", type=int, nargs="+", default=[2, 4])
     parser.add_argument("--k_per_rank", type=int, default=4096)
-    parser.add_argument("--comm_sms", type=int, help="communication programs per rank (default: config.split_programs)")
+    parser.add_argument("--comm_sms", type=int, help="communication programs per rank (default: tuning.split_programs)")
     parser.add_argument("--read", nargs="+", help="saved traces to read instead of running")
     args = parser.parse_args()
     if args.read:

@@ -12,7 +12,9 @@ import sys
 
 from .algorithms import builtin_names, get as get_algorithm
 from .cli_tools import _allreduce_parser, _gantt_parser, _run_parser, starting_line
-from .config import AUTO_RULE, BACKENDS, DTYPES, TUNED_KNOBS, RunConfig, choose_algorithm, reads_by_tma, tuned_defaults
+from .analysis.auto_rule import AUTO_RULE, choose_algorithm
+from .config import BACKENDS, DTYPES, RunConfig
+from .tuning import TUNED_KNOBS, reads_by_tma, tuned_defaults
 from .errors import ClusterError, DeadlockError, GemmarError, RankDiedError, UsageError
 from .outputs import DEFAULT_TRACE_FILE, check_output_path, iris_report, trace_path_for, write_report
 from .analysis.plots import plural
@@ -63,7 +65,7 @@ def _bench_parser(sub):
                               "programs; on GPUs the algorithm's measured tile, one program per SM (shared out when "
                               "ranks share a GPU), and for two_shot one communication program beside each GEMM "
                               "program on Hopper GPUs (untraced runs), otherwise as many as the shape's reduction "
-                              "needs (config.split_programs). "
+                              "needs (tuning.split_programs). "
                               "(Iris): a flag of Iris's GEMM + all-reduce benchmark.py, taken with Iris's meaning. "
                               "(Iris, AMD) : accepted so that Iris command lines run, and said to mean nothing "
                               "here. Differences: no int8; --output_file is off unless given (Iris: log.json); "
@@ -168,7 +170,7 @@ def config_from_args(args, backend, algorithm=None):
 def choose_auto(backend, world_size, gpus, shape=None):
     """``--algorithm auto``: (algorithm or "unfused", why). With a GPU per rank and the per-rank ``shape``
     (M, N, K_r) known, the performance model's prediction for that shape, where the model reproduces the
-    measured figures (``analysis.model.choose``); otherwise the measured rule (``config.AUTO_RULE``)."""
+    measured figures (``analysis.model.choose``); otherwise the measured rule (``analysis.auto_rule.AUTO_RULE``)."""
     from .analysis import model
 
     rule = choose_algorithm(backend, world_size, gpus)

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from gemmar import RunConfig, UsageError, k_bounds
-from gemmar.config import dtype_name, tuned_defaults
+from gemmar.config import dtype_name
+from gemmar.tuning import tuned_defaults
 
 
 @pytest.mark.parametrize("K,W", [(1, 1), (7, 3), (120, 3), (3, 4), (1000, 7)])
@@ -39,7 +40,7 @@ def test_dtype_names():
 
 
 def test_algorithm_auto_follows_the_measured_rule():
-    from gemmar.config import AUTO_RULE, choose_algorithm
+    from gemmar.analysis.auto_rule import AUTO_RULE, choose_algorithm
 
     # One GPU per rank: cuBLAS + NCCL measured faster than every fused kernel (BENCHMARKS.md).
     assert choose_algorithm("cuda", 2, 2)[0] == "unfused" and "2 x H200" in choose_algorithm("cuda", 2, 8)[1]
@@ -51,7 +52,7 @@ def test_algorithm_auto_follows_the_measured_rule():
 
 def test_algorithm_auto_on_several_gpus_follows_the_model_per_shape():
     from gemmar.cli import choose_auto
-    from gemmar.config import AUTO_RULE
+    from gemmar.analysis.auto_rule import AUTO_RULE
 
     # A large GEMM whose all-reduce the model hides behind it, and a small one where two_shot's tail and its
     # partials' round trip cost more than NCCL's latency: the model answers differently, and says it predicts.
@@ -123,7 +124,7 @@ def test_the_interpreter_patches_the_language_once_per_launch():
 
 
 def test_communication_programs_follow_the_shape():
-    from gemmar.config import split_programs, tuned_defaults
+    from gemmar.tuning import split_programs, tuned_defaults
 
     # One H200 (132 SMs), 128 x 256 tiles: the three benchmark shapes, and ranks sharing the GPU.
     assert split_programs(132, 2048, 8192) == 4      # needs 4; 16 waves on 128 GEMM programs as on 132
@@ -150,7 +151,7 @@ def test_communication_programs_follow_the_shape():
 def test_communication_programs_go_beside_the_gemm_only_when_it_reads_through_tensor_descriptors():
     """The pointer GEMM (odd N or K-slices, fp32) takes more registers: on 2 ranks sharing an H200, 1000 x 777 x
     1999 with programs beside each other was refused (86016 registers a SM of 65536), so it gets the split."""
-    from gemmar.config import reads_by_tma
+    from gemmar.tuning import reads_by_tma
 
     assert reads_by_tma(8192, 4096, 2, "bf16") and reads_by_tma(768, 16, 2, "fp16")
     assert not reads_by_tma(777, 2000, 2, "bf16")      # rows of B: 1554 bytes

@@ -155,9 +155,9 @@ def matmul_ms(shape, gpu):
 def two_shot_local_ms(shape, mm_ms, W, gpu):
     """two_shot's launch on one GPU (ms) from torch.matmul's ``mm_ms``: the GEMM in whole waves of tiles on its
     programs - every SM when the communication programs run beside them (``gpu.comm_beside_gemm``), else
-    those left beside the communication programs (``config.split_programs``) - plus the partial's round trip
+    those left beside the communication programs (``tuning.split_programs``) - plus the partial's round trip
     through memory."""
-    from ..config import split_programs
+    from ..tuning import split_programs
 
     m, n, k = shape
     tiles = -(-m // TWO_SHOT_TILE[0]) * -(-n // TWO_SHOT_TILE[1])

@@ -59,7 +59,8 @@ class FusedOps:
 
     def _settings(self, A, B, config):
         """RunConfig settings for this rank's A (M x K_r) and B (K_r x N)."""
-        from ..config import dtype_name, reads_by_tma, tuned_defaults
+        from ..config import dtype_name
+        from ..tuning import reads_by_tma, tuned_defaults
 
         shmem = self._shmem
         heap, W = shmem._heap, shmem.num_ranks

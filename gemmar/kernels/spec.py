@@ -173,7 +173,7 @@ class AlgorithmSpec:
     mistake_parts: dict = field(default_factory=dict)  # mistake -> {part name: function}
     comm_programs: bool = False        # launches comm_sms communication programs besides the GEMM's
     comm_beside_gemm: bool = False     # they are small enough to share an SM with a GEMM program: on Hopper
-    #                                    GPUs the default is then one beside each (config.tuned_defaults)
+    #                                    GPUs the default is then one beside each (tuning.tuned_defaults)
     wire_dtype: bool = False           # partials travel in a dtype of their own (RunConfig.wire_dtype)
     barrier_after_launch: bool = False  # remote writes may be in flight until every rank has finished
     gpu_tuning: dict = field(default_factory=dict)  # GPU family ("hopper", "default") -> (BLK_M, BLK_N, BLK_K,

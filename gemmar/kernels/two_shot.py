@@ -249,7 +249,7 @@ SPEC = AlgorithmSpec(
     # The TMA GEMM core's tile on 1 x H200; for few rows at world size 1 (fewer tiles than SMs; the GEMM then
     # reads through plain pointers), by the most rows each suits: the fastest in a user's loop of
     # benchmarks/inference_sweep.py --no_tma at M = 16, 64 and 256 (BENCHMARKS.md). (The last bound is
-    # config.FEW_ROWS.)
+    # tuning.FEW_ROWS.)
     gpu_tuning={"hopper": (128, 256, 64, 8, 3, 8),
                 "hopper_few_rows": {16: (16, 64, 128, 4, 4, 8), 64: (64, 64, 128, 4, 4, 8),
                                     512: (128, 128, 64, 4, 4, 8)}},

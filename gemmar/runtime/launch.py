@@ -9,7 +9,8 @@ zeroed or reset on the host in between (see the kernels' docstrings for how each
 import numpy as np
 import torch
 
-from ..config import FEW_ROWS, RunConfig
+from ..config import RunConfig
+from ..tuning import FEW_ROWS
 from ..errors import UsageError
 from ..kernels import events
 from ..kernels.device import WATCHDOG_WORDS
@@ -34,7 +35,7 @@ def gemm_operands(A, B, config, device):
     On Hopper and newer, when the tensors can be described (16-bit dtype, rows 16-byte aligned, a non-empty
     K-slice), tensor descriptors that the tensor-memory accelerator loads tiles from; otherwise (the
     interpreter, older GPUs, fp32, odd strides) the plain pointers. Also the plain pointers for few rows at
-    world size 1 (``config.FEW_ROWS``): there the GEMM waits on memory either way, and Triton encodes both
+    world size 1 (``tuning.FEW_ROWS``): there the GEMM waits on memory either way, and Triton encodes both
     descriptors again on every launch, host time that a short launch cannot hide (one H200, 2026-12-04: at
     M = 16, 64, 256 the pointer GEMM ran 1.15, 1.01, 1.04x torch.matmul in a user's loop, with descriptors
     1.45, 2.00, 1.07x; BENCHMARKS.md).

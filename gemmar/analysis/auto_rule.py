@@ -1,0 +1,32 @@
+"""``--algorithm auto``'s measured rule: what to run by where it runs, when the performance model
+(``model.py``, beside it) does not speak for the shape. ``cli.choose_auto`` asks the model first."""
+
+# --algorithm auto: what to run, by where it runs. The rule follows the figures in BENCHMARKS.md ("The
+# rule behind --algorithm auto"); change it only with new figures.
+AUTO_RULE = {
+    # One GPU per rank, W >= 2, where the shape is not known or the performance model does not speak
+    # (cli.choose_auto asks the model first): on 2 x H200 atomics and ring were 1.05-1.08x and more slower than
+    # cuBLAS then NCCL at the three large shapes (2026-12-01); two_shot, measured once (2026-12-04), was
+    # 0.61-0.94x at 8 shapes of 16-8192 rows, but 1.21x and 1.34x at 256 and 64 rows before it took the
+    # few-rows tiles there. One machine, one run each: without the shape, the library path stays the choice.
+    "gpus": ("unfused", "without the shape there is no telling: on 2 x H200 two_shot measured 0.61-0.94x cuBLAS "
+                        "then NCCL's time at 8 shapes (once each; 1.21-1.34x at 256 and 64 rows with a tile too "
+                        "large for them), atomics and ring 1.05x and more at the large ones (BENCHMARKS.md)"),
+    # One rank on one GPU: nothing to reduce, so torch.matmul alone is the whole job; a fused kernel can only
+    # match it (on an H200, 2026-12-04: two_shot 1.00-1.15x torch.matmul at M = 64-8192, 1.14-1.32x at M = 16
+    # where its launch's host time exceeds the GPU's work; atomics and ring 1.11-8.2x).
+    "one_gpu": ("unfused", "with one rank there is nothing to reduce, so torch.matmul alone is the whole job and a "
+                           "fused kernel can at best match it (on an H200 two_shot measured 1.00-1.15x torch.matmul's "
+                           "time at 64-8192 rows and 1.14-1.32x at 16, atomics and ring 1.11-8.2x: BENCHMARKS.md)"),
+    # CPU interpreter or ranks sharing a GPU: places to learn and test, with no NCCL between the ranks.
+    "shared": ("two_shot", "there is no NCCL path between these ranks (cpu interpreter, or ranks sharing one "
+                           "GPU), and two_shot is the fused kernel that gives every rank the same bits"),
+}
+
+
+def choose_algorithm(backend, world_size, gpus):
+    """``--algorithm auto`` by the measured rule: (algorithm or "unfused", why), by AUTO_RULE. (With a GPU
+    per rank, ``cli.choose_auto`` first asks the performance model about the shape.)"""
+    if backend != "cuda" or world_size > gpus:
+        return AUTO_RULE["shared"]
+    return AUTO_RULE["one_gpu" if world_size == 1 else "gpus"]

@@ -1,0 +1,106 @@
+"""GPU tuning: the settings a run takes on a GPU for every knob the user did not set (tiles per GPU family and
+per algorithm, programs per SM, the split between GEMM and communication programs, the few-rows tiles),
+from the figures in BENCHMARKS.md. On the cpu backend a run takes RunConfig's own defaults."""
+
+from .config import DTYPES, RunConfig, dtype_name, k_bounds
+
+# Per-GPU starting points: (BLK_M, BLK_N, BLK_K, num_warps, num_stages, gsize_m). An algorithm's spec may
+# give its own (AlgorithmSpec.gpu_tuning, measured: BENCHMARKS.md); these are for the others.
+GPU_TUNING = {"hopper": (128, 128, 64, 8, 4, 8), "default": (128, 128, 32, 4, 3, 8)}
+# Communication programs on GPUs, for an algorithm that has them (the rest of the SMs run the GEMM), when
+# the problem's shape is not known; with it, split_programs chooses.
+GPU_COMM_SMS = 16
+# How many of 132 SMs the reduction needs to keep up with the GEMM at K_r = 2048: measured on one H200,
+# world size 1, 8192 x 8192 C in 128 x 256 tiles (benchmarks/comm_programs.py, BENCHMARKS.md): 4, 8, 16, 24
+# communication programs ran 3.56, 1.93, 1.27, 1.34 x torch.matmul (fewer cannot keep up; more take SMs from
+# the GEMM). The reduction's work per rank is ~2 tile transfers per tile whatever W (reduce-scatter +
+# all-gather), the GEMM's is K_r per tile: the need scales with 1 / K_r (at K_r 8192, 4 programs ran 1.037x,
+# 16 ran 1.080x; at 14336, 4 ran 0.992x, 16 ran 1.107x). With W ranks an owner's program also waits for the
+# slowest rank's partial of each tile, so more programs must be in flight: x (W + 1) / 2 (ranks sharing one
+# H200, K_r 4096: W = 4 with 2 programs per rank ended 12 % of each launch after the last GEMM tile, with 3
+# 0.5 %; W = 2 with 5, 1.6 %, with 7, 1.0-1.3 %).
+COMM_SMS_AT_K2048 = 16
+# Up to this many rows per rank a GEMM is "few rows": its tile comes from the algorithm's few-rows table
+# (few_rows_tile) when its usual tile leaves SMs idle, and at world size 1 it reads A and B through plain pointers
+# (launch.gemm_operands). Measured at M = 16, 64, 256 on one H200 (benchmarks/inference_sweep.py), the tiles
+# also on 2 x H200.
+FEW_ROWS = 512
+TUNED_KNOBS = ("BLK_M", "BLK_N", "BLK_K", "num_warps", "num_stages", "gsize_m", "num_sms", "comm_sms")
+
+
+def reads_by_tma(n, k, world_size, datatype):
+    """Whether every rank's GEMM can read A and B through Hopper's tensor descriptors (``launch.gemm_operands``):
+    16-bit values, and rows of B (N values) and of each rank's K-slice of A a multiple of 16 bytes."""
+    if DTYPES[dtype_name(datatype)].itemsize != 2 or n % 8:
+        return False
+    return all((end - start) % 8 == 0 and end > start for start, end in (k_bounds(k, world_size, r)
+                                                                         for r in range(world_size)))
+
+
+def tuned_defaults(backend, algorithm, capability=(0, 0), multiprocessors=0, shape=None, given=None, trace=False,
+                   tma=True, shared=False):
+    """Settings that suit the device, for every knob the user did not set (``given``: the ones they did).
+    On the cpu backend these are RunConfig's own defaults; on GPUs the algorithm's tile for the GPU's family
+    and one program per SM, split between the GEMM and the communication programs by ``split_programs``
+    when the problem's ``shape`` (M, N, K per rank, world size) is known. ``tma``: whether the GEMM will
+    read through tensor descriptors (:func:`reads_by_tma`); ``shared``: the ranks share one GPU."""
+    given = {k: v for k, v in (given or {}).items() if v is not None}
+    if backend == "cpu":
+        defaults = RunConfig()
+        return {knob: given.get(knob, getattr(defaults, knob)) for knob in TUNED_KNOBS}
+    from .algorithms import get
+
+    spec = get(algorithm)
+    family = "hopper" if tuple(capability) >= (9, 0) else "default"
+    tile = {**GPU_TUNING, **spec.gpu_tuning}[family]
+    if shape is not None and (shape[3] == 1 or not shared):
+        # At world size 1 (two_shot's launch is then the GEMM alone) and with a GPU per rank (on 2 x H200 the
+        # few-rows tiles took two_shot from 1.21-1.34x cuBLAS then NCCL's time to 0.79-0.81x at 64 and 256
+        # rows). Not for ranks sharing a GPU: unmeasured, and there every rank's programs must fit on it at
+        # once (an 8-warp 128 x 128 tile was refused for 2 ranks at M = 300).
+        tile = few_rows_tile(spec, family, tile, shape[0], shape[1], multiprocessors or 108)
+    knobs = dict(zip(TUNED_KNOBS[:6], tile), **given)
+    sms = multiprocessors or 108
+    if not spec.comm_programs:
+        comm = 0
+    elif "comm_sms" in given:
+        comm = given["comm_sms"]
+    elif family == "hopper" and spec.comm_beside_gemm and tma and not (trace or given.get("trace")):
+        # One communication program beside each GEMM program, on its SM (launch.share_sms): the GEMM keeps
+        # every SM. On an H200 that took two_shot from 1.04-1.29x torch.matmul to 0.93-1.19x (BENCHMARKS.md).
+        # Not when traced: recording events takes registers, and the traced pair did not fit on one SM
+        # (76800 registers of 65536), so a traced run keeps the split below. Nor when the GEMM reads through
+        # plain pointers (odd N or K-slices, fp32): that GEMM takes more registers, and 2 ranks sharing an
+        # H200 at 1000 x 777 x 1999 needed 86016 of 65536 a SM (refused before launch; 2026-12-04).
+        gemm = given.get("num_sms", sms)
+        return {**knobs, "num_sms": gemm, "comm_sms": gemm}
+    elif shape is not None:
+        m, n, k_rank, world_size = shape
+        tiles = -(-m // knobs["BLK_M"]) * -(-n // knobs["BLK_N"])
+        comm = split_programs(sms, tiles, k_rank, world_size)
+    else:
+        comm = GPU_COMM_SMS
+    return {**knobs, "num_sms": given.get("num_sms", max(1, sms - comm)), "comm_sms": comm}
+
+
+def few_rows_tile(spec, family, tile, m, n, sms):
+    """The tile for an M x N output with few rows: the algorithm's ``gpu_tuning[family + "_few_rows"]``
+    ({most rows: tile}) when its usual ``tile`` would leave SMs without a tile (fewer tiles than SMs), else
+    ``tile``. With M = 64 and 128 x 256 tiles an 8192-wide C has 32 tiles for 132 SMs."""
+    few = spec.gpu_tuning.get(family + "_few_rows")
+    if not few or -(-m // tile[0]) * -(-n // tile[1]) >= sms:
+        return tile
+    return next((few[rows] for rows in sorted(few) if m <= rows), tile)
+
+
+def split_programs(sms, tiles, k_per_rank, world_size=1):
+    """Communication programs, of ``sms`` programs per rank, for ``tiles`` output tiles, a K-slice of
+    ``k_per_rank`` and ``world_size`` ranks: enough for the reduction to keep up (COMM_SMS_AT_K2048, scaled
+    by 2048 / K_r, by the SMs and by (W + 1) / 2), then as many more as leave the GEMM its number of waves
+    (2048 tiles take 16 waves on 128 programs as on 132: those 4 programs cost the GEMM nothing), at most
+    max(need, 16), and no more than there are tiles (a communication program reduces whole tiles)."""
+    need = -(-COMM_SMS_AT_K2048 * sms * 2048 * (world_size + 1) // (132 * max(k_per_rank, 1) * 2))
+    need = max(2, min(need, sms // 2))
+    waves = -(-tiles // (sms - need))
+    free = sms - -(-tiles // waves)
+    return max(1, min(free, max(need, GPU_COMM_SMS), tiles))
