@@ -1,4 +1,4 @@
-"""The docs name what exists (ARCHITECTURE.md's file map, data/README.md's index), and the code passes the
+"""The docs name what exists (docs/architecture.md's file map, data/README.md's index), and the code passes the
 linter CI runs."""
 
 import os
@@ -8,10 +8,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def modules_in_map():
-    """Paths (relative to the repository) of the modules ARCHITECTURE.md's map names: a line that starts with
+    """Paths (relative to the repository) of the modules docs/architecture.md's map names: a line that starts with
     ``folder/`` opens that folder for the lines indented under it; every ``name.py`` on a line belongs to the
     folder of the entry it describes."""
-    text = open(os.path.join(ROOT, "ARCHITECTURE.md")).read()
+    text = open(os.path.join(ROOT, "docs", "architecture.md")).read()
     block = text.split("```", 2)[1]
     named, folders, current = set(), [], ""
     for line in block.splitlines():
@@ -58,3 +58,45 @@ def test_the_code_passes_the_linter():
 
     p = subprocess.run([sys.executable, "-m", "ruff", "check", "--no-cache", ROOT], capture_output=True, text=True)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-1000:]
+
+
+# Figures quoted outside BENCHMARKS.md that cite a row of its "Current figures" table: the row (by the start of
+# its first cell), a pattern over its figure cell, and where each quote is, written from the pattern's groups.
+# A new measurement changes the row; then these quotes must change with it, or this test fails.
+CITED_FIGURES = [
+    ("two_shot across GPUs", r"(\d\.\d+), (\d\.\d+), (\d\.\d+) at 8192",
+     lambda g: f"{min(map(float, g)):.2f}-{max(map(float, g)):.2f}x",
+     [("README.md", "On 2 x H200 {}"), ("gemmar/analysis/auto_rule.py", "two_shot measured {} cuBLAS"),
+      ("docs/backends.md", "on 2 x H200, {} the time of cuBLAS then NCCL")]),
+    ("two_shot at one rank, / torch.matmul then nothing to reduce", r"^(\d\.\d\d-\d\.\d\d) ",
+     lambda g: f"{g[0]}x", [("docs/backends.md", "at one rank two_shot is {} torch.matmul")]),
+    ("two_shot at one rank, few rows", r"^\d\.\d\d-(\d\.\d\d) from M = 64 up, (\d\.\d\d-\d\.\d\d) at M = 16.*; "
+                                       r"(\d\.\d\d) at 8192 x 8192 x 8192",
+     lambda g: f"{g[2]}-{g[0]}x torch.matmul's time at 64-8192 rows and {g[1]}x at 16",
+     [("gemmar/analysis/auto_rule.py", "two_shot measured {}")]),
+]
+
+
+def current_figures():
+    """BENCHMARKS.md's "Current figures" table: first cell -> figure cell."""
+    text = open(os.path.join(ROOT, "BENCHMARKS.md")).read()
+    table = text.split("## Current figures", 1)[1].split("\n## ", 1)[0]
+    rows = [[c.strip() for c in line.strip().strip("|").split("|")] for line in table.splitlines()
+            if line.startswith("| ") and not line.startswith("| what") and not line.startswith("|---")]
+    return {row[0]: row[1] for row in rows}
+
+
+def test_figures_quoted_in_code_and_docs_are_the_current_ones():
+    rows = current_figures()
+    assert len(rows) > 5   # the parse found the table
+    for row_start, pattern, quote, places in CITED_FIGURES:
+        cells = [cell for first, cell in rows.items() if first.startswith(row_start)]
+        assert len(cells) == 1, f"BENCHMARKS.md's current table has no one row starting {row_start!r}"
+        found = re.search(pattern, cells[0])
+        assert found, f"the row {row_start!r} no longer reads as {pattern!r}: {cells[0]!r}"
+        for path, template in places:
+            # (Python strings broken over lines read as one: quotes and line breaks between the parts dropped.)
+            text = " ".join(open(os.path.join(ROOT, path)).read().split())
+            text = re.sub(r'"\s+"', "", text)
+            expected = template.format(quote(found.groups()))
+            assert expected in text, f"{path} should quote {expected!r} (BENCHMARKS.md, current figures: {row_start})"

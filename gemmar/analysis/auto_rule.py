@@ -13,11 +13,11 @@ AUTO_RULE = {
                         "then NCCL's time at 8 shapes (once each; 1.21-1.34x at 256 and 64 rows with a tile too "
                         "large for them), atomics and ring 1.05x and more at the large ones (BENCHMARKS.md)"),
     # One rank on one GPU: nothing to reduce, so torch.matmul alone is the whole job; a fused kernel can only
-    # match it (on an H200, 2026-12-04: two_shot 1.00-1.15x torch.matmul at M = 64-8192, 1.14-1.32x at M = 16
-    # where its launch's host time exceeds the GPU's work; atomics and ring 1.11-8.2x).
+    # match it (on an H200, 2026-12-04, the current figures of BENCHMARKS.md: two_shot at M = 16 slowest, where
+    # its launch's host time exceeds the GPU's work; atomics and ring slower still).
     "one_gpu": ("unfused", "with one rank there is nothing to reduce, so torch.matmul alone is the whole job and a "
-                           "fused kernel can at best match it (on an H200 two_shot measured 1.00-1.15x torch.matmul's "
-                           "time at 64-8192 rows and 1.14-1.32x at 16, atomics and ring 1.11-8.2x: BENCHMARKS.md)"),
+                           "fused kernel can at best match it (on an H200 two_shot measured 1.00-1.26x torch.matmul's "
+                           "time at 64-8192 rows and 1.32-1.49x at 16, atomics and ring slower: BENCHMARKS.md)"),
     # CPU interpreter or ranks sharing a GPU: places to learn and test, with no NCCL between the ranks.
     "shared": ("two_shot", "there is no NCCL path between these ranks (cpu interpreter, or ranks sharing one "
                            "GPU), and two_shot is the fused kernel that gives every rank the same bits"),
