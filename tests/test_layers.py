@@ -68,3 +68,27 @@ def test_no_import_cycle():
     for node in list(graph):
         if node not in state:
             visit(node, [])
+
+
+# Sizes agreed for the package (issue 38): a module a reader can hold, a function that fits on a screen.
+MAX_MODULE_LINES, MAX_FUNCTION_LINES = 400, 60
+
+
+def test_no_module_or_function_is_too_long_to_read():
+    too_long = []
+    for folder, _, files in os.walk(PACKAGE):
+        for name in files:
+            if not name.endswith(".py"):
+                continue
+            path = os.path.join(folder, name)
+            source = open(path).read()
+            where = os.path.relpath(path, os.path.dirname(PACKAGE))
+            if source.count("\n") > MAX_MODULE_LINES:
+                too_long.append(f"{where}: {source.count(chr(10))} lines (at most {MAX_MODULE_LINES})")
+            for node in ast.walk(ast.parse(source)):
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    length = node.end_lineno - node.lineno + 1
+                    if length > MAX_FUNCTION_LINES:
+                        too_long.append(f"{where}:{node.lineno} {node.name}: {length} lines (at most "
+                                        f"{MAX_FUNCTION_LINES})")
+    assert not too_long, too_long

@@ -77,8 +77,6 @@ class EngineCluster:
         return self._restart_reason
 
     def start(self):
-        import ipyparallel as ipp
-
         if self.running:
             return self
         self.cluster_id = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
@@ -90,22 +88,7 @@ class EngineCluster:
         self.profile_dir = tempfile.mkdtemp(prefix=f"gemmar-{self.cluster_id}-ipython-")
         self.heap_folder = make_heap_folder()
         self._start_reaper()
-        env = {"TRITON_INTERPRET": "1" if self.backend == "cpu" else "0", "OMP_NUM_THREADS": "1",
-               "PYTHONUNBUFFERED": "1", "IPYTHONDIR": self.profile_dir}   # nothing written to ~/.ipython
-        for var in ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "NCCL_NVLS_ENABLE", "NVSHMEM_DISABLE_NVLS"):
-            env[var] = os.environ.get(var, "1" if var != "NCCL_NVLS_ENABLE" else "0")
-        # ipyparallel's own exit hook can stall a closing Jupyter kernel for minutes; ours kills the engines.
-        # ERROR: stopping engines makes them exit 1, and ipyparallel would log their whole output as a warning.
-        # CurveZMQ on every channel: its listeners are on 127.0.0.1, where any local user could connect, read
-        # (a PUB socket sends to any subscriber) and forge; without the controller's key, kept in the 0700
-        # profile, no handshake completes, so nothing is heard and nothing gets in.
-        # An engine is registered at the controller's next heartbeat: every 0.5 s rather than ipyparallel's 3 s
-        # took a cluster's start from 8.6 s to 4.1 s (2 cores); 60 missed beats, not 10, before an engine is
-        # dropped keeps that at 30 s, as it was (gemmar watches the engine processes itself: deaths.py).
-        self._ipp = ipp.Cluster(n=self.world_size, cluster_id=self.cluster_id, log_level=logging.ERROR,
-                                shutdown_atexit=False, profile_dir=self.profile_dir,
-                                controller_args=["--IPController.enable_curve=True", "--HeartMonitor.period=500",
-                                                 "--HeartMonitor.max_heartmonitor_misses=60"])
+        self._ipp, env = self._ipyparallel_cluster()
         atexit.register(_stop_at_exit, weakref.ref(self))
         try:
             engines = len(self.engine_ranks)
@@ -137,6 +120,28 @@ class EngineCluster:
             self.stop()
             raise
         return self
+
+    def _ipyparallel_cluster(self):
+        """The ipyparallel cluster of this start (not started yet), and the engines' environment."""
+        import ipyparallel as ipp
+
+        env = {"TRITON_INTERPRET": "1" if self.backend == "cpu" else "0", "OMP_NUM_THREADS": "1",
+               "PYTHONUNBUFFERED": "1", "IPYTHONDIR": self.profile_dir}   # nothing written to ~/.ipython
+        for var in ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "NCCL_NVLS_ENABLE", "NVSHMEM_DISABLE_NVLS"):
+            env[var] = os.environ.get(var, "1" if var != "NCCL_NVLS_ENABLE" else "0")
+        # ipyparallel's own exit hook can stall a closing Jupyter kernel for minutes; ours kills the engines.
+        # ERROR: stopping engines makes them exit 1, and ipyparallel would log their whole output as a warning.
+        # CurveZMQ on every channel: its listeners are on 127.0.0.1, where any local user could connect, read
+        # (a PUB socket sends to any subscriber) and forge; without the controller's key, kept in the 0700
+        # profile, no handshake completes, so nothing is heard and nothing gets in.
+        # An engine is registered at the controller's next heartbeat: every 0.5 s rather than ipyparallel's 3 s
+        # took a cluster's start from 8.6 s to 4.1 s (2 cores); 60 missed beats, not 10, before an engine is
+        # dropped keeps that at 30 s, as it was (gemmar watches the engine processes itself: deaths.py).
+        cluster = ipp.Cluster(n=self.world_size, cluster_id=self.cluster_id, log_level=logging.ERROR,
+                              shutdown_atexit=False, profile_dir=self.profile_dir,
+                              controller_args=["--IPController.enable_curve=True", "--HeartMonitor.period=500",
+                                               "--HeartMonitor.max_heartmonitor_misses=60"])
+        return cluster, env
 
     def _wait_for_engines(self, engines):
         """Wait for the engines to register; an engine that dies meanwhile is an error at once."""
