@@ -183,8 +183,9 @@ def _partials_puzzle(*args, **settings):
 
 def _partials_verdict(cluster, algorithm, part, fn, shape, seed, smallest, too_few, hint, right, **settings):
     """The puzzles whose part decides which partials reach which rank's C: run ``fn`` as ``part`` in
-    ``algorithm``'s kernel for two back-to-back launches on whole-number inputs of ``shape`` (M, N, K) and
-    judge every rank's C. ``hint``, what to add to a wrong answer's table: a function (result, rank, tile), or
+    ``algorithm``'s kernel for two back-to-back launches on whole-number inputs of ``shape`` (M, N, K: not
+    multiples of the 16 x 16 tile, so that edge tiles, where a part must honour its mask, are in every check)
+    and judge every rank's C. ``hint``, what to add to a wrong answer's table: a function (result, rank, tile), or
     a text formatted with ``W``, ``steps`` (W - 1) and ``tile``."""
     if cluster.world_size < smallest:
         return f"this check needs a cluster of at least {smallest} ranks: {too_few}", None
@@ -192,6 +193,9 @@ def _partials_verdict(cluster, algorithm, part, fn, shape, seed, smallest, too_f
     result, failed = _run_part(cluster, algorithm, {part: fn}, A, B, BLK_M=16, BLK_N=16, BLK_K=16, num_sms=2,
                                iterations=2, **settings)
     if failed:
+        if "HeapBoundsError" in failed and "past its end" in failed:
+            failed += (f". This check's C is {shape[0]} x {shape[1]}, not a multiple of the 16 x 16 tile: in an edge "
+                       f"tile the rows and columns past C's edge must be masked off (mask=)")
         return failed, None
     wrong = _judge_partials(result, A, B, lambda rank, tile: hint(result, rank, tile) if callable(hint) else
                             hint.format(W=cluster.world_size, steps=cluster.world_size - 1, tile=tile))
@@ -209,7 +213,7 @@ def _pushes_of(result, rank, tile):
 def check_push_partial(cluster, my_push_partial):
     """Notebook 2's puzzle: push step ``step`` of a partial tile into one rank's C with an atomic add and
     return that rank; run in the atomics kernel."""
-    return _partials_puzzle(cluster, "atomics", "push_partial", my_push_partial, (48, 48, 64), 2, 2,
+    return _partials_puzzle(cluster, "atomics", "push_partial", my_push_partial, (40, 44, 64), 2, 2,
                             "with one, every push lands in its own C", _pushes_of,
                             f"every rank's C holds each of the {cluster.world_size} partials once")
 
@@ -217,7 +221,7 @@ def check_push_partial(cluster, my_push_partial):
 def check_reduce_step(cluster, my_reduce_step):
     """Notebook 3's puzzle: step 5 of the ring, ``reduce_step(total, received) -> (total, payload)``; run in
     the ring kernel."""
-    return _partials_puzzle(cluster, "ring", "reduce_step", my_reduce_step, (32, 48, 60), 3, 3,
+    return _partials_puzzle(cluster, "ring", "reduce_step", my_reduce_step, (36, 44, 60), 3, 3,
                             "with 2 the ring has a single step, so what is passed on is never used",
                             "With {W} ranks each tile takes {steps} steps: at each, what arrives is the partial of "
                             "one more rank back along the ring, and what you pass on is what the next rank adds.",
@@ -230,7 +234,7 @@ def check_sum_partials(cluster, my_sum_partials):
     partial once (whole numbers, counted exactly), then in rank order: on inputs where the order of fp32
     additions shows in the bits, C must equal the package's own sum bit for bit."""
     m, n, k, block = 48, 32, 60, 16
-    said, result = _partials_verdict(cluster, "two_shot", "sum_partials", my_sum_partials, (m, n, k), 4, 2,
+    said, result = _partials_verdict(cluster, "two_shot", "sum_partials", my_sum_partials, (m - 8, n + 4, k), 4, 2,
                             "with one, the only partial is the owner's own",
                             "Tile {tile} is summed by one rank, its owner, which writes the sum into every rank's "
                             "C: the owner's sum_partials must read the tile's slot in each of the {W} ranks' heaps.",

@@ -282,6 +282,40 @@ def test_a_part_that_crashes_its_ranks_is_explained_and_the_next_check_runs(tmp_
         assert "(the last check's ranks crashed: starting 3 rank(s) again)" in capsys.readouterr().out
 
 
+EDGES_AND_RANKS = '''
+import triton
+from gemmar.kernels import device
+
+
+@triton.jit
+def no_mask(C_tile, acc, mask, step, rank, world_size, heap_bases):
+    peer = (rank + step) % world_size
+    device.atomic_add(C_tile, acc, rank, peer, heap_bases, sem="relaxed", scope="sys")
+    return peer
+
+
+@triton.jit
+def no_modulo(C_tile, acc, mask, step, rank, world_size, heap_bases):
+    peer = rank + step
+    device.atomic_add(C_tile, acc, rank, peer, heap_bases, mask=mask, sem="relaxed", scope="sys")
+    return peer
+'''
+
+
+def test_a_push_without_its_mask_or_its_modulo_is_told_its_own_cause(clusters, tmp_path):
+    """Issue 37: the check's C has edge tiles (40 x 44 in 16 x 16 tiles), so a push without ``mask=`` writes past
+    C's edge and is stopped there, told to mask; a peer without ``% world_size`` asks for a rank that does not
+    exist, and is told so. (The right answer passes in test_puzzle_fails_on_stub_and_passes_on_solution.)"""
+    if os.environ.get("GEMMAR_TEST_BACKEND", "cpu") != "cpu":
+        pytest.skip("the sanitizer's bounds check (cpu ranks) names these causes")
+    wrong = _module_from(tmp_path / "edges.py", EDGES_AND_RANKS)
+    said = exercises.check_push_partial(clusters(3), wrong.no_mask)
+    assert "past its end" in said and said.endswith("in an edge tile the rows and columns past C's edge must be "
+                                                    "masked off (mask=)"), said
+    said = exercises.check_push_partial(clusters(3), wrong.no_modulo)
+    assert re.search(r"HeapBoundsError: rank \d, program \d asked for rank 3 at .*: ranks are 0 to 2 "
+                     r"\(world_size=3\)", said), said
+
 RING_ORDER = '''
 import triton
 import triton.language as tl
