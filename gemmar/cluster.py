@@ -125,7 +125,7 @@ class Cluster(EngineCluster):
         return self._run(config, None, validate, verbose, mistake, return_c, on_progress, parts)
 
     def gemm_all_reduce(self, A, B, algorithm=RunConfig.algorithm, validate=True, mistake="none", verbose=False,
-                        parts=None, **settings):
+                        parts=None, launch_deadline_s=None, **settings):
         """C = A @ B with K split over the ranks, reduced by ``algorithm`` (a registered name, or a user's
         own AlgorithmSpec: it is registered, and its source travels to the ranks); checked against torch.
 
@@ -135,6 +135,8 @@ class Cluster(EngineCluster):
         ``num_sms``, ``iterations``, ``trace``, ``timeout_s``, ...); unset ones keep RunConfig's defaults.
         ``parts`` ({name: @triton.jit function}) runs a participant's own kernel parts in place of the
         kernel's (``runtime/parts.py``: tile_coords, push_partial, reduce_step, sum_partials).
+        ``launch_deadline_s``: how long a rank may go without finishing a launch before every rank is stopped
+        (a launch that waits on no flag never meets the watchdog; default ``2 x timeout_s + 10``).
         Returns a Result whose ``C`` is rank 0's copy (and every rank's is in ``ranks[r].C``).
         """
         for name, t in (("A", A), ("B", B)):
@@ -147,6 +149,10 @@ class Cluster(EngineCluster):
                 bad = int((~torch.isfinite(t)).sum())
                 raise UsageError(f"{name} holds {bad} NaN or infinite value(s): C could not be checked against "
                                  f"the reference; give finite inputs")
+        if launch_deadline_s is not None and (isinstance(launch_deadline_s, bool) or not isinstance(
+                launch_deadline_s, (int, float)) or not 1 <= launch_deadline_s <= 86400):
+            raise UsageError(f"launch_deadline_s={launch_deadline_s!r} is not allowed: use seconds from 1 to 86400, "
+                             f"or None (2 x timeout_s + 10)")
         if A.shape[1] != B.shape[0]:
             raise UsageError(f"A is {tuple(A.shape)} and B is {tuple(B.shape)}: A's columns must equal B's rows")
         if A.dtype != B.dtype:
@@ -165,7 +171,7 @@ class Cluster(EngineCluster):
         slices = [k_bounds(config.k, self.world_size, r) for r in range(self.world_size)]
         inputs = [(A[:, s:e].contiguous(), B[s:e, :].contiguous()) for s, e in slices]
         return self._run(config, (inputs, reference, input_scale(A, B)), validate, verbose, mistake,
-                         True, parts=parts)
+                         True, parts=parts, launch_deadline_s=launch_deadline_s)
 
     def compare_to_unfused(self, configs, reps=20, warmup=5, baseline=True, problem=None):
         """GPU only: time each fused kernel and the unfused baseline (cuBLAS matmul, NCCL all-reduce, both in
@@ -232,7 +238,8 @@ class Cluster(EngineCluster):
             figures["sanitizer"] = analyse([o["sanitizer"] for o in outs])
         return figures
 
-    def _run(self, config, data, validate, verbose, mistake, return_c, on_progress=None, parts=None):
+    def _run(self, config, data, validate, verbose, mistake, return_c, on_progress=None, parts=None,
+             launch_deadline_s=None):
         W, n = self.world_size, config.iterations
         sources = part_sources(parts, config.spec)
         shipped = ship(config.spec)
@@ -260,7 +267,8 @@ class Cluster(EngineCluster):
         # Each launch reports when it ends; a rank silent for longer than this is stuck in a launch that
         # waits on no flag (the watchdog catches those that do), and every rank is stopped.
         outs = self.run_ranks(rank_runtime.run_gemm_all_reduce, engine_args=engine_args, on_progress=progress,
-                              launch_deadline_s=2 * config.timeout_s + 10, mistake=mistake, return_c=return_c,
+                              launch_deadline_s=launch_deadline_s or 2 * config.timeout_s + 10, mistake=mistake,
+                              return_c=return_c,
                               validate=validate, parts=sources, algorithm=shipped)
         RankFailure.raise_first(outs)
         result = Result(config, self.backend, outs, outs[0].C, self.info, mistake)

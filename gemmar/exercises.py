@@ -32,21 +32,32 @@ def _say(message, result=None):
     return verdict
 
 
+# Seconds a check's launch may run before its ranks are stopped (a check's launch takes a second or two).
+CHECK_LAUNCH_DEADLINE_S = 10
+
+
 def _run_part(cluster, algorithm, parts, A, B, **settings):
     """(the Result, None), or (None, what went wrong) when the participant's code did not run through."""
     if not cluster.running:   # stopped by the notebook's last cell after a Run All, or after a crash
         reason = cluster.restart_reason or ""
         why = ("the last check's ranks were stopped at an access outside its buffer" if "outside its buffer" in reason
-               else "the last check's ranks crashed" if reason else "the cluster was stopped")
+               else "the last check's ranks were stopped in a launch that did not end" if "finished no launch" in
+               reason else "the last check's ranks crashed" if reason else "the cluster was stopped")
         print(f"({why}: starting {cluster.world_size} rank(s) again)")
         cluster.start()
     try:
         # cpu: with the sanitizer, so that an access outside its buffer or to a rank that does not exist is
         # named (rank, line, buffer) instead of crashing the ranks, and a race that gave the right sum is told.
+        # A check's launch takes a second or two: one still running after CHECK_LAUNCH_DEADLINE_S loops.
         result = cluster.gemm_all_reduce(A, B, algorithm=algorithm, parts=parts, trace=True, timeout_s=20,
-                                         sanitize=cluster.backend == "cpu", **settings)
+                                         sanitize=cluster.backend == "cpu", launch_deadline_s=CHECK_LAUNCH_DEADLINE_S,
+                                         **settings)
         return result, None
     except RankDiedError as e:
+        if "finished no launch" in str(e):
+            return None, (f"not yet: a launch with your {', '.join(parts)} ran for {CHECK_LAUNCH_DEADLINE_S} s "
+                          f"without ending (a loop that never stops?), so its ranks were stopped. The next check "
+                          f"starts fresh ranks by itself")
         crashed = any(f"killed by {sig}" in str(e) for sig in ("SIGSEGV", "SIGBUS"))
         hint = (f"; a load or store of your {', '.join(parts)} reached an address outside every rank's heap: "
                 f"look at the order of from_rank and to_rank (data flows from the first to the second) and at "

@@ -316,6 +316,46 @@ def test_a_push_without_its_mask_or_its_modulo_is_told_its_own_cause(clusters, t
     assert re.search(r"HeapBoundsError: rank \d, program \d asked for rank 3 at .*: ranks are 0 to 2 "
                      r"\(world_size=3\)", said), said
 
+ENDLESS = '''
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def endless(total, received):
+    spins = tl.zeros((), tl.int32)
+    while spins >= 0:   # never false: a loop that waits on no flag, so no watchdog sees it
+        spins = spins * 1
+    return total + received, received
+'''
+
+
+@pytest.mark.slow   # (out of the fast tier: README, "Run the tests")
+def test_a_part_that_never_ends_is_stopped_in_seconds_and_said_plainly(tmp_path, capsys):
+    """Issue 37: a loop without a wait is stopped within ~10 s of the launch it stalls, in words a participant
+    reads, and the next check starts fresh ranks without calling them crashed (a cluster of its own)."""
+    import time
+
+    import gemmar
+
+    sys.path.insert(0, INSTRUCTORS)
+    try:
+        import solutions
+    finally:
+        sys.path.remove(INSTRUCTORS)
+    wrong = _module_from(tmp_path / "endless.py", ENDLESS)
+    with gemmar.Cluster(world_size=3) as cluster:
+        start = time.monotonic()
+        said = exercises.check_reduce_step(cluster, wrong.endless)
+        took = time.monotonic() - start
+        assert said == (f"not yet: a launch with your reduce_step ran for {exercises.CHECK_LAUNCH_DEADLINE_S} s "
+                        f"without ending (a loop that never stops?), so its ranks were stopped. The next check "
+                        f"starts fresh ranks by itself"), said
+        assert took < exercises.CHECK_LAUNCH_DEADLINE_S + 15, took
+        assert exercises.check_reduce_step(cluster, solutions.reduce_step).startswith("right!")
+        assert "(the last check's ranks were stopped in a launch that did not end: starting 3 rank(s) again)" in \
+            capsys.readouterr().out
+
 RING_ORDER = '''
 import triton
 import triton.language as tl
