@@ -24,6 +24,10 @@ class Verdict(str):
 
     result = None
 
+    @property
+    def right(self):
+        return self.startswith("right!")
+
 
 def _say(message, result=None):
     print(message)

@@ -114,7 +114,7 @@ def test_two_shots_skipped_partial_wait_is_a_race_on_the_first_run(clusters, wor
     races = result.sanitizer.races
     assert races and all(r.first.buffer[0] == "partials" for r in races), str(result.sanitizer)
     text = races[0].text
-    assert "(two_shot_gemm) writes it at two_shot.py:" in text and "(two_shot_reduce) reads it at two_shot.py:" in text
+    assert "(two_shot_gemm) writes it at two_shot.py:" in text and "(two_shot_reduce) reads it at owner_reduce.py:" in text
     assert "releases partial_ready[" in text and "never acquires it" in text
 
 

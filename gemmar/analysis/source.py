@@ -9,8 +9,13 @@ def source(fn):
     return inspect.getsource(getattr(fn, "fn", fn))
 
 
-def show_source(fn):
-    """``fn``'s source as a highlighted code block in a notebook."""
-    from IPython.display import Code
+def show_source(fn, once=None):
+    """``fn``'s source as a highlighted code block in a notebook. ``once``: a puzzle check's verdict; the source
+    (which holds the puzzle's answer) is shown only when that check said right!, and a note otherwise."""
+    from IPython.display import Code, Markdown
 
+    if once is not None and not getattr(once, "right", False):
+        name = getattr(getattr(fn, "fn", fn), "__name__", "it")
+        return Markdown(f"*The package's own `{name}` is shown here once the check above says right!: solve the "
+                        f"puzzle, run the check, then this cell again.*")
     return Code(source(fn), language="python")
