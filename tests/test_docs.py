@@ -68,6 +68,10 @@ CITED_FIGURES = [
      lambda g: f"{min(map(float, g)):.2f}-{max(map(float, g)):.2f}x",
      [("README.md", "On 2 x H200 {}"), ("gemmar/analysis/auto_rule.py", "two_shot measured {} cuBLAS"),
       ("docs/backends.md", "on 2 x H200, {} the time of cuBLAS then NCCL")]),
+    ("the same at inference shapes", r"two_shot (\d\.\d+) \(M 4096\), (\d\.\d+) \(1024\), (\d\.\d+) \(256\), "
+                                     r"(\d\.\d+) \(64\), (\d\.\d+) \(16\)",
+     lambda g: f"{min(map(float, g)):.2f}-{max(map(float, g)):.2f}x",
+     [("README.md", "and {} at five inference shapes"), ("gemmar/analysis/auto_rule.py", "and {} at five of 16-4096")]),
     ("two_shot at one rank, / torch.matmul then nothing to reduce", r"^(\d\.\d\d-\d\.\d\d) ",
      lambda g: f"{g[0]}x", [("docs/backends.md", "at one rank two_shot is {} torch.matmul")]),
     ("two_shot at one rank, few rows", r"^\d\.\d\d-(\d\.\d\d) from M = 64 up, (\d\.\d\d-\d\.\d\d) at M = 16.*; "

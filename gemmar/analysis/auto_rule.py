@@ -6,12 +6,12 @@
 AUTO_RULE = {
     # One GPU per rank, W >= 2, where the shape is not known or the performance model does not speak
     # (cli.choose_auto asks the model first): on 2 x H200 atomics and ring were 1.05-1.08x and more slower than
-    # cuBLAS then NCCL at the three large shapes (2026-12-01); two_shot, measured once (2026-12-04), was
-    # 0.61-0.94x at 8 shapes of 16-8192 rows, but 1.21x and 1.34x at 256 and 64 rows before it took the
-    # few-rows tiles there. One machine, one run each: without the shape, the library path stays the choice.
-    "gpus": ("unfused", "without the shape there is no telling: on 2 x H200 two_shot measured 0.61-0.94x cuBLAS "
-                        "then NCCL's time at 8 shapes (once each; 1.21-1.34x at 256 and 64 rows with a tile too "
-                        "large for them), atomics and ring 1.05x and more at the large ones (BENCHMARKS.md)"),
+    # cuBLAS then NCCL at the three large shapes (2026-12-01); two_shot, measured twice (2026-12-04), was
+    # 0.61-0.96x at 8 shapes of 16-8192 rows with the few-rows tiles, and the ring 0.55-0.80x at 16 and 64 rows.
+    # Two runs on two machines: without the shape, the library path stays the choice.
+    "gpus": ("unfused", "without the shape there is no telling: on 2 x H200 two_shot measured 0.63-0.93x cuBLAS "
+                        "then NCCL's time at three large shapes and 0.69-0.96x at five of 16-4096 rows, atomics "
+                        "1.04x and more, the ring from 0.55x at 16 rows to 1.55x at 4096 (BENCHMARKS.md)"),
     # One rank on one GPU: nothing to reduce, so torch.matmul alone is the whole job; a fused kernel can only
     # match it (on an H200, 2026-12-04, the current figures of BENCHMARKS.md: two_shot at M = 16 slowest, where
     # its launch's host time exceeds the GPU's work; atomics and ring slower still).
