@@ -60,7 +60,6 @@ def sum_partials(slot, rank, world_size, heap_bases, PEER_CACHE: tl.constexpr):
     return total
 
 
-
 @triton.jit(do_not_specialize=["rank", "epoch", "timeout_ns"])
 def two_shot_reduce(
         C, partials, partial_ready, results_in, taken, watchdog, heap_bases, rank, world_size, epoch, M, N,
