@@ -276,3 +276,18 @@ def test_explorer_in_jupyterlab_redraws_after_run_and_stops_when_interrupted(jup
         page.screenshot(path=str(SHOTS / "browser-explorer-run3.png"), full_page=True)
         assert stopped < 5, f"Stop took {stopped:.1f} s to end the run"
         assert started < 5, f"the Run after a Stop began {started:.1f} s after the click"
+
+        # The exercise, played live as a participant would: the ring with bigger tiles (the knob the hint names),
+        # Run, then the check cell (issue 37).
+        page.locator(".widget-dropdown", has_text="algorithm").locator("select").select_option("ring")
+        for name in ("BLK_M", "BLK_N"):
+            page.locator(".widget-dropdown", has_text=name).locator("select").select_option("32")
+        run.click()
+        page.locator(".widget-html-content", has_text="run 4: ring").wait_for(timeout=180_000)
+        check = page.locator(".jp-CodeCell", has=page.locator(".cm-content", has_text="check_less_waiting(explorer)"))
+        check.first.locator(".cm-content").click()
+        page.keyboard.press("Shift+Enter")
+        said = check.first.locator(".jp-OutputArea", has_text=re.compile("found one!|not yet"))   # (Run All left "that is ...")
+        said.wait_for(timeout=60_000)
+        page.screenshot(path=str(SHOTS / "browser-explorer-exercise.png"), full_page=True)
+        assert "found one! waiting" in said.inner_text(), said.inner_text()

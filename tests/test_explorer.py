@@ -92,3 +92,21 @@ def test_run_button_runs_in_the_background_and_stop_ends_the_ranks():
         assert "stopped after" in explorer.status.value and "(the chart below is still run 1's)" in explorer.status.value
     finally:
         explorer.close()
+
+
+def test_notebook_4s_exercise_is_solved_live_from_the_widgets():
+    """Issue 37: the exercise's target is reachable from the widgets, on this machine, in a live run: the
+    notebook's starting configuration, then bigger tiles (the knob the hint points at: fewer tiles, fewer
+    hand-offs to wait for)."""
+    from gemmar.exercises import check_less_waiting
+
+    explorer = Explorer(world_size=3, m=64, n=64, k=48, BLK_M=16, BLK_N=16, BLK_K=16, num_sms=3, algorithm="ring")
+    try:
+        explorer.run()
+        assert check_less_waiting(explorer).startswith("that is the starting configuration")
+        explorer.block_m.value = explorer.block_n.value = 32
+        explorer.run()
+        said = check_less_waiting(explorer)
+        assert said.startswith("found one! waiting"), said
+    finally:
+        explorer.close()
