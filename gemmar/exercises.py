@@ -247,7 +247,8 @@ def check_sum_partials(cluster, my_sum_partials):
     """Notebook 6's puzzle: the owner's step 5 of two_shot, ``sum_partials(slot, rank, world_size, heap_bases,
     PEER_CACHE) -> the tile's fp32 sum of every rank's partial``; run in two_shot's reduction kernel. Every
     partial once (whole numbers, counted exactly), then in rank order: on inputs where the order of fp32
-    additions shows in the bits, C must equal the package's own sum bit for bit."""
+    additions shows in the bits, C must equal the package's own sum bit for bit; then in fp32: on fp16 inputs,
+    whose partials added in fp16 round at every step, bit for bit again."""
     m, n, k, block = 48, 32, 60, 16
     said, result = _partials_verdict(cluster, "two_shot", "sum_partials", my_sum_partials, (m - 8, n + 4, k), 4, 2,
                             "with one, the only partial is the owner's own",
@@ -258,20 +259,40 @@ def check_sum_partials(cluster, my_sum_partials):
     if not said.startswith("right!"):
         return _say(said, result)
     A, B = _order_sensitive_problem(m, n, k, cluster.world_size, seed=6)
+    tile, runs, failed = _tile_with_other_bits(cluster, my_sum_partials, A, B, block)
+    if failed:
+        return _say(failed)
+    if tile is not None:
+        return _say(f"not quite: every partial is in C once, but tile {tile} has other bits than the sum in rank "
+                    f"order (rank 0's partial, then rank 1's, ...). fp32 addition is not associative: another "
+                    f"order rounds differently, and the ranks would not agree run after run", runs["yours"])
+    # fp16 partials (the wire dtype is the input's): added in fp16 they round at every step, and with 3 ranks
+    # or more some elements come out otherwise than from an fp32 sum rounded once.
+    g = torch.Generator().manual_seed(7)
+    A, B = torch.randn(m, k, generator=g).half(), torch.randn(k, n, generator=g).half()
+    tile, runs, failed = _tile_with_other_bits(cluster, my_sum_partials, A, B, block)
+    if failed:
+        return _say(failed)
+    if tile is not None:
+        return _say(f"not quite: with fp16 inputs (the partials travel in fp16) tile {tile} has other bits than an "
+                    f"fp32 sum: add the partials in fp32 (.to(tl.float32) on each load), so that the sum is rounded "
+                    f"once, when it is written into C", runs["yours"])
+    return _say(f"right! {said[len('right! '):]}; summed in fp32 in rank order, bit for bit", runs["yours"])
+
+
+def _tile_with_other_bits(cluster, my_sum_partials, A, B, block):
+    """Run two_shot with the participant's sum and with the package's on the same inputs: ((pid_m, pid_n) of
+    the first tile whose bits differ, or None; the runs; what went wrong, or None)."""
     runs = {}
     for name, parts in (("yours", {"sum_partials": my_sum_partials}), ("rank order", None)):
         runs[name], failed = _run_part(cluster, "two_shot", parts, A, B, BLK_M=block, BLK_N=block, BLK_K=block,
                                        num_sms=2, comm_sms=2, iterations=1)
         if failed:
-            return _say(failed)
+            return None, runs, failed
+    m, n = A.shape[0], B.shape[1]
     differ = (runs["yours"].C != runs["rank order"].C).view(m // block, block, n // block, block).any(3).any(1)
-    if differ.any():
-        pid_m, pid_n = (int(i) for i in differ.nonzero()[0])
-        return _say(f"not quite: every partial is in C once, but tile ({pid_m}, {pid_n}) has other bits than the sum "
-                    f"in rank order (rank 0's partial, then rank 1's, ...). fp32 addition is not associative: "
-                    f"another order rounds differently, and the ranks would not agree run after run",
-                    runs["yours"])
-    return _say(f"right! {said[len('right! '):]}; summed in rank order, bit for bit", runs["yours"])
+    tile = tuple(int(i) for i in differ.nonzero()[0]) if differ.any() else None
+    return tile, runs, None
 
 
 def _order_sensitive_problem(m, n, k, world_size, seed):

@@ -363,6 +363,7 @@ def test_a_part_that_never_ends_is_stopped_in_seconds_and_said_plainly(tmp_path,
         assert "(the last check's ranks were stopped in a launch that did not end: starting 3 rank(s) again)" in \
             capsys.readouterr().out
 
+
 RING_ORDER = '''
 import triton
 import triton.language as tl
@@ -376,6 +377,14 @@ def ring_order_sum(slot, rank, world_size, heap_bases, PEER_CACHE: tl.constexpr)
         source = (rank + step) % world_size
         total += tl.load(device.translate(slot, rank, source, heap_bases), cache_modifier=PEER_CACHE).to(tl.float32)
     return total
+
+
+@triton.jit
+def sum_in_the_wire_dtype(slot, rank, world_size, heap_bases, PEER_CACHE: tl.constexpr):
+    total = tl.load(device.translate(slot, rank, 0, heap_bases), cache_modifier=PEER_CACHE)
+    for source in range(1, world_size):   # rank order, but added in the partials' own dtype (no .to(tl.float32))
+        total += tl.load(device.translate(slot, rank, source, heap_bases), cache_modifier=PEER_CACHE)
+    return total.to(tl.float32)
 '''
 
 
@@ -385,6 +394,10 @@ def test_the_owners_sum_must_be_in_rank_order_bit_for_bit(clusters, world_size, 
     said = exercises.check_sum_partials(clusters(world_size), wrong.ring_order_sum)
     assert said.startswith("not quite: every partial is in C once, but tile (") and "rank order" in said, said
     assert "(rank + step)" not in said
+    # Issue 37: without the fp32 conversion the text asks for, fp16 partials round at every addition.
+    said = exercises.check_sum_partials(clusters(world_size), wrong.sum_in_the_wire_dtype)
+    assert said.startswith("not quite: with fp16 inputs (the partials travel in fp16) tile (") and \
+        "add the partials in fp32" in said, said
 
 
 UNCOMPILABLE = '''
