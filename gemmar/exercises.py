@@ -393,7 +393,9 @@ def check_worst_wait(my_answer, rows):
     if my_answer not in by_name:
         return _say(f"not quite: {my_answer!r} is not in the table; use one of {', '.join(sorted(by_name))}")
     if by_name[my_answer] == max(by_name.values()):
-        return _say("right! and only the ring waits: its programs hand each tile on, and wait for the slot")
+        return _say("right! the ring's programs hand each tile on: each waits for its neighbour's data and for its "
+                    "slot to be free. Part of that waiting is a rank waiting out a peer that launched later (the "
+                    "hatched launch skew in its lanes)")
     return _say(f"not quite: {my_answer} waits {by_name[my_answer]:.1f} us per program; another trace waits longer")
 
 

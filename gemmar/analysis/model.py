@@ -194,10 +194,10 @@ def predict_unmeasured(shape, W, machine=None, gpu=None, data=MEASURED):
         return None
     links = machine or checked_machine
     shape = tuple(shape)
-    mm = links.matmul_ms.get(shape) if machine else None
-    mm = mm or matmul_ms(shape, gpu)
+    mm = links.matmul_ms.get(shape) or matmul_ms(shape, gpu)   # measured where it was, as draw() does
     target = dataclasses.replace(links, matmul_ms={shape: mm})
-    estimated = dataclasses.replace(one_gpu, ratio={"two_shot": {shape: two_shot_local_ms(shape, mm, W, gpu) / mm}})
+    ratio = one_gpu.ratio.get("two_shot", {}).get(shape)   # measured at this shape on one GPU, as draw() uses it
+    estimated = dataclasses.replace(one_gpu, ratio={"two_shot": {shape: ratio or two_shot_local_ms(shape, mm, W, gpu) / mm}})
     return predict_ms("two_shot", shape, W, target, estimated), predict_ms("sequential", shape, W, target, estimated)
 
 

@@ -241,11 +241,12 @@ def _draw_aggregate(ax, df, span, bins=400):
         # One program busy on its own is a hairline in a share: mark where the rank's last GEMM tile and its
         # launch end, so a long tail shows.
         gemm_end, launch_end = d.loc[d["group"] == "gemm", "end_us"].max(), d["end_us"].max()
-        for x, style, what in ((gemm_end, ":", "last GEMM tile ends"), (launch_end, "-", "launch ends")):
+        # (One label above the band, one below: the two lines are often close.)
+        for x, style, what, y, va in ((gemm_end, ":", "last GEMM tile ends", offset - 0.06, "top"),
+                                      (launch_end, "-", "launch ends", offset + 1.06, "bottom")):
             if np.isfinite(x):
                 ax.plot([x, x], [offset - 0.05, offset + 1.05], color="black", ls=style, lw=1)
-                ax.text(x, offset + 1.06, f" {what}", fontsize=6.5, va="bottom",
-                        ha="right" if x > 0.85 * span else "left")
+                ax.text(x, y, f" {what}", fontsize=6.5, va=va, ha="right" if x > 0.85 * span else "left")
         yticks += [offset, offset + 0.5, offset + 1.0]
         ylabels += ["0 %", f"rank {rank}: 50 %\n({n_prog} programs)", "100 %"]
         offset += 1.15
