@@ -104,3 +104,37 @@ def test_figures_quoted_in_code_and_docs_are_the_current_ones():
             text = re.sub(r'"\s+"', "", text)
             expected = template.format(quote(found.groups()))
             assert expected in text, f"{path} should quote {expected!r} (BENCHMARKS.md, current figures: {row_start})"
+
+
+def notebook_text(name):
+    """A notebook's markdown, as one line of words."""
+    import json
+
+    cells = json.load(open(os.path.join(ROOT, "notebooks", name)))["cells"]
+    return " ".join(" ".join("".join(c["source"]) for c in cells if c["cell_type"] == "markdown").split())
+
+
+def test_numbers_in_the_notebooks_text_are_the_codes_and_the_current_tables():
+    """Issue 37: a number a notebook's text states, where code or data holds it, is what they hold (the model's
+    link and NCCL speeds, its tolerance, how many figures it is checked on; two_shot's 2 x H200 range)."""
+    from gemmar.analysis import model
+
+    import dataclasses
+
+    text = notebook_text("05_gpu_traces.ipynb")
+    defaults = {f.name: f.default for f in dataclasses.fields(model.Machine)}
+    assert f"({defaults['link_gb_s']:g} GB/s per direction)" in text
+    assert f"({defaults['nccl_bus_gb_s']:g} GB/s)" in text
+    assert f"within {100 * model.TOLERANCE:g} %" in text
+    measured, checked, one_gpu = model.load_inputs(*(os.path.join(model.MEASURED, name)
+                                                     for name in model.CHECKED_AGAINST[:2]))
+    figures = len(model.check(measured, 2, checked, one_gpu))
+    words = {9: "nine", 6: "six", 12: "twelve"}
+    assert f"reproduce the {words.get(figures, figures)} figures measured on 2 x H200" in text, figures
+    rows = current_figures()
+    large = next(cell for first, cell in rows.items() if first.startswith("two_shot across GPUs"))
+    small = next(cell for first, cell in rows.items() if first.startswith("the same at inference shapes"))
+    ratios = [float(x) for x in re.search(r"(\d\.\d+), (\d\.\d+), (\d\.\d+) at 8192", large).groups()]
+    ratios += [float(x) for x in re.search(r"two_shot (\d\.\d+) \(M 4096\), (\d\.\d+) \(1024\), (\d\.\d+) \(256\), "
+                                            r"(\d\.\d+) \(64\), (\d\.\d+) \(16\)", small).groups()]
+    assert f"on 2 x H200 it took {min(ratios):.2f}-{max(ratios):.2f}x their time" in notebook_text("06_two_shot.ipynb")
