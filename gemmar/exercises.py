@@ -14,8 +14,8 @@ rank and tile went wrong and how, and return the run (``verdict.result``) for a 
 import torch
 
 from .analysis.schedule import plot_tile_order, tile_coords, tile_schedule
-from .config import k_bounds
 from .errors import GemmarError, RankDiedError
+from .partial_counts import integer_problem, judge_partials, order_sensitive_problem
 from .runtime.gpu_compile import compile_error
 
 
@@ -90,72 +90,13 @@ def _gpu_verdict(result, parts):
             f"Python; the compiler takes only what Triton can translate): {problem}")
 
 
-def _integer_problem(m, n, k, seed):
-    # Small whole numbers in fp32: every partial and every sum is exact, so a C that holds a rank's partial
-    # twice shows up as exactly 2 in the counts below, not as a tolerance question.
-    g = torch.Generator().manual_seed(seed)
-    return (torch.randint(-3, 4, (m, k), generator=g).float(), torch.randint(-3, 4, (k, n), generator=g).float())
-
-
-def _partial_counts(result, A, B):
-    """Per rank and tile: how many times each rank's partial ``A[:, K_q] @ B[K_q, :]`` is in that rank's C
-    (least squares over the tile's elements), and whether C is exactly such a sum."""
-    cfg = result.config
-    W, bm, bn = cfg.world_size, cfg.BLK_M, cfg.BLK_N
-    partials = [A[:, s:e].double() @ B[s:e, :].double() for s, e in (k_bounds(cfg.k, W, q) for q in range(W))]
-    tiles_m, tiles_n = cfg.tiles
-    C = [out.C.double() for out in result.ranks]
-    counts = {}
-    for i in range(tiles_m):
-        for j in range(tiles_n):
-            region = (slice(i * bm, (i + 1) * bm), slice(j * bn, (j + 1) * bn))
-            X = torch.stack([p[region].flatten() for p in partials], dim=1)   # the same for every rank
-            for rank in range(W):
-                y = C[rank][region].flatten()
-                coef = torch.linalg.lstsq(X, y[:, None]).solution[:, 0]
-                exact = bool(torch.allclose(X @ coef, y, atol=1e-6 * (1 + float(y.abs().max()))))
-                counts[rank, (i, j)] = ([round(float(c), 2) + 0.0 for c in coef], exact)   # + 0.0: no "-0"
-    return dict(sorted(counts.items()))   # by rank, then tile: the first wrong one is rank 0's first
-
-
-def _times(c):
-    c = int(c) if float(c).is_integer() else c
-    return {0: "0 times", 1: "once", 2: "twice"}.get(c, f"{c} times")
-
-
-def _judge_partials(result, A, B, hint):
-    """The puzzles whose answer decides which partials reach which rank's C: "right!" or the first wrong
-    tile, as a table of how many times each rank's partial is in each rank's C there."""
-    W = result.config.world_size
-    counts = _partial_counts(result, A, B)
-    wrong = [key for key, (coef, exact) in counts.items() if not exact or any(c != 1 for c in coef)]
-    if not wrong and result.ok:
-        return None
-    if not wrong:
-        bad = next(r for r in result.ranks if not r.ok)
-        return (f"not quite: the last launch is right, but an earlier one on rank {bad.rank} was not (max error "
-                f"{max(d for d in bad.max_abs_diff if d is not None):.3g}): does your code depend on the launch?")
-    rank, tile = wrong[0]
-    ranks_wrong = sorted({r for r, _ in wrong})
-    lines = [f"not quite: {len(wrong)} of {len(counts)} tiles are wrong, on rank(s) {', '.join(map(str, ranks_wrong))}. "
-             f"In tile (pid_m, pid_n) = {tile}, each rank's C holds each rank's partial this many times:",
-             "            " + "".join(f"{f'rank {q}':>9}" for q in range(W))]
-    for r in range(W):
-        coef, exact = counts[r, tile]
-        lines.append(f"  rank {r}'s C" + "".join(f"{c:>9g}" for c in coef) + ("" if exact else "   (+ other values)"))
-    r, q = next(((r, q) for r in range(W) for q in range(W) if counts[r, tile][0][q] != 1), (rank, rank))
-    lines.append(f"For example rank {r}'s C has rank {q}'s partial {_times(counts[r, tile][0][q])}. "
-                 f"Every rank's C needs every rank's partial exactly once. {hint(rank, tile)}")
-    return "\n".join(lines)
-
-
 def check_tile_coords(cluster, my_tile_coords):
     """Notebook 1's puzzle: a ``tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_SIZE_M)`` that hands out
     every tile exactly once, in the grouped order (including a short last group), run in the atomics
     kernel. A wrong answer also draws where the kernel put each tile id next to the grouped order."""
     m, n, block, group = 96, 80, 16, 4     # 6 x 5 tiles: groups of 4 tile-rows, the last one only 2 rows
     tiles_m, tiles_n = m // block, n // block
-    A, B = _integer_problem(m, n, 32, seed=1)
+    A, B = integer_problem(m, n, 32, seed=1)
     result, failed = _run_part(cluster, "atomics", {"tile_coords": my_tile_coords}, A, B, BLK_M=block,
                                BLK_N=block, BLK_K=16, gsize_m=group, num_sms=4)
     if failed:
@@ -204,7 +145,7 @@ def _partials_verdict(cluster, algorithm, part, fn, shape, seed, smallest, too_f
     a text formatted with ``W``, ``steps`` (W - 1) and ``tile``."""
     if cluster.world_size < smallest:
         return f"this check needs a cluster of at least {smallest} ranks: {too_few}", None
-    A, B = _integer_problem(*shape, seed=seed)
+    A, B = integer_problem(*shape, seed=seed)
     result, failed = _run_part(cluster, algorithm, {part: fn}, A, B, BLK_M=16, BLK_N=16, BLK_K=16, num_sms=2,
                                iterations=2, **settings)
     if failed:
@@ -212,7 +153,7 @@ def _partials_verdict(cluster, algorithm, part, fn, shape, seed, smallest, too_f
             failed += (f". This check's C is {shape[0]} x {shape[1]}, not a multiple of the 16 x 16 tile: in an edge "
                        f"tile the rows and columns past C's edge must be masked off (mask=)")
         return failed, None
-    wrong = _judge_partials(result, A, B, lambda rank, tile: hint(result, rank, tile) if callable(hint) else
+    wrong = judge_partials(result, A, B, lambda rank, tile: hint(result, rank, tile) if callable(hint) else
                             hint.format(W=cluster.world_size, steps=cluster.world_size - 1, tile=tile))
     return (wrong or _race_verdict(result) or _gpu_verdict(result, {part: fn}) or
             f"right! {right}, over 2 back-to-back launches"), result
@@ -258,7 +199,7 @@ def check_sum_partials(cluster, my_sum_partials):
                             comm_sms=2)
     if not said.startswith("right!"):
         return _say(said, result)
-    A, B = _order_sensitive_problem(m, n, k, cluster.world_size, seed=6)
+    A, B = order_sensitive_problem(m, n, k, cluster.world_size, seed=6)
     tile, runs, failed = _tile_with_other_bits(cluster, my_sum_partials, A, B, block)
     if failed:
         return _say(failed)
@@ -293,17 +234,6 @@ def _tile_with_other_bits(cluster, my_sum_partials, A, B, block):
     differ = (runs["yours"].C != runs["rank order"].C).view(m // block, block, n // block, block).any(3).any(1)
     tile = tuple(int(i) for i in differ.nonzero()[0]) if differ.any() else None
     return tile, runs, None
-
-
-def _order_sensitive_problem(m, n, k, world_size, seed):
-    """fp32 inputs whose rank r's K-slice is scaled by 4096**r: the partials' magnitudes differ so much that
-    the order of their fp32 sum shows in the bits."""
-    g = torch.Generator().manual_seed(seed)
-    A, B = torch.randn(m, k, generator=g), torch.randn(k, n, generator=g)
-    for r in range(world_size):
-        start, end = k_bounds(k, world_size, r)
-        A[:, start:end] *= 4096.0 ** r
-    return A, B
 
 
 def check_tile_owner(my_program, my_turn, m=64, n=64, BLK=16, gsize_m=2, num_sms=3, tile=(3, 1)):

@@ -281,7 +281,8 @@ def test_explorer_in_jupyterlab_redraws_after_run_and_stops_when_interrupted(jup
         # Run, then the check cell (issue 37).
         page.locator(".widget-dropdown", has_text="algorithm").locator("select").select_option("ring")
         for name in ("BLK_M", "BLK_N"):
-            page.locator(".widget-dropdown", has_text=name).locator("select").select_option("32")
+            page.locator(".widget-dropdown", has_text=name).locator("select").select_option("64")
+        time.sleep(1)   # (a widget's new value reaches the kernel over its comm: a click at once can beat it)
         run.click()
         page.locator(".widget-html-content", has_text="run 4: ring").wait_for(timeout=180_000)
         check = page.locator(".jp-CodeCell", has=page.locator(".cm-content", has_text="check_less_waiting(explorer)"))

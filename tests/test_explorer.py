@@ -104,7 +104,7 @@ def test_notebook_4s_exercise_is_solved_live_from_the_widgets():
     try:
         explorer.run()
         assert check_less_waiting(explorer).startswith("that is the starting configuration")
-        explorer.block_m.value = explorer.block_n.value = 32
+        explorer.block_m.value = explorer.block_n.value = 64
         explorer.run()
         said = check_less_waiting(explorer)
         assert said.startswith("found one! waiting"), said
