@@ -199,25 +199,24 @@ def check_sum_partials(cluster, my_sum_partials):
                             comm_sms=2)
     if not said.startswith("right!"):
         return _say(said, result)
-    A, B = order_sensitive_problem(m, n, k, cluster.world_size, seed=6)
-    tile, runs, failed = _tile_with_other_bits(cluster, my_sum_partials, A, B, block)
-    if failed:
-        return _say(failed)
-    if tile is not None:
-        return _say(f"not quite: every partial is in C once, but tile {tile} has other bits than the sum in rank "
-                    f"order (rank 0's partial, then rank 1's, ...). fp32 addition is not associative: another "
-                    f"order rounds differently, and the ranks would not agree run after run", runs["yours"])
-    # fp16 partials (the wire dtype is the input's): added in fp16 they round at every step, and with 3 ranks
-    # or more some elements come out otherwise than from an fp32 sum rounded once.
+    # Then bit for bit against the package's sum: on inputs where the order of fp32 additions shows in the
+    # bits; and on fp16 inputs (the wire dtype is the input's), whose partials added in fp16 round at every
+    # step, so that with 3 ranks or more some elements come out otherwise than from an fp32 sum rounded once.
     g = torch.Generator().manual_seed(7)
-    A, B = torch.randn(m, k, generator=g).half(), torch.randn(k, n, generator=g).half()
-    tile, runs, failed = _tile_with_other_bits(cluster, my_sum_partials, A, B, block)
-    if failed:
-        return _say(failed)
-    if tile is not None:
-        return _say(f"not quite: with fp16 inputs (the partials travel in fp16) tile {tile} has other bits than an "
-                    f"fp32 sum: add the partials in fp32 (.to(tl.float32) on each load), so that the sum is rounded "
-                    f"once, when it is written into C", runs["yours"])
+    stages = [(order_sensitive_problem(m, n, k, cluster.world_size, seed=6),
+               "every partial is in C once, but tile {tile} has other bits than the sum in rank order (rank 0's "
+               "partial, then rank 1's, ...). fp32 addition is not associative: another order rounds differently, "
+               "and the ranks would not agree run after run"),
+              ((torch.randn(m, k, generator=g).half(), torch.randn(k, n, generator=g).half()),
+               "with fp16 inputs (the partials travel in fp16) tile {tile} has other bits than an fp32 sum: add the "
+               "partials in fp32 (.to(tl.float32) on each load), so that the sum is rounded once, when it is "
+               "written into C")]
+    for (A, B), wrong in stages:
+        tile, runs, failed = _tile_with_other_bits(cluster, my_sum_partials, A, B, block)
+        if failed:
+            return _say(failed)
+        if tile is not None:
+            return _say(f"not quite: {wrong.format(tile=tile)}", runs["yours"])
     return _say(f"right! {said[len('right! '):]}; summed in fp32 in rank order, bit for bit", runs["yours"])
 
 
