@@ -2,7 +2,7 @@
 few-rows tile (and, since 2026-12-04 noon, plain pointers rather than tensor descriptors: launch.gemm_operands), and the standalone all-reduce of 1 MiB already on the heap. The GPU is held by a sleep kernel
 while the host enqueues, so the figure is the host's alone; then where it goes (cProfile, top entries).
 
-    python3 benchmarks/host_time.py [--profile]
+    python3 benchmarks/host_time.py [--profile] [--rounds 3]
 """
 
 import argparse
@@ -45,7 +45,8 @@ def host_us(fn, profile):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--profile", action="store_true", help="where the last round's time goes (cProfile)")
+    parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     folder = make_heap_folder()
     try:
@@ -60,12 +61,18 @@ def main():
         fused = FusedGemmAllReduce(heap, config)
         fused.prepare(A, B)
         C = A @ B
-        print(f"two_shot {m} x {n} x {k}: host {host_us(lambda: fused(A, B, wait=False), args.profile):.1f} us a "
-              f"launch; torch.matmul {host_us(lambda: torch.matmul(A, B, out=C), False):.1f} us", flush=True)
         op = SymmetricAllReduce(heap, 1 << 19, torch.bfloat16)
         op.prepare()
-        print(f"all-reduce 1 MiB on the heap: host {host_us(lambda: op(op.input, wait=False), args.profile):.1f} us "
-              f"a launch", flush=True)
+        # Rounds alternate the three loops: a host's speed drifts within a minute (the same torch.matmul loop
+        # measured 18.0 and 12.4 us a launch minutes apart), so each ratio compares neighbours in time.
+        for round_ in range(args.rounds):
+            profile = args.profile and round_ == args.rounds - 1
+            fused_us = host_us(lambda: fused(A, B, wait=False), profile)
+            matmul_us = host_us(lambda: torch.matmul(A, B, out=C), False)
+            reduce_us = host_us(lambda: op(op.input, wait=False), profile)
+            print(f"round {round_ + 1}: two_shot {m} x {n} x {k}: host {fused_us:.1f} us a launch; torch.matmul "
+                  f"{matmul_us:.1f} us ({fused_us / matmul_us:.2f}x); all-reduce 1 MiB on the heap: host "
+                  f"{reduce_us:.1f} us a launch", flush=True)
     finally:
         remove_arenas(folder)
 

@@ -13,11 +13,12 @@ AUTO_RULE = {
                         "then NCCL's time at three large shapes and 0.69-0.96x at five of 16-4096 rows, atomics "
                         "1.04x and more, the ring from 0.55x at 16 rows to 1.55x at 4096 (BENCHMARKS.md)"),
     # One rank on one GPU: nothing to reduce, so torch.matmul alone is the whole job; a fused kernel can only
-    # match it (on an H200, 2026-12-04, the current figures of BENCHMARKS.md: two_shot at M = 16 slowest, where
-    # its launch's host time exceeds the GPU's work; atomics and ring slower still).
+    # match it (on an H200, 2026-12-04, the current figures of BENCHMARKS.md: two_shot within 4 % of torch.matmul's
+    # host time per launch since the launch hands Triton addresses, its figures spread by the host's; atomics and
+    # ring slower still).
     "one_gpu": ("unfused", "with one rank there is nothing to reduce, so torch.matmul alone is the whole job and a "
-                           "fused kernel can at best match it (on an H200 two_shot measured 1.00-1.26x torch.matmul's "
-                           "time at 64-8192 rows and 1.32-1.49x at 16, atomics and ring slower: BENCHMARKS.md)"),
+                           "fused kernel can at best match it (on an H200 two_shot measured 1.00-1.21x torch.matmul's "
+                           "time at 64-8192 rows and 1.07-1.23x at 16, atomics and ring slower: BENCHMARKS.md)"),
     # CPU interpreter or ranks sharing a GPU: places to learn and test, with no NCCL between the ranks.
     "shared": ("two_shot", "there is no NCCL path between these ranks (cpu interpreter, or ranks sharing one "
                            "GPU), and two_shot is the fused kernel that gives every rank the same bits"),

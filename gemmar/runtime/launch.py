@@ -193,8 +193,8 @@ class FusedGemmAllReduce:
             self.heap.delay(0)
 
     def _prepared_launches(self, A, B):
-        """This launch's kernels, prepared once per pair of input tensors (runtime/compiled_launch.py), each
-        with the values of the arguments the spec names in ``Launch.per_launch``."""
+        """This launch's kernels, prepared once per pair of input tensors (runtime/compiled_launch.py): each
+        launched with ``.at(launch count)``, which sets the arguments the spec names in ``Launch.per_launch``."""
         cfg, heap = self.config, self.heap
         last = self.last_inputs
         if last is not None and A is last[0] and B is last[1] and A.data_ptr() == last[2] and B.data_ptr() == last[3]:
@@ -215,9 +215,7 @@ class FusedGemmAllReduce:
             self.prepared = (key, [PreparedLaunch(launch.kernel, launch.grid, (), launch.kwargs, self._stream(launch),
                                                   launch.per_launch) for launch in launches])
         self.last_inputs = (A, B, A.data_ptr(), B.data_ptr())
-        per_launch = {"epoch": self.launches, "parity": self.launches % 2}
-        return [(launch, {name: value for name, value in per_launch.items() if name in launch.per_launch})
-                for launch in self.prepared[1]]
+        return self.prepared[1]
 
     @staticmethod
     def _inputs_key(A, B):
@@ -279,11 +277,10 @@ def launch_ranks(fused, inputs, wait=False):
     ``wait=True`` (one rank) waits for the work and checks the watchdog, as ``fused(A, B)`` does.
     """
     calls = [f._prepared_launches(A, B) for f, (A, B) in zip(fused, inputs)]
-    for step in range(max(len(c) for c in calls)):
-        for f, c in zip(fused, calls):
-            if step < len(c):
-                launch, per_launch = c[step]
+    for step in range(max(map(len, calls))):
+        for f, launches in zip(fused, calls):
+            if step < len(launches):
                 with on_stream(f.stream_names[step]):
-                    launch(**per_launch)
+                    launches[step].at(f.launches)
     return [f._launched(wait) for f in fused]
 

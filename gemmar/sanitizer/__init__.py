@@ -65,13 +65,17 @@ def host_event(kind, **details):
         record.ACTIVE.host(kind, **details)
 
 
-@contextlib.contextmanager
+_NOT_RECORDING = contextlib.nullcontext()
+
+
 def on_stream(name):
-    """Kernels called inside run on stream ``name`` ("main" or "side"), as far as the sanitizer knows."""
-    recorder = record.ACTIVE
-    if recorder is None:
-        yield
-        return
+    """Kernels called inside run on stream ``name`` ("main" or "side"), as far as the sanitizer knows. (Called
+    for every kernel launched: when nothing records, one shared do-nothing context, no generator.)"""
+    return _NOT_RECORDING if record.ACTIVE is None else _recorded_stream(record.ACTIVE, name)
+
+
+@contextlib.contextmanager
+def _recorded_stream(recorder, name):
     before, recorder.stream = recorder.stream, name
     try:
         yield
