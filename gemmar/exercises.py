@@ -11,6 +11,8 @@ rank and tile went wrong and how, and return the run (``verdict.result``) for a 
 ``instructors/solutions.py`` (out of the notebooks' folder, so out of a participant's file browser).
 """
 
+import re
+
 import torch
 
 from .analysis.schedule import plot_tile_order, tile_coords, tile_schedule
@@ -152,6 +154,8 @@ def _partials_verdict(cluster, algorithm, part, fn, shape, seed, smallest, too_f
         if "HeapBoundsError" in failed and "past its end" in failed:
             failed += (f". This check's C is {shape[0]} x {shape[1]}, not a multiple of the 16 x 16 tile: in an edge "
                        f"tile the rows and columns past C's edge must be masked off (mask=)")
+        elif re.search(r"HeapBoundsError: .* asked for rank -\d", failed):
+            failed += ". (In Triton, as in C, % keeps the sign of its left side: -1 % 3 is -1, not 2.)"
         return failed, None
     wrong = judge_partials(result, A, B, lambda rank, tile: hint(result, rank, tile) if callable(hint) else
                             hint.format(W=cluster.world_size, steps=cluster.world_size - 1, tile=tile))

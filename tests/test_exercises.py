@@ -128,6 +128,88 @@ def test_puzzle_fails_on_stub_and_passes_on_solution(clusters, world_size, noteb
         sys.path.remove(INSTRUCTORS)
     assert check(cluster, getattr(solutions, solved_name)).startswith("right!")
 
+ALSO_RIGHT = '''
+import triton
+import triton.language as tl
+from gemmar.kernels import device
+
+
+@triton.jit
+def tile_coords_with_python_min(tile_id, num_pid_m, num_pid_n, GROUP_SIZE_M: tl.constexpr):
+    group = tile_id // (GROUP_SIZE_M * num_pid_n)
+    first_row = group * GROUP_SIZE_M
+    rows = min(num_pid_m - first_row, GROUP_SIZE_M)   # Python's min, not tl.minimum
+    within = tile_id - group * GROUP_SIZE_M * num_pid_n   # no %
+    return first_row + within % rows, within // rows
+
+
+@triton.jit
+def tile_coords_with_where(tile_id, num_pid_m, num_pid_n, GROUP_SIZE_M: tl.constexpr):
+    tiles_per_group = GROUP_SIZE_M * num_pid_n
+    first_row = (tile_id // tiles_per_group) * GROUP_SIZE_M
+    short = num_pid_m - first_row < GROUP_SIZE_M
+    rows = tl.where(short, num_pid_m - first_row, GROUP_SIZE_M)
+    return first_row + (tile_id % tiles_per_group) % rows, (tile_id % tiles_per_group) // rows
+
+
+@triton.jit
+def push_partial_backwards(C_tile, acc, mask, step, rank, world_size, heap_bases):
+    peer = (rank - step + world_size) % world_size   # the ring the other way round
+    device.atomic_add(C_tile, acc, rank, peer, heap_bases, mask=mask, sem="relaxed", scope="sys")
+    return peer
+
+
+@triton.jit
+def push_partial_without_modulo(C_tile, acc, mask, step, rank, world_size, heap_bases):
+    peer = rank + step
+    if peer >= world_size:   # wraps round by hand
+        peer -= world_size
+    device.atomic_add(C_tile, acc, rank, peer, heap_bases, mask=mask)
+    return peer
+
+
+@triton.jit
+def reduce_step_in_other_words(total, received):
+    payload = received
+    new_total = received + total
+    return new_total, payload
+
+
+@triton.jit
+def sum_partials_with_a_while_loop(slot, rank, world_size, heap_bases, PEER_CACHE: tl.constexpr):
+    total = tl.zeros(slot.shape, tl.float32)
+    source = 0
+    while source < world_size:
+        partial = tl.load(device.translate(slot, rank, source, heap_bases), cache_modifier=PEER_CACHE)
+        total = total + partial.to(tl.float32)
+        source += 1
+    return total
+
+
+@triton.jit
+def sum_partials_own_first(slot, rank, world_size, heap_bases, PEER_CACHE: tl.constexpr):
+    # rank 0's first whoever the owner is: the same order on every owner
+    total = tl.load(device.translate(slot, rank, 0, heap_bases)).to(tl.float32)
+    for source in range(1, world_size):
+        total += tl.load(device.translate(slot, rank, source, heap_bases)).to(tl.float32)
+    return total
+'''
+
+
+@pytest.mark.parametrize("world_size", [3])
+@pytest.mark.parametrize("check_name,answer", [
+    ("check_tile_coords", "tile_coords_with_python_min"), ("check_tile_coords", "tile_coords_with_where"),
+    ("check_push_partial", "push_partial_backwards"), ("check_push_partial", "push_partial_without_modulo"),
+    ("check_reduce_step", "reduce_step_in_other_words"),
+    ("check_sum_partials", "sum_partials_with_a_while_loop"), ("check_sum_partials", "sum_partials_own_first"),
+])
+def test_right_answers_written_differently_are_right(clusters, world_size, check_name, answer, tmp_path):
+    """Issue 37: a right answer need not be the solution's text: Python's min, tl.where, a while loop, the
+    ring the other way round, a wrap by hand are all right, and the checks run them for real and say so."""
+    module = _module_from(tmp_path / f"also_right_{answer}.py", ALSO_RIGHT)
+    said = getattr(exercises, check_name)(clusters(world_size), getattr(module, answer))
+    assert said.startswith("right!"), said
+
 
 WRONG = '''
 import triton
@@ -306,6 +388,13 @@ def no_modulo(C_tile, acc, mask, step, rank, world_size, heap_bases):
     peer = rank + step
     device.atomic_add(C_tile, acc, rank, peer, heap_bases, mask=mask, sem="relaxed", scope="sys")
     return peer
+
+
+@triton.jit
+def backwards_below_zero(C_tile, acc, mask, step, rank, world_size, heap_bases):
+    peer = (rank - step) % world_size
+    device.atomic_add(C_tile, acc, rank, peer, heap_bases, mask=mask, sem="relaxed", scope="sys")
+    return peer
 '''
 
 
@@ -322,6 +411,9 @@ def test_a_push_without_its_mask_or_its_modulo_is_told_its_own_cause(clusters, t
     said = exercises.check_push_partial(clusters(3), wrong.no_modulo)
     assert re.search(r"HeapBoundsError: rank \d, program \d asked for rank 3 at .*: ranks are 0 to 2 "
                      r"\(world_size=3\)", said), said
+    said = exercises.check_push_partial(clusters(3), wrong.backwards_below_zero)   # (rank - step) % W: -1 at rank 0
+    assert re.search(r"asked for rank -\d at .*: ranks are 0 to 2 \(world_size=3\)\. \(In Triton, as in C, % keeps "
+                     r"the sign of its left side", said), said
 
 ENDLESS = '''
 import triton
