@@ -182,6 +182,17 @@ def my_push_partial(C_tile, acc, mask, step, rank, world_size, heap_bases):
     return peer
 """
 
+PUSH_WITHOUT_MASK = """import triton
+import triton.language as tl
+from gemmar.kernels import device
+
+@triton.jit
+def my_push_partial(C_tile, acc, mask, step, rank, world_size, heap_bases):
+    peer = (rank + step) % world_size
+    device.atomic_add(C_tile, acc, rank, peer, heap_bases, sem="relaxed", scope="sys")
+    return peer
+"""
+
 SWAPPED_TRANSLATE = """import triton
 import triton.language as tl
 from gemmar.kernels import device
@@ -195,12 +206,13 @@ def my_sum_partials(slot, rank, world_size, heap_bases, PEER_CACHE: tl.constexpr
 """
 
 
-@pytest.mark.parametrize("notebook,part,wrong_source", [("02_atomic_accumulation.ipynb", "push_partial", SWAPPED_PUSH),
-                                                        ("06_two_shot.ipynb", "sum_partials", SWAPPED_TRANSLATE)])
-def test_participant_crashes_the_ranks_then_solves_the_puzzle(jupyterlab, notebook, part, wrong_source):
-    """The classic Iris slips (from_rank and to_rank swapped; translate's ranks swapped), then the right
-    answer: the check explains the first, and the second passes without the participant restarting
-    anything; no traceback either time."""
+@pytest.mark.parametrize("notebook,part,wrong_source,also_wrong", [
+    ("02_atomic_accumulation.ipynb", "push_partial", SWAPPED_PUSH, PUSH_WITHOUT_MASK),
+    ("06_two_shot.ipynb", "sum_partials", SWAPPED_TRANSLATE, None)])
+def test_participant_crashes_the_ranks_then_solves_the_puzzle(jupyterlab, notebook, part, wrong_source, also_wrong):
+    """The classic Iris slips (from_rank and to_rank swapped; translate's ranks swapped), then (notebook 2) a push
+    without its mask, then the right answer: the check explains each wrong one, and the right one passes without
+    the participant restarting anything; no traceback any time."""
     sys.path.insert(0, str(ROOT / "instructors"))
     try:
         import solutions
@@ -217,6 +229,11 @@ def test_participant_crashes_the_ranks_then_solves_the_puzzle(jupyterlab, notebo
         # (Run All also ran the notebook's last cell, which stops the cluster: the check starts it again.)
         assert re.search(r"^not (yet|quite)", wrong, re.M) and "Traceback" not in wrong, wrong
         page.screenshot(path=str(SHOTS / f"browser-{notebook[:2]}-swapped.png"), full_page=True)
+        if also_wrong:   # issue 37: a push that forgets mask= was "right!" when the check's C had whole tiles only
+            unmasked = answer_puzzle(page, also_wrong, puzzle)
+            assert re.search(r"^not yet", unmasked, re.M) and "must be masked off (mask=)" in unmasked and \
+                "Traceback" not in unmasked, unmasked
+            page.screenshot(path=str(SHOTS / f"browser-{notebook[:2]}-no-mask.png"), full_page=True)
         said = answer_puzzle(page, right, puzzle)
         assert "right!" in said and "Traceback" not in said, said
         if "killed by" in wrong:   # the ranks crashed: the right answer ran on fresh ones, and said so
