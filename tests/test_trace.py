@@ -303,3 +303,13 @@ def test_per_device_clocks_are_aligned_at_every_iteration():
     ranks[1].iteration_starts_ns = []   # untraced iterations: aligned on the first barrier only
     assert list(Result(config, "cuda", ranks).trace.events.sort_values(["iteration", "rank"]).t_start_ns) == \
         [100_000, 100_000, 2_100_000, 3_100_000]
+
+
+def test_every_gemm_bar_of_a_small_run_carries_its_tile_id():
+    """Issue 37: notebook 2's chart labelled a few GEMM bars only (a fixed 22-pixel threshold); a bar now needs
+    room for its digits only, so every GEMM bar of this 4-rank, 9-tile run says which tile it is."""
+    trace = Trace.load(os.path.join(DATA, "cpu-atomics-4ranks-48x40x40.trace.json.gz"))
+    gemm = trace.iteration(-1).query("group == 'gemm'")
+    fig = trace.gantt()
+    labels = sorted(t.get_text() for t in fig.axes[0].texts)
+    assert labels == sorted(str(tile) for tile in gemm["tile"]), labels

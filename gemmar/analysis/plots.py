@@ -205,8 +205,10 @@ def _draw_lanes(ax, df, lanes, span, width_in, gemm_programs=None, max_labels=60
     colors = df["group"].map(GROUP_COLORS).fillna("#999999").to_numpy()
     ax.add_collection(PolyCollection(corners, facecolors=colors, edgecolors="none"))
     px_per_us = width_in * 80 / max(span, 1e-9)
-    wide = np.flatnonzero((df["group"].to_numpy() == "gemm") & (df["duration_us"].to_numpy() * px_per_us > 22))
     tiles = df["tile"].to_numpy()
+    # A 7-point digit is about 5 pixels wide at 80 dpi: a bar holds its id with 2 pixels to spare each side.
+    room = np.char.str_len(tiles.astype(str)) * 5 + 4
+    wide = np.flatnonzero((df["group"].to_numpy() == "gemm") & (df["duration_us"].to_numpy() * px_per_us > room))
     for i in wide[:max_labels]:
         ax.text((start[i] + end[i]) / 2, y[i], str(tiles[i]), ha="center", va="center", fontsize=7, color="white")
     ax.set_yticks(range(len(lanes)))
