@@ -242,7 +242,9 @@ def test_replay_widget_from_a_saved_trace(traces, tmp_path):
     slider = player.children[0].children[1]
     slider.value = slider.max // 2
     # The CPU trace spans seconds: its times read in ms (GPU traces, in µs), with the tile ids on the squares.
-    assert re.match(r"<b>t = \d+\.\d ms</b> \(under each tile id", player.children[1].value)
+    # The words sit under the picture, in a box of fixed least height: playing, the picture does not jump.
+    words = player.children[2]
+    assert re.match(r"<b>t = \d+\.\d ms</b> \(under each tile id", words.value) and words.layout.min_height
 
 
 def test_gantt_cli(traces, tmp_path):

@@ -337,23 +337,33 @@ def ring_handoff_diagram(world_size=3, path=None):
     centre = {r: (2.2 * np.cos(a), 2.2 * np.sin(a)) for r, a in enumerate(angles)}
     fig, ax = plt.subplots(figsize=(7.5, 7))
     for r, (x, y) in centre.items():
-        ax.add_patch(FancyBboxPatch((x - 0.9, y - 0.55), 1.8, 1.1, boxstyle="round,pad=0.05", facecolor="#f4f4f4",
+        ax.add_patch(FancyBboxPatch((x - 1.0, y - 0.55), 2.0, 1.1, boxstyle="round,pad=0.05", facecolor="#f4f4f4",
                                     edgecolor="black"))
         ax.text(x, y + 0.3, f"rank {r}", ha="center", fontsize=11, weight="bold")
         ax.text(x, y - 0.05, "partial of tile t (GEMM)", ha="center", fontsize=8, color=GROUP_COLORS["gemm"])
-        ax.text(x, y - 0.35, "slot[t]  data_ready[t]  slot_free[t]", ha="center", fontsize=7.5)
+        ax.text(x, y - 0.35, "slot[t]  data_ready[t]  slot_free[t]", ha="center", fontsize=7)
     for r in range(W):
         nxt = (r + 1) % W
         (x0, y0), (x1, y1) = centre[r], centre[nxt]
         ax.add_patch(FancyArrowPatch((x0, y0), (x1, y1), arrowstyle="-|>", mutation_scale=16, lw=2,
                                      color=GROUP_COLORS["comm"], shrinkA=45, shrinkB=45,
                                      connectionstyle="arc3,rad=0.18"))
-        mx, my = (x0 + x1) / 2 * 2.15, (y0 + y1) / 2 * 2.15   # outside the dashed hand-back arc
-        ax.text(mx, my, f"rank {r} stores its payload into rank {nxt}'s slot[t],\nthen data_ready[t] += 1 there "
-                        f"(release)", ha="center", va="center", fontsize=7.5, color=GROUP_COLORS["comm"])
+        # The caption goes outside the dashed hand-back arc, on the side facing away from the ring's centre, so
+        # that its width grows away from the arrows (centred there, it lay across the dashed arc).
+        mx, my = (x0 + x1) / 2, (y0 + y1) / 2
+        out = np.hypot(mx, my)
+        if out < 1e-6:   # two ranks: the chord crosses the centre; go the way the green arc bends
+            mx, my, out = 0.18 * (y1 - y0), 0.18 * (x0 - x1), 0.0
+        ux, uy = mx / np.hypot(mx, my), my / np.hypot(mx, my)
+        cx, cy = ux * max(out + 1.05, 1.9), uy * max(out + 1.05, 1.9)
+        ha = "center" if abs(ux) < 0.3 else ("left" if ux > 0 else "right")
+        ax.text(cx - 0.5 * ux if ha != "center" else cx, cy, f"rank {r} stores its payload into rank {nxt}'s "
+                f"slot[t],\nthen data_ready[t] += 1 there (release)", ha=ha, va="center", fontsize=7.5,
+                color=GROUP_COLORS["comm"], bbox=dict(facecolor="white", edgecolor="none", pad=1))
+        # (With two ranks both arcs join the same pair of boxes: the dashed one bends further, to be seen.)
         ax.add_patch(FancyArrowPatch((x1, y1), (x0, y0), arrowstyle="-|>", mutation_scale=12, lw=1.2, ls="--",
                                      color=GROUP_COLORS["wait"], shrinkA=45, shrinkB=45,
-                                     connectionstyle="arc3,rad=0.18"))
+                                     connectionstyle=f"arc3,rad={0.18 if W > 2 else -0.3}"))
     # The key, in a corner away from the arrows (in the centre it sat on the rank 0 -> 1 arrow).
     ax.text(-3.5, -3.0, f"{W} ranks: {W - 1} step{'s' if W != 2 else ''} per tile. At step 0 the payload is the "
                         f"rank's own partial.\ngreen: a message, and its flag; orange, dashed: slot_free[t] handed back\n"

@@ -139,9 +139,11 @@ class ReplayWidget:
         self.play = widgets.Play(value=0, min=0, max=max(n - 1, 0), interval=300, description="play")
         widgets.jslink((self.play, "value"), (self.slider, "value"))
         self.out = widgets.Output()
-        self.text = widgets.HTML()
+        # The picture first and the words under it, in a box that keeps its height: the words' line count
+        # changes from step to step, and above the picture they made it jump up and down while playing.
+        self.text = widgets.HTML(layout=widgets.Layout(min_height="9em"))
         self.slider.observe(lambda change: self.draw(change["new"]), names="value")
-        self.widget = widgets.VBox([widgets.HBox([self.play, self.slider]), self.text, self.out])
+        self.widget = widgets.VBox([widgets.HBox([self.play, self.slider]), self.out, self.text])
         self.draw(0)
 
     def draw(self, step):
