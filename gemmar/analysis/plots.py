@@ -206,11 +206,14 @@ def _draw_lanes(ax, df, lanes, span, width_in, gemm_programs=None, max_labels=60
     ax.add_collection(PolyCollection(corners, facecolors=colors, edgecolors="none"))
     px_per_us = width_in * 80 / max(span, 1e-9)
     tiles = df["tile"].to_numpy()
-    # A 7-point digit is about 5 pixels wide at 80 dpi: a bar holds its id with 2 pixels to spare each side.
-    room = np.char.str_len(tiles.astype(str)) * 5 + 4
-    wide = np.flatnonzero((df["group"].to_numpy() == "gemm") & (df["duration_us"].to_numpy() * px_per_us > room))
-    for i in wide[:max_labels]:
-        ax.text((start[i] + end[i]) / 2, y[i], str(tiles[i]), ha="center", va="center", fontsize=7, color="white")
+    # A 7-point digit is about 5 pixels wide at 80 dpi, a 5.5-point one 4: a bar holds its id in the larger size
+    # with 2 pixels to spare each side, or else in the smaller with 1.
+    digits = np.char.str_len(tiles.astype(str))
+    px = df["duration_us"].to_numpy() * px_per_us
+    fits = np.flatnonzero((df["group"].to_numpy() == "gemm") & (px > digits * 4 + 2))
+    for i in fits[:max_labels]:
+        ax.text((start[i] + end[i]) / 2, y[i], str(tiles[i]), ha="center", va="center", color="white",
+                fontsize=7 if px[i] > digits[i] * 5 + 4 else 5.5)
     ax.set_yticks(range(len(lanes)))
     # Communication programs come after the GEMM's (two_shot): labelled as what they are.
     ax.set_yticklabels([f"rank {r} · comm {p - gemm_programs}" if gemm_programs is not None and p >= gemm_programs
