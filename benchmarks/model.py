@@ -36,8 +36,15 @@ def main(args):
     print("| per-rank M x N x K | measured, world size 1 | estimate | error |\n|---|---|---|---|")
     for shape, ms, estimate, err in model.check_local(local, gpu):
         print(f"| {' x '.join(map(str, shape))} | {ms:.3f} ms | {estimate:.3f} ms | {100 * err:+.1f} % |")
+    few_rows = os.path.join(model.MEASURED, model.FEW_ROWS_RUN)
+    print(f"\ninference shapes on 2 x H200 ({few_rows}), predicted as shapes nobody measured:")
+    print("| per-rank M x N x K | two_shot measured | model | sequential measured | model |\n|---|---|---|---|---|")
+    for shape, tm, t, qm, q in model.few_rows_checks(few_rows, machine, gpu):
+        print(f"| {' x '.join(map(str, shape))} | {tm:.3f} ms | {t:.3f} ms ({100 * (t / tm - 1):+.0f} %) | {qm:.3f} ms | "
+              f"{q:.3f} ms ({100 * (q / qm - 1):+.0f} %) |")
     print()
-    for shape in [*measured, (4096, 4096, 4096), (2048, 2048, 8192), (16384, 16384, 4096)]:
+    for shape in [*measured, (4096, 4096, 4096), (2048, 2048, 8192), (16384, 16384, 4096), (16, 8192, 1024),
+                  (256, 8192, 8192)]:
         for W in (2, 8):
             predicted = model.predict_unmeasured(shape, W)
             print(f"--algorithm auto, {' x '.join(map(str, shape))} per rank on {W} GPUs: " + (

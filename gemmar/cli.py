@@ -170,13 +170,13 @@ def config_from_args(args, backend, algorithm=None):
 def choose_auto(backend, world_size, gpus, shape=None):
     """``--algorithm auto``: (algorithm or "unfused", why). With a GPU per rank and the per-rank ``shape``
     (M, N, K_r) known, the performance model's prediction for that shape, where the model reproduces the
-    measured figures (``analysis.model.choose``); otherwise the measured rule (``analysis.auto_rule.AUTO_RULE``)."""
+    measured figures and the measured shape nearest this one (``analysis.model.choose``); otherwise the measured
+    rule (``analysis.auto_rule.AUTO_RULE``, which knows the rows per rank where it was measured)."""
     from .analysis import model
 
-    rule = choose_algorithm(backend, world_size, gpus)
-    if rule == AUTO_RULE["gpus"] and shape is not None:
-        return model.choose(shape, world_size) or rule
-    return rule
+    if choose_algorithm(backend, world_size, gpus) == AUTO_RULE["gpus"] and shape is not None:
+        return model.choose(shape, world_size) or choose_algorithm(backend, world_size, gpus, rows=shape[0])
+    return choose_algorithm(backend, world_size, gpus)
 
 
 def cmd_bench(args):

@@ -19,15 +19,34 @@ AUTO_RULE = {
     "one_gpu": ("unfused", "with one rank there is nothing to reduce, so torch.matmul alone is the whole job and a "
                            "fused kernel can at best match it (on an H200 two_shot measured 1.00-1.21x torch.matmul's "
                            "time at 64-8192 rows and 1.07-1.23x at 16, atomics and ring slower: BENCHMARKS.md)"),
+    # Two ranks, a GPU each, a shape the model does not speak for (it misses fixed costs there: on the same
+    # 2 x H200 it predicted each of the five inference shapes 16-60 % too fast, the worse of two_shot and
+    # matmul then NCCL). Measured there (2026-12-04, runs of 11:13, 12:00 and 17:27 UTC, N = 8192): at 16 rows
+    # per rank the ring took 0.55 and 0.65x cuBLAS then NCCL's time, two_shot 0.76-0.96x; at 64 rows two_shot
+    # 0.79 and 0.95x with its few-rows tiles, the ring 0.80 and 1.08x; at 256-4096 rows two_shot 0.68-0.84x.
+    "two_gpus_few_rows": ("ring", "measured on 2 x H200 at 16 rows per rank (N = 8192), the ring took 0.55-0.65x "
+                                  "cuBLAS then NCCL's time, less than two_shot (BENCHMARKS.md); the performance "
+                                  "model does not speak for so few rows"),
+    "two_gpus_rows": ("two_shot", "measured on 2 x H200 at 64-4096 rows per rank (N = 8192), two_shot took "
+                                  "0.68-0.95x cuBLAS then NCCL's time (BENCHMARKS.md); the performance model does "
+                                  "not speak for this shape"),
     # CPU interpreter or ranks sharing a GPU: places to learn and test, with no NCCL between the ranks.
     "shared": ("two_shot", "there is no NCCL path between these ranks (cpu interpreter, or ranks sharing one "
                            "GPU), and two_shot is the fused kernel that gives every rank the same bits"),
 }
 
 
-def choose_algorithm(backend, world_size, gpus):
-    """``--algorithm auto`` by the measured rule: (algorithm or "unfused", why), by AUTO_RULE. (With a GPU
-    per rank, ``cli.choose_auto`` first asks the performance model about the shape.)"""
+RING_MAX_ROWS, TWO_SHOT_MAX_ROWS = 16, 4096   # the rows per rank measured in each "two_gpus_*" entry
+
+
+def choose_algorithm(backend, world_size, gpus, rows=None):
+    """``--algorithm auto`` by the measured rule: (algorithm or "unfused", why), by AUTO_RULE; ``rows``, the
+    rows per rank where known. (With a GPU per rank, ``cli.choose_auto`` first asks the performance model
+    about the shape.)"""
     if backend != "cuda" or world_size > gpus:
         return AUTO_RULE["shared"]
-    return AUTO_RULE["one_gpu" if world_size == 1 else "gpus"]
+    if world_size == 1:
+        return AUTO_RULE["one_gpu"]
+    if world_size == 2 and rows is not None and rows <= TWO_SHOT_MAX_ROWS:
+        return AUTO_RULE["two_gpus_few_rows" if rows <= RING_MAX_ROWS else "two_gpus_rows"]
+    return AUTO_RULE["gpus"]
