@@ -106,16 +106,19 @@ def two_shot_gemm(
     of what is ready (:func:`help_reduce`), still without waiting. ``ALONE`` (world size 1): each tile goes
     straight into C (:func:`write_alone_tile`).
 
-    The tile loop is a plain loop, not ``tl.range(..., flatten=True)``: with the publishing epilogue (a
-    block barrier and an atomic) inside a flattened loop, Triton 3.6-3.9 gives up software-pipelining the
-    K loop altogether (one shared-memory stage instead of three; ``tests/test_compile.py`` checks), and the
-    GEMM ran three times slower on an H200."""
+    The tile loop is flattened with the K loop into one software pipeline (``tl.range(..., flatten=True)``:
+    the next tile's first loads start while this one's C is stored) only at world size 1 with tensor
+    descriptors: with the publishing epilogue (a block barrier and an atomic) inside a flattened loop, Triton
+    3.6-3.9 gives up software-pipelining the K loop altogether (one shared-memory stage instead of three;
+    ``tests/test_compile.py`` checks), and the GEMM ran three times slower on an H200. Alone, flattened, the
+    4096 x 8192 x 1024 GEMM took 1.05-1.06x torch.matmul's time instead of 1.12-1.15x (BENCHMARKS.md); with
+    plain pointers (few rows) it did not help."""
     pid = tl.program_id(0)
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
     n_events = tl.zeros((), tl.int32)
     broadcast = tl.zeros((), tl.int32)   # tiles this program has written into every rank's C
-    for tile_id in range(pid, num_pid_m * num_pid_n, NUM_SMS):
+    for tile_id in tl.range(pid, num_pid_m * num_pid_n, NUM_SMS, flatten=ALONE and TMA):
         # 1. Our partial of the tile.
         acc, pid_m, pid_n, n_events, t = traced_gemm_tile(
             A, B, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, tile_id, num_pid_m, num_pid_n, trace,
