@@ -174,9 +174,10 @@ def choose_auto(backend, world_size, gpus, shape=None):
     rule (``analysis.auto_rule.AUTO_RULE``, which knows the rows per rank where it was measured)."""
     from .analysis import model
 
-    if choose_algorithm(backend, world_size, gpus) == AUTO_RULE["gpus"] and shape is not None:
+    rule = choose_algorithm(backend, world_size, gpus)
+    if rule == AUTO_RULE["gpus"] and shape is not None:
         return model.choose(shape, world_size) or choose_algorithm(backend, world_size, gpus, rows=shape[0])
-    return choose_algorithm(backend, world_size, gpus)
+    return rule
 
 
 def cmd_bench(args):

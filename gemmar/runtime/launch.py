@@ -278,9 +278,9 @@ def launch_ranks(fused, inputs, wait=False):
     """
     calls = [f._prepared_launches(A, B) for f, (A, B) in zip(fused, inputs)]
     for step in range(max(map(len, calls))):
-        for f, launches in zip(fused, calls):
-            if step < len(launches):
+        for f, prepared in zip(fused, calls):
+            if step < len(prepared):
                 with on_stream(f.stream_names[step]):
-                    launches[step].at(f.launches)
+                    prepared[step].at(f.launches)
     return [f._launched(wait) for f in fused]
 
