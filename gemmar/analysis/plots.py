@@ -357,12 +357,13 @@ def ring_handoff_diagram(world_size=3, path=None):
         out = np.hypot(mx, my)
         if out < 1e-6:   # two ranks: the chord crosses the centre; go the way the green arc bends
             mx, my, out = 0.18 * (y1 - y0), 0.18 * (x0 - x1), 0.0
-        ux, uy = mx / np.hypot(mx, my), my / np.hypot(mx, my)
-        cx, cy = ux * max(out + 1.05, 1.9), uy * max(out + 1.05, 1.9)
+        ux, uy = np.array([mx, my]) / np.hypot(mx, my)
+        reach = max(out + 1.05, 1.9)
         ha = "center" if abs(ux) < 0.3 else ("left" if ux > 0 else "right")
-        ax.text(cx - 0.5 * ux if ha != "center" else cx, cy, f"rank {r} stores its payload into rank {nxt}'s "
-                f"slot[t],\nthen data_ready[t] += 1 there (release)", ha=ha, va="center", fontsize=7.5,
-                color=GROUP_COLORS["comm"], bbox=dict(facecolor="white", edgecolor="none", pad=1))
+        cx = ux * reach - (0.5 * ux if ha != "center" else 0.0)
+        ax.text(cx, uy * reach, f"rank {r} stores its payload into rank {nxt}'s slot[t],\nthen data_ready[t] += 1 "
+                f"there (release)", ha=ha, va="center", fontsize=7.5, color=GROUP_COLORS["comm"],
+                bbox=dict(facecolor="white", edgecolor="none", pad=1))
         # (With two ranks both arcs join the same pair of boxes: the dashed one bends further, to be seen.)
         ax.add_patch(FancyArrowPatch((x1, y1), (x0, y0), arrowstyle="-|>", mutation_scale=12, lw=1.2, ls="--",
                                      color=GROUP_COLORS["wait"], shrinkA=45, shrinkB=45,
