@@ -1,6 +1,7 @@
 """Host time of one launch at few rows, in this process (world size 1): two_shot at 16 x 8192 x 1024 with its
-few-rows tile (and, since 2026-12-04 noon, plain pointers rather than tensor descriptors: launch.gemm_operands), and the standalone all-reduce of 1 MiB already on the heap. The GPU is held by a sleep kernel
-while the host enqueues, so the figure is the host's alone; then where it goes (cProfile, top entries).
+few-rows tile (and, since 2026-12-04 noon, plain pointers rather than tensor descriptors: launch.gemm_operands),
+and the standalone all-reduce of 1 MiB already on the heap, replayed as a CUDA graph and (to compare) through
+Triton's launcher. The GPU is held by a sleep kernel while the host enqueues, so the figure is the host's alone; then where it goes (cProfile, top entries).
 
     python3 benchmarks/host_time.py [--profile] [--rounds 3]
 """
@@ -13,6 +14,7 @@ import time
 import torch
 
 import gemmar
+from gemmar.runtime import compiled_launch
 from gemmar.runtime import rank as rank_runtime
 from gemmar.runtime.allreduce import SymmetricAllReduce
 from gemmar.runtime.heap.cpu import make_heap_folder, remove_arenas
@@ -69,10 +71,13 @@ def main():
             profile = args.profile and round_ == args.rounds - 1
             fused_us = host_us(lambda: fused(A, B, wait=False), profile)
             matmul_us = host_us(lambda: torch.matmul(A, B, out=C), False)
+            compiled_launch.USE_GRAPHS = True
             reduce_us = host_us(lambda: op(op.input, wait=False), profile)
+            compiled_launch.USE_GRAPHS = False
+            ungraphed_us = host_us(lambda: op(op.input, wait=False), False)
             print(f"round {round_ + 1}: two_shot {m} x {n} x {k}: host {fused_us:.1f} us a launch; torch.matmul "
                   f"{matmul_us:.1f} us ({fused_us / matmul_us:.2f}x); all-reduce 1 MiB on the heap: host "
-                  f"{reduce_us:.1f} us a launch", flush=True)
+                  f"{reduce_us:.1f} us a launch (a CUDA graph; {ungraphed_us:.1f} through Triton's launcher)", flush=True)
     finally:
         remove_arenas(folder)
 

@@ -1,7 +1,7 @@
 """What the few-row rules were chosen from: two_shot's tile settings at inference shapes, and the standalone
 all-reduce's tile rows and programs per message size, on one GPU at world size 1, in this process.
 
-    python3 benchmarks/inference_sweep.py OUT.json [--quick]
+    python3 benchmarks/inference_sweep.py OUT.json [--quick] [--only allreduce --sizes 64 256 --tile_rows 64 128]
 
 Every time is taken two ways in the same run (median of 5 trials of ``REPS`` back-to-back launches):
 ``wall`` as a user's loop sees it (each launch's host time included: when the host is slower than the GPU,
@@ -121,17 +121,23 @@ def symm_mem_ms(x):
     return timed(lambda: op(buffer, "sum", dist.group.WORLD.group_name))
 
 
-def allreduce_sweep(heap, quick):
+def allreduce_sweep(heap, quick, sizes, tile_rows_tried, programs_tried):
     rows = []
-    for mib in (0.25, 1, 4, 16, 64, 256):
+    for mib in sizes:
         numel = int(mib * 2 ** 20) // 2
         x = torch.randn(numel, device="cuda", dtype=torch.bfloat16)
         wall, gpu, host = symm_mem_ms(x)
-        row = dict(mib=mib, symm_mem=dict(wall_ms=wall, gpu_ms=gpu, host_us=host), settings=[])
+        # The floor at one rank: an all-reduce there reads the input and writes the result, as a copy does.
+        copy_into = torch.empty_like(x)
+        copy_wall, copy_gpu, _ = timed(lambda: copy_into.copy_(x))
+        row = dict(mib=mib, symm_mem=dict(wall_ms=wall, gpu_ms=gpu, host_us=host),
+                   torch_copy=dict(wall_ms=copy_wall, gpu_ms=copy_gpu), settings=[])
         print(f"all-reduce {mib:g} MiB: torch symm-mem two-shot wall {wall * 1e3:.1f} us, gpu {gpu * 1e3:.1f} us, "
-              f"host {host:.1f} us", flush=True)
-        for tile_rows in (4, 8, 16, 32, 64) if not quick else (64,):
-            for programs in (32, 66, 132, 264):
+              f"host {host:.1f} us; torch's copy of it gpu {copy_gpu * 1e3:.1f} us "
+              f"({2 * mib * 2 ** 20 / (copy_gpu * 1e-3) / 1e12:.2f} TB/s of traffic)", flush=True)
+        del copy_into
+        for tile_rows in tile_rows_tried if not quick else (64,):
+            for programs in programs_tried:
                 for in_place in (True, False):
                     with heap.scope():
                         op = SymmetricAllReduce(heap, numel, torch.bfloat16, programs, tile_rows=tile_rows)
@@ -146,7 +152,8 @@ def allreduce_sweep(heap, quick):
                     entry = dict(tile_rows=tile_rows, programs=programs, in_place=in_place, wall_ms=w, gpu_ms=g,
                                  host_us=h, ok=ok, wall_speed=wall / w, gpu_speed=gpu / g)
                     row["settings"].append(entry)
-            best = min((e for e in row["settings"] if e["in_place"]), key=lambda e: e["wall_ms"])
+            best = min((e for e in row["settings"] if e["in_place"] and e["tile_rows"] == tile_rows),
+                       key=lambda e: e["wall_ms"])
             print(f"  rows {tile_rows}: best in place {best['programs']} programs wall {best['wall_ms'] * 1e3:.1f} us "
                   f"({best['wall_speed']:.2f}x symm-mem's speed), gpu {best['gpu_ms'] * 1e3:.1f} us, "
                   f"host {best['host_us']:.1f} us", flush=True)
@@ -160,6 +167,9 @@ def main():
     parser.add_argument("--quick", action="store_true", help="two settings a shape (a check that it runs)")
     parser.add_argument("--only", choices=("gemm", "allreduce"))
     parser.add_argument("--max_m", type=int, default=1 << 20, help="only shapes of at most this many rows")
+    parser.add_argument("--sizes", type=float, nargs="+", default=[0.25, 1, 4, 16, 64, 256], help="all-reduce MiB")
+    parser.add_argument("--tile_rows", type=int, nargs="+", default=[4, 8, 16, 32, 64], help="all-reduce tile rows")
+    parser.add_argument("--programs", type=int, nargs="+", default=[32, 66, 132, 264], help="all-reduce programs")
     parser.add_argument("--no_tma", action="store_true",
                         help="the GEMM reads A and B through plain pointers, never tensor descriptors (at world "
                              "size 1 it already does for M <= tuning.FEW_ROWS)")
@@ -181,7 +191,7 @@ def main():
         if args.only != "allreduce":
             report["gemm"] = gemm_sweep(heap, args.quick)
         if args.only != "gemm":
-            report["allreduce"] = allreduce_sweep(heap, args.quick)
+            report["allreduce"] = allreduce_sweep(heap, args.quick, args.sizes, args.tile_rows, args.programs)
     finally:
         with open(args.out, "w") as f:
             json.dump(report, f, indent=1)

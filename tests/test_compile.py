@@ -80,13 +80,15 @@ SCRIPT = textwrap.dedent('''
         build(*kernel, ones=("M", "N", "K", "rank", "world_size", "epoch", "parity"))
     # The standalone all-reduce's own kernels (one launch each: copy in, publish, reduce).
     common = {"x": "*bf16", "numel": "i32", "out": "*bf16", "partials": "*bf16", "partial_ready": "*i32"}
-    rest = {"watchdog": "*i64", "heap_bases": "*i64", "rank": "i32", "world_size": "i32", "epoch": "i32",
+    rest = {"watchdog": "*i64", "heap_bases": "*i64", "rank": "i32", "world_size": "i32", "launch_counts": "*i32",
             "M": "i32", "N": "i32", "timeout_ns": "i64"}
-    for ones in ((), ("M", "rank", "world_size", "epoch")):
+    for ones in ((), ("M", "rank", "world_size")):
         build(allreduce.two_shot_all_reduce, {**common, "results_in": "*i32", **rest, "no_trace": "*i64"},
-              dict(BLOCK_M=64, BLOCK_N=256, COMM_SMS=16, PEER_CACHE=".cg", COPY_IN=not ones), ones=ones)
+              dict(BLOCK_M=64 if ones else 256, BLOCK_N=256, COMM_SMS=16, PEER_CACHE=".cg", COPY_IN=not ones,
+                   ROWS=64), ones=ones)
         build(allreduce.one_shot_all_reduce, {**common, "partials_read": "*i32", **rest},
-              dict(BLOCK_M=64, BLOCK_N=256, COMM_SMS=16, PEER_CACHE=".cg", COPY_IN=bool(ones)), ones=ones)
+              dict(BLOCK_M=64 if ones else 128, BLOCK_N=256, COMM_SMS=16, PEER_CACHE=".cg", COPY_IN=bool(ones),
+                   ROWS=64), ones=ones)
     build(barrier.barrier_kernel, {"counter": "*i64", "watchdog": "*i64", "exit_time": "*i64", "heap_bases": "*i64", "rank": "i32",
                                    "target": "i64", "timeout_ns": "i64"}, {})
 ''')

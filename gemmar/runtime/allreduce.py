@@ -36,6 +36,9 @@ COPY_IN_KERNEL_BELOW_BYTES = 8 << 20
 
 # (BLOCK_M, BLOCK_N) of a tile: big on GPUs (wide vector loads, few flags), small under the interpreter.
 BLOCKS = {"cuda": (64, 256), "cpu": (16, 64)}
+# A tile of more rows is copied and summed this many rows at a time: a 64 x 256 fp32 sum is 64 registers a
+# thread at 8 warps; a whole 256-row one would spill. (On cpu half a tile: the tests run the chunked code.)
+SUM_ROWS = {"cuda": 64, "cpu": 8}
 
 
 def tile_layout(numel, device_type, block_m=None):
@@ -51,7 +54,8 @@ def all_reduce_heap_bytes(numel, dtype, device_type="cpu"):
     """Heap bytes one rank needs for a standalone all-reduce of ``numel`` values (generously aligned)."""
     block_m, block_n, _, tiles = tile_layout(numel, device_type)
     values = 2 * tiles * block_m * block_n * torch.tensor([], dtype=dtype).element_size()
-    return values + 12 * tiles + 4 * FLAG_WORDS * 64 + 8 * WATCHDOG_WORDS + 64 * 1024   # (64: the most ranks)
+    return values + 12 * tiles + 4 * FLAG_WORDS * 64 + 8 * WATCHDOG_WORDS + 4 * 4096 + 64 * 1024   # (64: the most
+    #                                                                       ranks; 4096: the most programs)
 
 
 def default_programs(heap):
@@ -91,6 +95,7 @@ class SymmetricAllReduce:
         self.results_in = heap.zeros(heap.world_size * FLAG_WORDS, torch.int32)   # two-shot: owners' tiles in
         self.partials_read = heap.zeros(self.tiles, torch.int32)  # one-shot: how many ranks read my tile
         self.watchdog = heap.zeros(WATCHDOG_WORDS, torch.int64)
+        self.launch_counts = heap.zeros(comm_sms, torch.int32)   # program c's launches so far: its epoch
         self.no_trace = torch.zeros(1, dtype=torch.int64, device=heap.device)
         heap.name_all(self)
         self.timeout_ns = int(timeout_s * 1e9)
@@ -119,15 +124,15 @@ class SymmetricAllReduce:
         heap = self.heap
         gpu = {"num_warps": 8, "num_stages": 1} if heap.device.type == "cuda" else {}
         common = dict(BLOCK_M=self.block_m, BLOCK_N=self.block_n, COMM_SMS=self.comm_sms,
-                      PEER_CACHE=".cg" if gpu else "", COPY_IN=copy_in, **gpu)
+                      PEER_CACHE=".cg" if gpu else "", COPY_IN=copy_in, ROWS=min(self.block_m, SUM_ROWS.get(heap.device.type, 64)), **gpu)
         if self.scheme == "one_shot":
             return (allreduce.one_shot_all_reduce, (self.comm_sms,),
                     (x, self.numel, self.out, self.partials, self.partial_ready, self.partials_read, self.watchdog,
-                     heap.heap_bases, heap.rank, heap.world_size, self.launches, self.rows, self.block_n,
+                     heap.heap_bases, heap.rank, heap.world_size, self.launch_counts, self.rows, self.block_n,
                      self.timeout_ns), common)
         return (allreduce.two_shot_all_reduce, (self.comm_sms,),
                 (x, self.numel, self.out, self.partials, self.partial_ready, self.results_in, self.watchdog,
-                 heap.heap_bases, heap.rank, heap.world_size, self.launches, self.rows, self.block_n, self.timeout_ns,
+                 heap.heap_bases, heap.rank, heap.world_size, self.launch_counts, self.rows, self.block_n, self.timeout_ns,
                  self.no_trace), common)
 
     def prepare(self):
@@ -147,7 +152,7 @@ class SymmetricAllReduce:
         if last is not None and x is last[0] and x.data_ptr() == last[1]:
             # The same tensor as last time, at the same address: checked then. (Each torch call here costs a
             # microsecond or more of host time, and at 1 MiB host time is what an all-reduce takes.)
-            last[2].at(self.launches)
+            last[2].replay()   # (on a GPU: a CUDA graph, one driver call)
             return self._launched(x, wait)
         if not isinstance(x, torch.Tensor) or x.numel() != self.numel or x.dtype != self.dtype or \
                 x.device != self.heap.device:
@@ -164,9 +169,8 @@ class SymmetricAllReduce:
                 self.partials.view(-1)[:self.numel].copy_(flat.view(-1))
         prepared = self.prepared.get(copy_in)
         if prepared is None:   # built once: per launch only x and the epoch change (runtime/compiled_launch.py)
-            prepared = self.prepared[copy_in] = PreparedLaunch(*self._kernel_call(flat, copy_in), self.heap.stream,
-                                                               per_launch=("epoch",))
-        prepared.at(self.launches, x=flat)
+            prepared = self.prepared[copy_in] = PreparedLaunch(*self._kernel_call(flat, copy_in), self.heap.stream)
+        prepared.at(0, x=flat)   # (no per-launch arguments: each program reads its launch number on the GPU)
         # Next time the same x can skip straight to the kernel, unless this launch copied x on the host first
         # (its values may change before the next launch, so the copy is made again).
         host_copied = flat is not x or not (copy_in or in_place)

@@ -14,10 +14,20 @@ host's time per launch is what a launch takes.
 
 The first launch goes through Triton as usual (which compiles, or finds the kernel it has). The interpreter
 has no compiled kernels: there every launch goes through Triton.
+
+A launch whose arguments are all the same as last time (a kernel that reads its launch number from the
+device, as the standalone all-reduce does) can go further: :meth:`PreparedLaunch.replay` captures it once
+in a CUDA graph and then launches it with one driver call (:class:`GraphLaunch`). Triton's launcher parses
+every argument on every launch; at 1 MiB an all-reduce's GPU work is a few microseconds and that parsing
+was most of its time.
 """
 
 import contextlib
+import ctypes
 import inspect
+import os
+import warnings
+import weakref
 
 import torch
 
@@ -50,6 +60,7 @@ class PreparedLaunch:
         self.launcher = None
         self.addresses = None   # self.values with each tensor as its address: what the compiled kernel is handed
         self.stream_handle = None
+        self.graph = None       # a GraphLaunch of the launch as its arguments are now; False: none can be made
 
     def at(self, count, **changed):
         """Launch number ``count``: its per-launch arguments set from it, and any other argument given a new
@@ -64,12 +75,34 @@ class PreparedLaunch:
             if name not in self.free and not _same_specialisation(old, value):
                 raise ValueError(f"{self.kernel.__name__}: {name} is specialised on, so it cannot change here")
             self._set(i, value)
+            self.graph = None
         for i, value_at in self.per_launch:
             self._set(i, value_at(count))
         if self.launcher is not None:
             self.launcher(*self.addresses, stream=self.stream_handle)
         else:
             self._first_launch()
+
+    def replay(self):
+        """The launch again with every argument as last time: through a CUDA graph, captured at the first
+        replay, where one can be made (a compiled kernel with no per-launch arguments, on CUDA); else as
+        :meth:`at` launches."""
+        if USE_GRAPHS:
+            if self.graph is None:
+                self.graph = self._capture()
+            if self.graph:
+                self.graph()
+                return
+        self.at(0)
+
+    def _capture(self):
+        if self.launcher is None or self.per_launch or _driver() is None:
+            return False
+        try:
+            return GraphLaunch(self)
+        except Exception as e:   # (a kernel the driver will not capture still runs, as before)
+            warnings.warn(f"{self.kernel.__name__}: launched without a CUDA graph, whose capture failed: {e}")
+            return False
 
     def _set(self, i, value):
         self.values[i] = value
@@ -98,3 +131,77 @@ def _address(value):
 def _same_specialisation(old, new):
     return isinstance(old, torch.Tensor) and isinstance(new, torch.Tensor) and old.dtype == new.dtype and \
         old.device == new.device and (old.data_ptr() % 16 == 0) == (new.data_ptr() % 16 == 0)
+
+
+# Whether PreparedLaunch.replay may use CUDA graphs: off unless GEMMAR_CUDA_GRAPHS=1, until the graphs have
+# been run and timed on a GPU (written 2026-12-04 when no GPU was lent; benchmarks/host_time.py compares
+# both ways in one process).
+USE_GRAPHS = os.environ.get("GEMMAR_CUDA_GRAPHS", "0") == "1"
+
+_DRIVER = []   # [the CUDA driver library with the few calls used here, or None where there is none]
+
+
+def _driver():
+    if not _DRIVER:
+        import torch
+        lib = None
+        if torch.version.cuda is not None:
+            try:
+                lib = ctypes.CDLL("libcuda.so.1")
+            except OSError:
+                pass
+        if lib is not None:
+            ptr, out = ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p)
+            for name, argtypes in (("cuStreamBeginCapture_v2", [ptr, ctypes.c_int]),
+                                   ("cuStreamEndCapture", [ptr, out]),
+                                   ("cuGraphInstantiateWithFlags", [out, ptr, ctypes.c_ulonglong]),
+                                   ("cuGraphLaunch", [ptr, ptr]), ("cuGraphExecDestroy", [ptr]),
+                                   ("cuGraphDestroy", [ptr]), ("cuGetErrorName", [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)])):
+                getattr(lib, name).argtypes = argtypes
+                getattr(lib, name).restype = ctypes.c_int
+        _DRIVER.append(lib)
+    return _DRIVER[0]
+
+
+def _check(result, what):
+    if result:
+        name = ctypes.c_char_p()
+        _driver().cuGetErrorName(result, ctypes.byref(name))
+        raise RuntimeError(f"{what} failed: {name.value.decode() if name.value else result}")
+
+
+class GraphLaunch:
+    """A prepared launch captured in a CUDA graph on its stream; calling it launches the graph there (one
+    driver call). Capture does not run the kernel and synchronises nothing: ranks that share a GPU wait for
+    each other inside their kernels, so a device-wide synchronise while one rank's kernel waits on another's
+    not yet launched would never return."""
+
+    RELAXED = 2   # CU_STREAM_CAPTURE_MODE_RELAXED: other threads' calls go on as usual during the capture
+
+    def __init__(self, prepared):
+        lib, stream = _driver(), ctypes.c_void_p(prepared.stream_handle)
+        graph, graph_exec = ctypes.c_void_p(), ctypes.c_void_p()
+        _check(lib.cuStreamBeginCapture_v2(stream, self.RELAXED), "starting a CUDA graph capture")
+        try:
+            prepared.launcher(*prepared.addresses, stream=prepared.stream_handle)
+        finally:
+            _check(lib.cuStreamEndCapture(stream, ctypes.byref(graph)), "ending a CUDA graph capture")
+        try:
+            _check(lib.cuGraphInstantiateWithFlags(ctypes.byref(graph_exec), graph, 0), "instantiating a CUDA graph")
+        except RuntimeError:
+            lib.cuGraphDestroy(graph)
+            raise
+        self.launch_graph, self.graph_exec, self.stream = lib.cuGraphLaunch, graph_exec, stream
+        # Freed with this object (the driver's objects, not the tensors the graph reads: the prepared launch
+        # holds those).
+        weakref.finalize(self, _destroy_graph, lib, graph_exec, graph)
+
+    def __call__(self):
+        result = self.launch_graph(self.graph_exec, self.stream)
+        if result:
+            _check(result, "launching a CUDA graph")
+
+
+def _destroy_graph(lib, graph_exec, graph):
+    lib.cuGraphExecDestroy(graph_exec)
+    lib.cuGraphDestroy(graph)
