@@ -42,6 +42,7 @@ def main(args):
     for shape, tm, t, qm, q in model.few_rows_checks(few_rows, machine, gpu):
         print(f"| {' x '.join(map(str, shape))} | {tm:.3f} ms | {t:.3f} ms ({100 * (t / tm - 1):+.0f} %) | {qm:.3f} ms | "
               f"{q:.3f} ms ({100 * (q / qm - 1):+.0f} %) |")
+    few_rows_predictions(few_rows, machine, gpu)
     print()
     for shape in [*measured, (4096, 4096, 4096), (2048, 2048, 8192), (16384, 16384, 4096), (16, 8192, 1024),
                   (256, 8192, 8192)]:
@@ -58,6 +59,39 @@ def main(args):
     print("\n| two_shot, predicted | W | fused | sequential | fused / sequential |\n|---|---|---|---|---|")
     for (shape, W), (fused, seq) in predictions.items():
         print(f"| {' x '.join(map(str, shape))} | {W} | {fused:.3f} ms | {seq:.3f} ms | {fused / seq:.2f} |")
+
+
+# Tensor-parallel inference: a Llama-70B-like MLP down projection (28672 -> 8192), its K split over W ranks.
+FEW_ROWS_K, FEW_ROWS_N, FEW_ROWS_M = 28672, 8192, (16, 64, 256, 1024)
+
+
+def few_rows_predictions(few_rows, machine, gpu):
+    """The same shapes with fixed costs (``model.FixedCosts``): each predicted from the other four's, then
+    every cost fitted on all five and inference shapes predicted at W = 2 and 8."""
+    print("\nwith fixed costs, each shape predicted from the other four's (leave one out: a check the fit did "
+          "not see):")
+    print("| per-rank M x N x K | fitted on the others: NCCL floor, two_shot extra | two_shot measured | model | "
+          "sequential measured | model |\n|---|---|---|---|---|---|")
+    worst = 0.0
+    for shape, costs, tm, t, qm, q in model.few_rows_leave_one_out(few_rows, gpu, machine):
+        worst = max(worst, abs(t / tm - 1), abs(q / qm - 1))
+        print(f"| {' x '.join(map(str, shape))} | {costs.nccl_floor_us:.0f} us, {costs.two_shot_extra_us:.0f} us | "
+              f"{tm:.3f} ms | {t:.3f} ms ({100 * (t / tm - 1):+.0f} %) | {qm:.3f} ms | {q:.3f} ms "
+              f"({100 * (q / qm - 1):+.0f} %) |")
+    with open(few_rows) as f:
+        costs = model.fit_fixed_costs(model.json.load(f)["results"], gpu, machine)
+    print(f"\nPREDICTED, not measured (fixed costs fitted on all five: NCCL floor {costs.nccl_floor_us:.0f} us, "
+          f"two_shot extra {costs.two_shot_extra_us:.0f} us, matmul at least {costs.matmul_floor_us:.0f} us; at "
+          f"W = 8 the same costs, an assumption; off by up to {100 * worst:.0f} % where checked): "
+          f"M = {', '.join(map(str, FEW_ROWS_M))} rows x {FEW_ROWS_N} x {FEW_ROWS_K} / W per rank")
+    print("| W | per-rank M x N x K | matmul (estimated) | two_shot | matmul then NCCL | two_shot / sequential |\n"
+          "|---|---|---|---|---|---|")
+    for W in (2, 8):
+        for m in FEW_ROWS_M:
+            shape = (m, FEW_ROWS_N, FEW_ROWS_K // W)
+            mm, fused, sequential = model.predict_few_rows_unmeasured(shape, W, costs, gpu, machine)
+            print(f"| {W} | {' x '.join(map(str, shape))} | {mm:.3f} ms | {fused:.3f} ms | {sequential:.3f} ms | "
+                  f"{fused / sequential:.2f} |")
 
 
 if __name__ == "__main__":

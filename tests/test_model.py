@@ -107,3 +107,35 @@ def test_the_drawn_timeline_and_autos_answer_state_the_same_times(shape):
     _, said = model.choose(shape, 8)   # (as the notebook asks it)
     printed = re.search(r"predicts two_shot (\d+\.\d{3}) ms against cuBLAS then NCCL (\d+\.\d{3}) ms", said)
     assert drawn and printed and drawn.groups() == printed.groups(), (title, said)
+
+
+def test_few_rows_fixed_costs_follow_their_formulas_and_leave_the_checked_shape_out(tmp_path):
+    import json
+
+    gpu, machine = model.Gpu(), model.Machine(matmul_ms={})
+    # torch.matmul where it was not measured: at 16 rows reading B decides, at 8192^3 the FLOPs.
+    assert model.matmul_ms((16, 8192, 14336), gpu) == pytest.approx((16 * 14336 + 14336 * 8192 + 16 * 8192) * 2 / 4e9)
+    costs = model.FixedCosts(nccl_floor_us=40.0, two_shot_extra_us=30.0, matmul_floor_us=20.0)
+    shape = (16, 8192, 1024)
+    fused, sequential = model.predict_few_rows(shape, 2, 0.02, costs, gpu, machine)
+    assert fused == pytest.approx(max(model.two_shot_local_ms(shape, 0.02, 2, gpu), 16 * 8192 * 2 / 450e6) + 0.030)
+    assert sequential == pytest.approx(0.02 + 0.040)   # 256 KiB: NCCL's floor, not its bytes
+    big = (4096, 8192, 1024)
+    assert model.predict_few_rows(big, 8, 0.1, costs, gpu, machine)[1] == pytest.approx(
+        0.1 + 2 * 7 / 8 * 4096 * 8192 * 2 / 270e6)   # 64 MiB at W = 8: its bytes, not the floor
+    assert model.predict_few_rows_unmeasured(shape, 2, costs, gpu, machine)[0] == 0.020   # the matmul floor
+    # Leave one out: the left-out shape's own figures change nothing in its prediction.
+    path = os.path.join(model.MEASURED, model.FEW_ROWS_RUN)
+    with open(path) as f:
+        run = json.load(f)
+    rows = model.few_rows_leave_one_out(path, gpu, machine)
+    assert [r[0] for r in rows] == [tuple(r["shape"]) for r in run["results"]]
+    for shape, costs, *_ in rows:   # each fit is the fit of the other shapes alone
+        others = [r for r in run["results"] if tuple(r["shape"]) != shape]
+        assert costs == model.fit_fixed_costs(others, gpu, machine)
+    run["results"][-1]["two_shot_ms"] *= 3
+    run["results"][-1]["allreduce_ms"] *= 3
+    changed = tmp_path / "run.json"
+    changed.write_text(json.dumps(run))
+    again = model.few_rows_leave_one_out(str(changed), gpu, machine)
+    assert again[-1][1] == rows[-1][1] and again[-1][3] == rows[-1][3] and again[-1][2] == 3 * rows[-1][2]
