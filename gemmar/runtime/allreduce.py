@@ -198,6 +198,10 @@ def all_reduce_input(numel, dtype, seed, rank, device):
     return torch.randn(numel, generator=gen).to(dtype).to(device)
 
 
+# What each checked launch's values are multiplied by, in turn (see run_all_reduce).
+CHECK_SCALES = (1.0, -2.0, 0.5, -1.0)
+
+
 def _tolerance(reference, dtype, W):
     """One ulp of the result's dtype at the largest value (Triton's interpreter rounds toward zero), and
     fp32 summation of W values."""
@@ -235,21 +239,30 @@ def run_all_reduce(numel, datatype, comm_sms, iterations, seed=0, timeout_s=60.0
             out["comm_sms"] = op.comm_sms
         for op in ops:
             op.prepare()
+        bases = inputs
         if on_heap:
-            for op, x in zip(ops, inputs):
-                op.input.copy_(x)
             inputs = [op.input for op in ops]
+        else:
+            inputs = [x.clone() for x in inputs]
         records = scopes.enter_context(sanitizer.recording(heaps[0], sanitize))
         barrier_all(heaps, timeout_s)
 
         def launch_all():
             return [op(x, wait=False) for op, x in zip(ops, inputs)]
 
-        for _ in range(iterations):
+        for iteration in range(iterations):
+            # Each launch reduces other values, in the same tensors: a launch that did not run, or read last
+            # launch's values, leaves a wrong sum. (Powers of two: the scaled sum is exactly the sum scaled.)
+            scale = CHECK_SCALES[iteration % len(CHECK_SCALES)]
+            for x, base in zip(inputs, bases):
+                x.copy_(base * scale)
+            if device.type == "cuda":
+                for heap in heaps:   # (the copies ran on the default stream; the launches run on the ranks')
+                    heap.stream.wait_stream(torch.cuda.current_stream(device))
             results = launch_all()
             check_all(ops)
             for out, result in zip(outs, results):
-                out["max_abs_diff"].append(float((result.double().cpu() - reference).abs().max()))
+                out["max_abs_diff"].append(float((result.double().cpu() - scale * reference).abs().max()) / abs(scale))
                 raw = result.detach().cpu().contiguous().reshape(-1).view(torch.uint8)
                 out["digest"] = hashlib.sha1(raw.numpy().tobytes()).hexdigest()   # the bits, to compare ranks
         if timed:
