@@ -135,7 +135,6 @@ def allreduce_sweep(heap, quick, sizes, tile_rows_tried, programs_tried):
         print(f"all-reduce {mib:g} MiB: torch symm-mem two-shot wall {wall * 1e3:.1f} us, gpu {gpu * 1e3:.1f} us, "
               f"host {host:.1f} us; torch's copy of it gpu {copy_gpu * 1e3:.1f} us "
               f"({2 * mib * 2 ** 20 / (copy_gpu * 1e-3) / 1e12:.2f} TB/s of traffic)", flush=True)
-        del copy_into
         for tile_rows in tile_rows_tried if not quick else (64,):
             for programs in programs_tried:
                 for in_place in (True, False):

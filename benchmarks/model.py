@@ -78,8 +78,7 @@ def few_rows_predictions(few_rows, machine, gpu):
         print(f"| {' x '.join(map(str, shape))} | {costs.nccl_floor_us:.0f} us, {costs.two_shot_extra_us:.0f} us | "
               f"{tm:.3f} ms | {t:.3f} ms ({100 * (t / tm - 1):+.0f} %) | {qm:.3f} ms | {q:.3f} ms "
               f"({100 * (q / qm - 1):+.0f} %) |")
-    with open(few_rows) as f:
-        costs = model.fit_fixed_costs(model.json.load(f)["results"], gpu, machine)
+    costs = model.fit_fixed_costs(model.read_run(few_rows)["results"], gpu, machine)
     print(f"\nPREDICTED, not measured (fixed costs fitted on all five: NCCL floor {costs.nccl_floor_us:.0f} us, "
           f"two_shot extra {costs.two_shot_extra_us:.0f} us, matmul at least {costs.matmul_floor_us:.0f} us; at "
           f"W = 8 the same costs, an assumption; off by up to {100 * worst:.0f} % where checked): "

@@ -33,6 +33,7 @@ fused or unfused, and :func:`draw` shows one rank's predicted timeline against m
 """
 
 import dataclasses
+import functools
 import json
 import os
 
@@ -58,6 +59,18 @@ class OneGpu:
 
     ratio: dict                        # {algorithm: {(M, N, K_r): kernel ms / matmul ms}}
     two_shot_tail_us: float = 16.0     # after the last GEMM tile, ranks sharing one H200 (2026-12-02)
+
+
+def read_run(path):
+    """A measured run's JSON, read once per file version (``--algorithm auto`` asks the model at every
+    launch of the CLI's runs; the model only reads what it is given)."""
+    return _read_run(os.path.abspath(path), os.path.getmtime(path))
+
+
+@functools.lru_cache(maxsize=16)
+def _read_run(path, mtime):
+    with open(path) as f:
+        return json.load(f)
 
 
 def link_bytes(algorithm, m, n, W):
@@ -110,10 +123,7 @@ def load_inputs(two_gpu_json, one_gpu_json, algorithms=("atomics", "ring", "two_
         measured, machine, one = load_inputs(two_gpu_json, one_gpu_json, [a for a in algorithms if a != "two_shot"])
         one.ratio["two_shot"] = load_inputs(two_gpu_json, two_shot_from, ("two_shot",))[2].ratio["two_shot"]
         return measured, machine, one
-    with open(two_gpu_json) as f:
-        two = json.load(f)
-    with open(one_gpu_json) as f:
-        one = json.load(f)
+    two, one = read_run(two_gpu_json), read_run(one_gpu_json)
     measured = {tuple(r["shape"]): {a: r[f"{a}_ms"] for a in ("atomics", "ring", "sequential") if f"{a}_ms" in r}
                 for r in two["results"]}
     machine = Machine(matmul_ms={tuple(r["shape"]): r["matmul_ms"] for r in two["results"]})
@@ -174,8 +184,7 @@ def two_shot_local_ms(shape, mm_ms, W, gpu):
 
 def check_local(one_gpu_json, gpu):
     """[(shape, measured ms, estimated ms, relative error)]: two_shot at world size 1, against a 1-GPU run."""
-    with open(one_gpu_json) as f:
-        one = json.load(f)
+    one = read_run(one_gpu_json)
     rows = []
     for r in one["results"]:
         if "two_shot_ms" in r:
@@ -187,8 +196,7 @@ def check_local(one_gpu_json, gpu):
 def few_rows_checks(path, machine, gpu):
     """[(shape, measured two_shot ms, predicted, measured sequential ms, predicted)] at the 2-GPU run of
     inference shapes, predicted as for a shape nobody measured (matmul's time measured in that run)."""
-    with open(path) as f:
-        run = json.load(f)
+    run = read_run(path)
     rows = []
     for r in run["results"]:
         shape, mm = tuple(r["shape"]), r["matmul_ms"]
@@ -290,8 +298,7 @@ def few_rows_leave_one_out(path, gpu, machine):
     """[(shape, FixedCosts fitted without it, measured two_shot ms, predicted, measured sequential ms,
     predicted)]: each measured inference shape predicted from the others' fixed costs (a check the fit
     did not see), matmul's time as measured there."""
-    with open(path) as f:
-        results = json.load(f)["results"]
+    results = read_run(path)["results"]
     rows = []
     for r in results:
         shape = tuple(r["shape"])

@@ -23,7 +23,7 @@ from ..kernels import allreduce
 from ..kernels.device import FLAG_WORDS, WATCHDOG_WORDS
 from .compiled_launch import PreparedLaunch
 from .heap import barrier_all
-from .problem import EPSILON
+from .problem import EPSILON, scale_inputs
 from .rank import check_all, errors_as_results, local_ranks
 from .timing import median_ms, symm_mem_two_shot_ms
 
@@ -198,10 +198,6 @@ def all_reduce_input(numel, dtype, seed, rank, device):
     return torch.randn(numel, generator=gen).to(dtype).to(device)
 
 
-# What each checked launch's values are multiplied by, in turn (see run_all_reduce).
-CHECK_SCALES = (1.0, -2.0, 0.5, -1.0)
-
-
 def _tolerance(reference, dtype, W):
     """One ulp of the result's dtype at the largest value (Triton's interpreter rounds toward zero), and
     fp32 summation of W values."""
@@ -239,11 +235,7 @@ def run_all_reduce(numel, datatype, comm_sms, iterations, seed=0, timeout_s=60.0
             out["comm_sms"] = op.comm_sms
         for op in ops:
             op.prepare()
-        bases = inputs
-        if on_heap:
-            inputs = [op.input for op in ops]
-        else:
-            inputs = [x.clone() for x in inputs]
+        bases, inputs = inputs, [op.input for op in ops] if on_heap else [x.clone() for x in inputs]
         records = scopes.enter_context(sanitizer.recording(heaps[0], sanitize))
         barrier_all(heaps, timeout_s)
 
@@ -251,18 +243,11 @@ def run_all_reduce(numel, datatype, comm_sms, iterations, seed=0, timeout_s=60.0
             return [op(x, wait=False) for op, x in zip(ops, inputs)]
 
         for iteration in range(iterations):
-            # Each launch reduces other values, in the same tensors: a launch that did not run, or read last
-            # launch's values, leaves a wrong sum. (Powers of two: the scaled sum is exactly the sum scaled.)
-            scale = CHECK_SCALES[iteration % len(CHECK_SCALES)]
-            for x, base in zip(inputs, bases):
-                x.copy_(base * scale)
-            if device.type == "cuda":
-                for heap in heaps:   # (the copies ran on the default stream; the launches run on the ranks')
-                    heap.stream.wait_stream(torch.cuda.current_stream(device))
+            times = scale_inputs(inputs, bases, iteration, iterations, heaps)   # (other values each launch)
             results = launch_all()
             check_all(ops)
             for out, result in zip(outs, results):
-                out["max_abs_diff"].append(float((result.double().cpu() - scale * reference).abs().max()) / abs(scale))
+                out["max_abs_diff"].append(float((result.double().cpu() - times * reference).abs().max()) / abs(times))
                 raw = result.detach().cpu().contiguous().reshape(-1).view(torch.uint8)
                 out["digest"] = hashlib.sha1(raw.numpy().tobytes()).hexdigest()   # the bits, to compare ranks
         if timed:

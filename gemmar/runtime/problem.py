@@ -35,6 +35,29 @@ def rank_slice(A, B, config, rank, device):
     return A[:, start:end].contiguous().to(device), B[start:end, :].contiguous().to(device)
 
 
+# Back-to-back checked launches multiply their inputs by these in turn, in the same tensors, so that each
+# launch's right answer differs from the last one's: a launch that did not run, or read an earlier launch's
+# partials, leaves a wrong result. Powers of two: the scaled result is exactly the result scaled. The last
+# launch of a run multiplies by 1 (its result is the one returned).
+CHECK_SCALES = (1.0, -0.5, -1.0, 0.5)
+
+
+def scale_inputs(tensors, bases, iteration, iterations, heaps):
+    """Before launch ``iteration`` of ``iterations``: each tensor set, in place, to its base (``bases``, one
+    per tensor; None: nothing scaled) times this launch's CHECK_SCALES factor, which it returns. On a GPU the
+    ranks' streams then wait for the copies."""
+    if bases is None:
+        return 1.0
+    factor = CHECK_SCALES[(iterations - 1 - iteration) % len(CHECK_SCALES)]
+    for tensor, base in zip(tensors, bases):
+        tensor.copy_(base * factor)
+    if tensors and tensors[0].device.type == "cuda":   # (copied on the default stream)
+        for heap in heaps:
+            for stream in (heap.stream, heap.side_stream):
+                stream.wait_stream(torch.cuda.current_stream(tensors[0].device))
+    return factor
+
+
 EPSILON = {torch.float16: 2.0 ** -11, torch.bfloat16: 2.0 ** -8, torch.float32: 0.0}
 
 

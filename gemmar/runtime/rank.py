@@ -23,7 +23,7 @@ from .heap import barrier_all, create_heap
 from .. import sanitizer
 from .launch import FusedGemmAllReduce, launch_ranks
 from .parts import failure_text, load_parts
-from .problem import rank_slice, seeded_problem, tolerance
+from .problem import rank_slice, scale_inputs, seeded_problem, tolerance
 from .shipping import unship
 from .results import RankFailure, RankResult
 
@@ -219,10 +219,12 @@ class RankRun:
     dropped: int = 0                   # trace events that did not fit (0 unless the room was sized wrong)
     C: torch.Tensor = None             # the last launch's C
 
-    def record(self, C, iteration, traced):
-        """Check launch ``iteration``'s C against the reference, and keep its trace rows."""
+    def record(self, C, iteration, traced, scale=1.0):
+        """Check launch ``iteration``'s C against the reference (times ``scale``, what this launch's A was
+        multiplied by), and keep its trace rows."""
         ref = self.reference
-        self.diffs.append(float((C.to(ref.dtype) - ref).abs().max()) if ref is not None else None)
+        self.diffs.append(float((C.to(ref.dtype) - scale * ref).abs().max()) / abs(scale) if ref is not None
+                          else None)
         self.C = C
         if traced:
             rows, lost = self.fused.events(iteration)
@@ -254,9 +256,12 @@ def _run_gemm_all_reduce(config, inputs, reference, scale, mistake, return_c, va
         _publish({"prepared": True})   # the client's per-launch deadline counts from here (not the compile)
         # Start together. The device clock as each rank leaves the barrier is its trace's time zero; traced
         # iterations start with a barrier each, and its exit times align that iteration (runtime/results.py).
+        # Each launch multiplies A by another power of two (problem.CHECK_SCALES): a stale C is caught.
+        bases = [run.A.clone() for run in runs] if config.iterations > 1 and validate else None
         exits = [barrier_all(heaps, config.timeout_s)]
         seconds = []
         for it in range(config.iterations):
+            times = scale_inputs([run.A for run in runs], bases, it, config.iterations, heaps)
             if config.trace and it > 0:
                 # Checking C and copying events out takes host time that differs per rank; without
                 # this the next iteration's trace would show a rank waiting for a late peer.
@@ -266,7 +271,7 @@ def _run_gemm_all_reduce(config, inputs, reference, scale, mistake, return_c, va
             check_all([run.fused for run in runs])
             seconds.append(time.perf_counter() - t0)
             for run, C in zip(runs, outs):
-                run.record(C, it, config.trace)
+                run.record(C, it, config.trace, times)
             _publish({run.ctx.rank: dict(iteration=it + 1, max_abs_diff=run.diffs[-1], seconds=seconds[-1])
                       for run in runs})
         checked = validate and reference is not None and reference.numel()
