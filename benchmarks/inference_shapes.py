@@ -52,8 +52,21 @@ def gemm_figures(algorithms, shapes):
     return rows
 
 
+def dram_gb_s():
+    """The GPU's memory bandwidth from its memory clock and bus width (Triton asks the driver), or None."""
+    try:
+        from triton.testing import get_dram_gbps
+
+        return float(get_dram_gbps())
+    except Exception:  # noqa: BLE001 - an older Triton, or a driver that does not say: the share is left out
+        return None
+
+
 def allreduce_figures(sizes):
     rows = []
+    peak = dram_gb_s()
+    if peak:
+        print(f"the GPU's memory bandwidth (memory clock x bus width): {peak:.0f} GB/s", flush=True)
     with gemmar.Cluster(world_size=1, backend="cuda", heap_size=4 << 30) as cluster:
         for mib in sizes:
             numel = int(mib * 2 ** 20) // 2
@@ -63,15 +76,18 @@ def allreduce_figures(sizes):
                 f = cluster.all_reduce(numel, "bf16", reps=50, baseline=on_heap, on_heap=on_heap)
                 row = dict(mib=mib, on_heap=on_heap, comm_sms=f["comm_sms"], gemmar_ms=f["gemmar_ms"], ok=f["ok"],
                            effective_gbs=mib * 2 ** 20 / (f["gemmar_ms"] * 1e-3) / 1e9)
+                if peak:   # at one rank the input is read and the result written: twice the bytes
+                    row.update(dram_gb_s=peak, share_of_dram=2 * row["effective_gbs"] / peak)
                 if "torch_symm_mem_ms" in f:
                     row.update(torch_symm_mem_ms=f["torch_symm_mem_ms"],
                                speed_vs_symm_mem=f["torch_symm_mem_ms"] / f["gemmar_ms"])
                 rows.append(row)
                 versus = (f"; torch symm-mem {row['torch_symm_mem_ms']:.3f} ms ({row['speed_vs_symm_mem']:.2f}x its "
                           f"speed)" if "torch_symm_mem_ms" in row else "")
+                share = f" ({100 * row['share_of_dram']:.0f} % of the memory's, read + write)" if peak else ""
                 print(f"all-reduce {mib:g} MiB{' on the heap' if on_heap else ''}, {row['comm_sms']} programs: "
-                      f"{row['gemmar_ms']:.3f} ms, "
-                      f"{row['effective_gbs']:.0f} GB/s effective{versus}{'' if row['ok'] else ' WRONG'}", flush=True)
+                      f"{row['gemmar_ms']:.3f} ms, {row['effective_gbs']:.0f} GB/s effective{share}{versus}"
+                      f"{'' if row['ok'] else ' WRONG'}", flush=True)
     with gemmar.Cluster(world_size=2, backend="cuda") as cluster:   # ranks sharing the GPU
         f = cluster.all_reduce(2 ** 19, "bf16", reps=50)
         rows.append(dict(mib=1, world_size=2, shared_gpu=True, comm_sms=f["comm_sms"], gemmar_ms=f["gemmar_ms"],
