@@ -25,8 +25,8 @@ def starting_line(backend, W):
 
 def _allreduce_parser(sub):
     p = sub.add_parser("allreduce", help="the standalone all-reduce on the symmetric heap, checked and timed",
-                       description="All-reduce (sum) of seeded values on every rank by the two-shot tile-owner "
-                                   "scheme of two_shot (runtime/allreduce.py); every rank's result checked "
+                       description="All-reduce (sum) of seeded values on every rank, by two_shot's tile owners "
+                                   "or one-shot (runtime/allreduce.py); every rank's result checked "
                                    "against the float64 sum and compared bit for bit across ranks. On GPUs it is "
                                    "timed, and with --baseline NCCL is timed on the same values.")
     p.add_argument("-r", "--num_ranks", type=int, default=2, help="ranks (default %(default)s)")
@@ -36,8 +36,9 @@ def _allreduce_parser(sub):
                                                           "0.25 1; GPU 1 4 16 64 256)")
     p.add_argument("--comm_sms", type=int, help="programs per rank (default: cpu 2; GPU one per SM, the SMs shared "
                                                 "among ranks sharing the GPU)")
-    p.add_argument("--schemes", nargs="+", choices=SCHEMES, default=list(SCHEMES),
-                   help="two_shot (by tile owner) and/or one_shot (every rank sums everything); default both")
+    p.add_argument("--schemes", nargs="+", choices=(*SCHEMES, "auto"), default=list(SCHEMES),
+                   help="two_shot (by tile owner), one_shot (every rank sums everything) and/or auto (one_shot "
+                        "below 2 MiB with a GPU per rank, else two_shot); default two_shot one_shot")
     p.add_argument("--iterations", type=int, default=3, help="checked launches per size (default %(default)s)")
     p.add_argument("--reps", type=int, default=20, help="GPU: launches per timing, median of 5 (default %(default)s)")
     p.add_argument("--baseline", action="store_true", help="GPU, one per rank: also time NCCL's all_reduce "
@@ -87,11 +88,12 @@ def cmd_allreduce(args):
         for (mib, numel), scheme in ((size, scheme) for size in zip(sizes, numels) for scheme in args.schemes):
             f = cluster.all_reduce(numel, args.datatype, args.comm_sms, args.iterations, reps=args.reps if timed else 0,
                                    baseline=args.baseline and scheme == args.schemes[0], scheme=scheme)
-            line = (f"{mib:g} MiB {args.datatype} x {W} ranks, {scheme}: {'PASSED' if f['ok'] else 'FAILED'} max|out - sum| "
+            ran = f["scheme"] if scheme != "auto" else f"{f['scheme']} (auto)"
+            line = (f"{mib:g} MiB {args.datatype} x {W} ranks, {ran}: {'PASSED' if f['ok'] else 'FAILED'} max|out - sum| "
                     f"{f['max_abs_diff']:.3g} (tolerance {f['tolerance']:.3g}), same bits on every rank: "
                     f"{'yes' if f['identical'] else 'NO'}")
             bus = 2 * (W - 1) / W * numel * itemsize / 1e6   # bus bytes per rank, in MB: GB/s = MB / ms
-            for key, name in (("gemmar_ms", f"gemmar {scheme}"), ("nccl_ms", "NCCL"),
+            for key, name in (("gemmar_ms", f"gemmar {f['scheme']}"), ("nccl_ms", "NCCL"),
                               ("torch_symm_mem_ms", "torch symm_mem two-shot")):
                 if key in f:
                     line += f" | {name} {f[key]:.3f} ms ({bus / f[key]:.0f} GB/s bus)"

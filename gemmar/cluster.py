@@ -14,7 +14,7 @@ from .config import RunConfig, k_bounds
 from .errors import UsageError
 from .report import log
 from .runtime import rank as rank_runtime
-from .runtime.allreduce import SCHEMES, run_all_reduce
+from .runtime.allreduce import run_all_reduce
 from .runtime.problem import input_scale
 from .runtime.timing import benchmark_rank
 from .iris import runner as programs
@@ -201,9 +201,10 @@ class Cluster(EngineCluster):
         return figures
 
     def all_reduce(self, numel, datatype="bf16", comm_sms=None, iterations=3, seed=0, reps=0, baseline=False,
-                   scheme=SCHEMES[0], on_heap=False, sanitize=False):
-        """The standalone all-reduce on the symmetric heap (``scheme`` two_shot: by tile owner, or one_shot:
-        every rank sums everything; ``runtime/allreduce.py``) of ``numel`` seeded values per rank: every
+                   scheme="auto", on_heap=False, sanitize=False):
+        """The standalone all-reduce on the symmetric heap (``scheme`` two_shot: by tile owner; one_shot:
+        every rank sums everything; auto: one_shot below ``ONE_SHOT_BELOW_BYTES`` with a GPU per rank, else
+        two_shot, the one it ran is the dict's ``scheme``; ``runtime/allreduce.py``) of ``numel`` seeded values per rank: every
         rank's result checked against the float64 sum of all inputs after each launch (each launch's values
         scaled by another power of two, in the same tensors, so a launch that did not run is caught), and its
         bits compared across ranks. ``on_heap``: the values already lie in the all-reduce's heap input (as torch's
@@ -224,7 +225,8 @@ class Cluster(EngineCluster):
         outs = self.run_ranks(run_all_reduce, numel, datatype, comm_sms, iterations, seed, self.timeout_s,
                               reps, baseline, scheme, bool(on_heap), bool(sanitize))
         RankFailure.raise_first(outs)
-        figures = dict(numel=numel, datatype=datatype, scheme=scheme, on_heap=bool(on_heap), comm_sms=outs[0]["comm_sms"],
+        figures = dict(numel=numel, datatype=datatype, scheme=outs[0]["scheme"], on_heap=bool(on_heap),
+                       comm_sms=outs[0]["comm_sms"],
                        world_size=self.world_size,
                        max_abs_diff=max(d for o in outs for d in o["max_abs_diff"]), tolerance=outs[0]["tolerance"],
                        identical=len({o["digest"] for o in outs}) == 1)

@@ -71,11 +71,26 @@ def test_bad_all_reduce_arguments(clusters):
         cluster.all_reduce(10, scheme="three_shot")
 
 
+def test_auto_takes_one_shot_only_for_small_buffers_with_a_gpu_per_rank(clusters):
+    from gemmar.runtime.allreduce import ONE_SHOT_BELOW_BYTES, default_scheme
+
+    small, large = ONE_SHOT_BELOW_BYTES - 2, ONE_SHOT_BELOW_BYTES
+    assert default_scheme(small, "cuda", 2, 1) == "one_shot"
+    assert default_scheme(large, "cuda", 2, 1) == "two_shot"
+    assert default_scheme(small, "cuda", 1, 1) == "two_shot"   # one rank: the same work either way
+    assert default_scheme(small, "cuda", 2, 2) == "two_shot"   # ranks sharing a GPU: measured with two_shot only
+    assert default_scheme(small, "cpu", 4, 1) == "two_shot"
+    f = clusters(2).all_reduce(1000, "bf16", comm_sms=2, iterations=2)   # the default: auto
+    assert f["scheme"] == "two_shot" and f["ok"] and f["identical"], f
+
+
 def test_the_allreduce_command(tmp_path):
     p = subprocess.run([sys.executable, "-m", "gemmar.cli", "allreduce", "-r", "2", "--sizes", "0.01", "0.02",
-                        "--datatype", "fp16", "--output_file", str(tmp_path / "ar.json")],
+                        "--datatype", "fp16", "--schemes", "two_shot", "one_shot", "auto",
+                        "--output_file", str(tmp_path / "ar.json")],
                        capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-2000:]
     lines = [line for line in p.stdout.splitlines() if "MiB fp16 x 2 ranks" in line]
-    assert len(lines) == 4 and all("PASSED" in line and "same bits on every rank: yes" in line for line in lines)
+    assert len(lines) == 6 and all("PASSED" in line and "same bits on every rank: yes" in line for line in lines)
+    assert sum("two_shot (auto)" in line for line in lines) == 2   # (cpu: two_shot)
     assert (tmp_path / "ar.json").exists()

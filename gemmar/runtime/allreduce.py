@@ -29,6 +29,19 @@ from .timing import median_ms, symm_mem_two_shot_ms
 
 SCHEMES = ("two_shot", "one_shot")
 
+# ``scheme="auto"``: one-shot below this size with a GPU per rank and more than one rank, else two-shot. At
+# two ranks on 2 x H200 (2026-12-04, 17:27 UTC, data/h200x2-defaults-2026-12-04.log) one-shot's one exchange
+# beat two-shot's two at 1 MiB (0.022 against 0.025 ms) and lost from 4 MiB (0.035 against 0.026); the line
+# is drawn between them. At one rank the two do the same work; ranks sharing a GPU were measured with
+# two-shot only.
+ONE_SHOT_BELOW_BYTES = 2 << 20
+
+
+def default_scheme(nbytes, device_type, world_size, ranks_on_device):
+    """The scheme ``scheme="auto"`` runs for a buffer of ``nbytes`` (see ONE_SHOT_BELOW_BYTES)."""
+    one_gpu_each = device_type == "cuda" and ranks_on_device == 1
+    return "one_shot" if one_gpu_each and world_size > 1 and nbytes < ONE_SHOT_BELOW_BYTES else "two_shot"
+
 # Buffers from this size up are copied into the heap by torch (every SM) before the launch, by a rank alone
 # on its GPU; smaller ones by the kernel itself (one launch: at 1 MiB host time, not bytes, decides). One
 # rank on an H200: 16 MiB 0.129 ms with the kernel's copy, 0.090 with torch's; 256 MiB 2.29 vs 1.80 ms.
@@ -75,18 +88,21 @@ class SymmetricAllReduce:
     """``out = sum over ranks of x`` for a fixed size and dtype, on this rank's heap; call once per launch.
     ``comm_sms``: its programs per rank (None: :func:`default_programs`)."""
 
-    def __init__(self, heap, numel, dtype, comm_sms=None, timeout_s=60.0, scheme="two_shot", tile_rows=None):
+    def __init__(self, heap, numel, dtype, comm_sms=None, timeout_s=60.0, scheme="auto", tile_rows=None):
         if tile_rows is not None and (isinstance(tile_rows, bool) or not isinstance(tile_rows, int) or
                                       tile_rows not in (1, 2, 4, 8, 16, 32, 64, 128, 256)):
             raise UsageError(f"tile_rows={tile_rows!r} is not allowed: use a power of two from 1 to 256")
         if comm_sms is None:
             comm_sms = default_programs(heap)
-        if scheme not in SCHEMES:
-            raise UsageError(f"scheme {scheme!r} is not known: use one of {', '.join(SCHEMES)}")
+        if scheme not in (*SCHEMES, "auto"):
+            raise UsageError(f"scheme {scheme!r} is not known: use one of {', '.join(SCHEMES)} or auto")
         if isinstance(numel, bool) or not isinstance(numel, int) or numel < 1:
             raise UsageError(f"numel={numel!r} is not allowed: use a whole number of values, at least 1")
         if isinstance(comm_sms, bool) or not isinstance(comm_sms, int) or not 1 <= comm_sms <= 4096:
             raise UsageError(f"comm_sms={comm_sms!r} is not allowed: use a whole number from 1 to 4096")
+        if scheme == "auto":
+            scheme = default_scheme(numel * torch.tensor([], dtype=dtype).element_size(), heap.device.type,
+                                    heap.world_size, heap.ranks_on_device)
         self.heap, self.numel, self.dtype, self.comm_sms, self.scheme = heap, numel, dtype, comm_sms, scheme
         self.block_m, self.block_n, self.rows, self.tiles = tile_layout(numel, heap.device.type, tile_rows)
         self.partials = heap.zeros((self.tiles, self.block_m * self.block_n), dtype)
@@ -207,7 +223,7 @@ def _tolerance(reference, dtype, W):
 
 @errors_as_results
 def run_all_reduce(numel, datatype, comm_sms, iterations, seed=0, timeout_s=60.0, reps=0, baseline=False,
-                   scheme="two_shot", on_heap=False, sanitize=False):
+                   scheme="auto", on_heap=False, sanitize=False):
     """The standalone all-reduce on this engine's ranks: ``iterations`` checked launches (every rank's
     result against the float64 sum of every rank's input; a digest of its bits, to compare across ranks);
     on GPUs, with ``reps``, the median time of back-to-back launches, and with ``baseline`` NCCL's
@@ -232,7 +248,7 @@ def run_all_reduce(numel, datatype, comm_sms, iterations, seed=0, timeout_s=60.0
         ops = [SymmetricAllReduce(scopes.enter_context(h.scope()), numel, dtype, comm_sms, timeout_s, scheme)
                for h in heaps]
         for out, op in zip(outs, ops):
-            out["comm_sms"] = op.comm_sms
+            out["comm_sms"], out["scheme"] = op.comm_sms, op.scheme
         for op in ops:
             op.prepare()
         bases, inputs = inputs, [op.input for op in ops] if on_heap else [x.clone() for x in inputs]
