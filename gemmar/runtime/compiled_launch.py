@@ -86,7 +86,9 @@ class PreparedLaunch:
     def replay(self):
         """The launch again with every argument as last time: through a CUDA graph, captured at the first
         replay, where one can be made (a compiled kernel with no per-launch arguments, on CUDA); else as
-        :meth:`at` launches."""
+        :meth:`at` launches. Not for a kernel with per-launch arguments: those change every launch."""
+        if self.per_launch:
+            raise ValueError(f"{self.kernel.__name__}: its per-launch arguments change every launch: use at(count)")
         if USE_GRAPHS:
             if self.graph is None:
                 self.graph = self._capture()
@@ -96,7 +98,7 @@ class PreparedLaunch:
         self.at(0)
 
     def _capture(self):
-        if self.launcher is None or self.per_launch or _driver() is None:
+        if self.launcher is None or _driver() is None:
             return False
         try:
             return GraphLaunch(self)
@@ -143,7 +145,6 @@ _DRIVER = []   # [the CUDA driver library with the few calls used here, or None 
 
 def _driver():
     if not _DRIVER:
-        import torch
         lib = None
         if torch.version.cuda is not None:
             try:
