@@ -67,8 +67,8 @@ def all_reduce_heap_bytes(numel, dtype, device_type="cpu"):
     """Heap bytes one rank needs for a standalone all-reduce of ``numel`` values (generously aligned)."""
     block_m, block_n, _, tiles = tile_layout(numel, device_type)
     values = 2 * tiles * block_m * block_n * torch.tensor([], dtype=dtype).element_size()
-    return values + 12 * tiles + 4 * FLAG_WORDS * 64 + 8 * WATCHDOG_WORDS + 4 * 4096 + 64 * 1024   # (64: the most
-    #                                                                       ranks; 4096: the most programs)
+    flags = 12 * tiles + 4 * FLAG_WORDS * 64 + 4 * 4096   # (64: the most ranks; 4096: the most programs)
+    return values + flags + 8 * WATCHDOG_WORDS + 64 * 1024
 
 
 def default_programs(heap):
@@ -139,8 +139,9 @@ class SymmetricAllReduce:
         kernel copies x into ``partials`` itself."""
         heap = self.heap
         gpu = {"num_warps": 8, "num_stages": 1} if heap.device.type == "cuda" else {}
+        rows = min(self.block_m, SUM_ROWS.get(heap.device.type, SUM_ROWS["cuda"]))
         common = dict(BLOCK_M=self.block_m, BLOCK_N=self.block_n, COMM_SMS=self.comm_sms,
-                      PEER_CACHE=".cg" if gpu else "", COPY_IN=copy_in, ROWS=min(self.block_m, SUM_ROWS.get(heap.device.type, 64)), **gpu)
+                      PEER_CACHE=".cg" if gpu else "", COPY_IN=copy_in, ROWS=rows, **gpu)
         if self.scheme == "one_shot":
             return (allreduce.one_shot_all_reduce, (self.comm_sms,),
                     (x, self.numel, self.out, self.partials, self.partial_ready, self.partials_read, self.watchdog,
@@ -148,8 +149,8 @@ class SymmetricAllReduce:
                      self.timeout_ns), common)
         return (allreduce.two_shot_all_reduce, (self.comm_sms,),
                 (x, self.numel, self.out, self.partials, self.partial_ready, self.results_in, self.watchdog,
-                 heap.heap_bases, heap.rank, heap.world_size, self.launch_counts, self.rows, self.block_n, self.timeout_ns,
-                 self.no_trace), common)
+                 heap.heap_bases, heap.rank, heap.world_size, self.launch_counts, self.rows, self.block_n,
+                 self.timeout_ns, self.no_trace), common)
 
     def prepare(self):
         """GPU: compile and load the kernel before any rank launches (see FusedGemmAllReduce.prepare)."""
@@ -184,7 +185,7 @@ class SymmetricAllReduce:
             with self.heap.on_stream():
                 self.partials.view(-1)[:self.numel].copy_(flat.view(-1))
         prepared = self.prepared.get(copy_in)
-        if prepared is None:   # built once: per launch only x and the epoch change (runtime/compiled_launch.py)
+        if prepared is None:   # built once: per launch only x may change (runtime/compiled_launch.py)
             prepared = self.prepared[copy_in] = PreparedLaunch(*self._kernel_call(flat, copy_in), self.heap.stream)
         prepared.at(0, x=flat)   # (no per-launch arguments: each program reads its launch number on the GPU)
         # Next time the same x can skip straight to the kernel, unless this launch copied x on the host first
