@@ -80,8 +80,10 @@ def test_auto_takes_one_shot_only_for_small_buffers_with_a_gpu_per_rank(clusters
     assert default_scheme(small, "cuda", 1, 1) == "two_shot"   # one rank: the same work either way
     assert default_scheme(small, "cuda", 2, 2) == "two_shot"   # ranks sharing a GPU: measured with two_shot only
     assert default_scheme(small, "cpu", 4, 1) == "two_shot"
-    f = clusters(2).all_reduce(1000, "bf16", comm_sms=2, iterations=2)   # the default: auto
-    assert f["scheme"] == "two_shot" and f["ok"] and f["identical"], f
+    cluster = clusters(2)
+    f = cluster.all_reduce(1000, "bf16", comm_sms=2, iterations=2)   # the default: auto
+    assert f["ok"] and f["identical"], f
+    assert f["scheme"] == "two_shot" or cluster.backend != "cpu"   # (GPUs, one a rank: one_shot)
 
 
 def test_the_allreduce_command(tmp_path):
