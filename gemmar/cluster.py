@@ -211,8 +211,8 @@ class Cluster(EngineCluster):
         symmetric-memory all-reduce reduces its own buffer), so no launch copies them in. On GPUs, ``reps`` >
         0 times it, and ``baseline`` times NCCL (and torch's symmetric-memory two-shot) on the same values.
         ``sanitize`` (cpu): record the launches' heap accesses; the dict's ``sanitizer`` is the SanitizerReport.
-        Returns a dict: ``max_abs_diff``, ``tolerance``, ``identical`` (every rank the same bits) and the
-        times in ms."""
+        Returns a dict: ``max_abs_diff``, ``tolerance``, ``identical`` (every rank the same bits),
+        ``checked_launches`` and the times in ms."""
         from .config import dtype_name
 
         dtype_name(datatype)
@@ -229,7 +229,7 @@ class Cluster(EngineCluster):
                        comm_sms=outs[0]["comm_sms"],
                        world_size=self.world_size,
                        max_abs_diff=max(d for o in outs for d in o["max_abs_diff"]), tolerance=outs[0]["tolerance"],
-                       identical=len({o["digest"] for o in outs}) == 1)
+                       identical=len({o["digest"] for o in outs}) == 1, checked_launches=len(outs[0]["max_abs_diff"]))
         for key in ("gemmar_ms", "nccl_ms", "torch_symm_mem_ms", "torch_symm_mem_error"):
             values = [o[key] for o in outs if key in o]
             if values:
