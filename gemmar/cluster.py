@@ -204,11 +204,12 @@ class Cluster(EngineCluster):
                    scheme="auto", on_heap=False, sanitize=False):
         """The standalone all-reduce on the symmetric heap (``scheme`` two_shot: by tile owner; one_shot:
         every rank sums everything; auto: one_shot below ``ONE_SHOT_BELOW_BYTES`` with a GPU per rank, else
-        two_shot, the one it ran is the dict's ``scheme``; ``runtime/allreduce.py``) of ``numel`` seeded values per rank: every
-        rank's result checked against the float64 sum of all inputs after each launch (each launch's values
-        scaled by another power of two, in the same tensors, so a launch that did not run is caught), and its
-        bits compared across ranks. ``on_heap``: the values already lie in the all-reduce's heap input (as torch's
-        symmetric-memory all-reduce reduces its own buffer), so no launch copies them in. On GPUs, ``reps`` >
+        two_shot, the one it ran is the dict's ``scheme``; ``runtime/allreduce.py``) of ``numel`` seeded
+        values per rank: every rank's result checked against the float64 sum of all inputs after each launch
+        (each launch's values scaled by another power of two, in the same tensors, so a launch that did not
+        run is caught), and its bits compared across ranks. ``on_heap``: the values already lie in the
+        all-reduce's heap input (as torch's symmetric-memory all-reduce reduces its own buffer), so no launch
+        copies them in. On GPUs, ``reps`` >
         0 times it, and ``baseline`` times NCCL (and torch's symmetric-memory two-shot) on the same values.
         ``sanitize`` (cpu): record the launches' heap accesses; the dict's ``sanitizer`` is the SanitizerReport.
         Returns a dict: ``max_abs_diff``, ``tolerance``, ``identical`` (every rank the same bits),

@@ -79,15 +79,20 @@ def link_bytes(algorithm, m, n, W):
     return 2 * (W - 1) / W * m * n * 2          # two_shot and NCCL: bf16 reduce-scatter + all-gather
 
 
+def link_ms(algorithm, m, n, W, machine):
+    """The time of ``link_bytes`` at the link's bandwidth per direction, or for "nccl" at NCCL's bus bandwidth."""
+    return link_bytes(algorithm, m, n, W) / ((machine.nccl_bus_gb_s if algorithm == "nccl" else machine.link_gb_s) * 1e6)
+
+
 def predict_ms(algorithm, shape, W, machine, one_gpu):
     """One launch on W GPUs (ms), or the sequential matmul + NCCL."""
     m, n, _ = shape
     mm = machine.matmul_ms[tuple(shape)]
     if algorithm == "sequential":
-        return mm + (link_bytes("nccl", m, n, W) / (machine.nccl_bus_gb_s * 1e6) + machine.latency_us / 1e3
+        return mm + (link_ms("nccl", m, n, W, machine) + machine.latency_us / 1e3
                      if W > 1 else 0.0)
     local = one_gpu.ratio[algorithm][tuple(shape)] * mm
-    link = link_bytes(algorithm, m, n, W) / (machine.link_gb_s * 1e6)
+    link = link_ms(algorithm, m, n, W, machine)
     if algorithm == "two_shot":
         return max(local, link) + (one_gpu.two_shot_tail_us / 1e3 if W > 1 else 0.0)
     return local + EXPOSURE[algorithm] * link
@@ -268,11 +273,11 @@ def fit_fixed_costs(results, gpu, machine, leave_out=None):
         if shape == leave_out:
             continue
         m, n, _ = shape
-        if link_bytes("nccl", m, n, 2) / (machine.nccl_bus_gb_s * 1e6) < 0.5 * r["allreduce_ms"]:
+        if link_ms("nccl", m, n, 2, machine) < 0.5 * r["allreduce_ms"]:
             floors.append(r["allreduce_ms"])
         matmuls.append(r["matmul_ms"])
         local = two_shot_local_ms(shape, r["matmul_ms"], 2, gpu)
-        extras.append(r["two_shot_ms"] - max(local, link_bytes("two_shot", m, n, 2) / (machine.link_gb_s * 1e6)))
+        extras.append(r["two_shot_ms"] - max(local, link_ms("two_shot", m, n, 2, machine)))
     return FixedCosts(1e3 * statistics.median(floors), 1e3 * statistics.median(extras), 1e3 * min(matmuls))
 
 
@@ -282,8 +287,8 @@ def predict_few_rows(shape, W, mm_ms, costs, gpu, machine):
     both exchange with every peer at once, over NVSwitch)."""
     m, n, _ = shape
     local = two_shot_local_ms(shape, mm_ms, W, gpu)
-    fused = max(local, link_bytes("two_shot", m, n, W) / (machine.link_gb_s * 1e6)) + costs.two_shot_extra_us / 1e3
-    nccl = max(costs.nccl_floor_us / 1e3, link_bytes("nccl", m, n, W) / (machine.nccl_bus_gb_s * 1e6))
+    fused = max(local, link_ms("two_shot", m, n, W, machine)) + costs.two_shot_extra_us / 1e3
+    nccl = max(costs.nccl_floor_us / 1e3, link_ms("nccl", m, n, W, machine))
     return fused, mm_ms + nccl
 
 
@@ -337,8 +342,8 @@ def draw(shape, W, machine, one_gpu, ax=None, gpu=None):
     mm = machine.matmul_ms.get(tuple(shape)) or matmul_ms(shape, gpu)
     ratio = one_gpu.ratio.get("two_shot", {}).get(tuple(shape))
     local = ratio * mm if ratio else two_shot_local_ms(shape, mm, W, gpu)
-    link = link_bytes("two_shot", m, n, W) / (machine.link_gb_s * 1e6)
-    nccl = link_bytes("nccl", m, n, W) / (machine.nccl_bus_gb_s * 1e6) + machine.latency_us / 1e3
+    link = link_ms("two_shot", m, n, W, machine)
+    nccl = link_ms("nccl", m, n, W, machine) + machine.latency_us / 1e3
     tail = one_gpu.two_shot_tail_us / 1e3
     end = max(local, link)
     rows = [("matmul, then NCCL", [(0, mm, "tab:blue", "matmul"), (mm, nccl, "tab:orange", "NCCL all-reduce")]),
