@@ -2,26 +2,34 @@
 # On ONE NVIDIA H200 (issue 36, written 2026-12-04 when no GPU was lent, so not yet run): the standalone
 # all-reduce launched as a CUDA graph (GEMMAR_CUDA_GRAPHS=1) against Triton's launcher, its tiles of 128 and
 # 256 rows at 16-256 MiB, and the compiled all-reduce tests with graphs on. Run from the repository root with
-# ipyparallel importable (on the lent H200, carried as wheels in .whl/). Writes JSON to $1. About 8 minutes.
+# ipyparallel importable (on the lent H200, carried as wheels in .whl/). Writes JSON and log.txt to $1. In two
+# parts that fit the lent machine's 10 minutes a command: part 1 (tests, host time, 1-4 MiB) about 6 minutes,
+# part 2 (tile rows, every inference shape) about 6.
 set -uo pipefail
-OUTDIR=${1:?usage: benchmarks/h200_graphs.sh OUTDIR}
+OUTDIR=${1:?usage: benchmarks/h200_graphs.sh OUTDIR [1|2]}
+PART=${2:-1}
 mkdir -p "$OUTDIR"
+exec > >(tee -a "$OUTDIR/log-part$PART.txt") 2>&1
 export TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 quiet() { grep -v -e Warn -e enable_symm -e warn; }
 date -u; nvidia-smi --query-gpu=name,clocks.max.sm,memory.total --format=csv,noheader
+if [ "$PART" = 1 ]; then
 echo "== compiled all-reduce tests, graphs on"
 GEMMAR_CUDA_GRAPHS=1 GEMMAR_TEST_BACKEND=cuda timeout 150 python3 -m pytest -q -p no:cacheprovider tests/test_allreduce.py 2>&1 | tail -2
 echo "== host time, graph and Triton's launcher alternated (benchmarks/host_time.py)"
 timeout 100 python3 benchmarks/host_time.py --rounds 3 2>&1 | quiet
 for graphs in 1 0 1 0; do   # alternated: a host's speed drifts within minutes
   echo "== all-reduce 1-4 MiB, GEMMAR_CUDA_GRAPHS=$graphs"; date -u
-  GEMMAR_CUDA_GRAPHS=$graphs timeout 90 python3 benchmarks/inference_shapes.py "$OUTDIR/allreduce-graphs$graphs-$RANDOM.json" \
+  GEMMAR_CUDA_GRAPHS=$graphs timeout 75 python3 benchmarks/inference_shapes.py "$OUTDIR/allreduce-graphs$graphs-$RANDOM.json" \
     --no_gemm --sizes 1 4 2>&1 | quiet
 done
+fi
+if [ "$PART" = 2 ]; then
 echo "== tile rows 64-256 at 16-256 MiB, with torch's copy as the floor"; date -u
 GEMMAR_CUDA_GRAPHS=1 timeout 150 python3 benchmarks/inference_sweep.py "$OUTDIR/sweep-tile-rows.json" --only allreduce \
   --sizes 16 64 256 --tile_rows 64 128 256 --programs 132 264 2>&1 | quiet
 echo "== every inference shape and size, graphs on"; date -u
 GEMMAR_CUDA_GRAPHS=1 timeout 240 python3 benchmarks/inference_shapes.py "$OUTDIR/inference-shapes.json" 2>&1 | quiet
 date -u
+fi
