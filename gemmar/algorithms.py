@@ -8,7 +8,7 @@ from .errors import UsageError
 from .kernels import atomics, ring, two_shot
 from .kernels.spec import AlgorithmSpec
 
-BUILTIN = (atomics.SPEC, ring.SPEC, two_shot.SPEC)
+BUILTIN = (atomics.SPEC, ring.SPEC, two_shot.SPEC, two_shot.ONE_SHOT_SPEC)
 _registry = {spec.name: spec for spec in BUILTIN}
 
 

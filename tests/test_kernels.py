@@ -36,7 +36,7 @@ def test_world_sizes_and_dtypes(clusters, world_size, algorithm, dtype):
     result = clusters(world_size).gemm_all_reduce(A, B, algorithm=algorithm, BLK_M=16, BLK_N=16, BLK_K=16, iterations=2,
                                                   num_sms=4)
     check(result, A, B, world_size)
-    expected = dtype if algorithm == "two_shot" else torch.float32   # two_shot returns the input dtype
+    expected = dtype if algorithm in ("two_shot", "one_shot") else torch.float32   # they return the input dtype
     assert result.C.dtype == expected
 
 

@@ -44,12 +44,13 @@ def test_hang_becomes_deadlock_error_naming_rank_tile_and_flag(clusters):
     assert cluster.gemm_all_reduce(A, B, BLK_M=16, BLK_N=16, BLK_K=16, iterations=2).ok
 
 
-def test_two_shot_reading_partials_before_their_flag_goes_wrong_with_a_late_rank(clusters):
-    # Rank 1 starts every launch 0.5-1 s late. The owner that skips the partial_ready wait reads rank 1's
-    # partial before rank 1 has written it (zeros in the first launch) and hands a wrong sum to everyone.
+@pytest.mark.parametrize("algorithm", ["two_shot", "one_shot"])
+def test_reading_partials_before_their_flag_goes_wrong_with_a_late_rank(clusters, algorithm):
+    # Rank 1 starts every launch 0.5-1 s late. The owner (one_shot: every rank) that skips the partial_ready
+    # wait reads rank 1's partial before rank 1 has written it (zeros in the first launch): a wrong sum.
     A, B = random_inputs(32, 32, 48, torch.float32, seed=6)
     cluster = clusters(2)
-    late = dict(algorithm="two_shot", BLK_M=16, BLK_N=16, BLK_K=16, num_sms=2, delay_rank=1, delay_us=1e6)
+    late = dict(algorithm=algorithm, BLK_M=16, BLK_N=16, BLK_K=16, num_sms=2, delay_rank=1, delay_us=1e6)
     wrong = cluster.gemm_all_reduce(A, B, mistake="skip_partial_wait", **late)
     assert not wrong.ok and wrong_by(wrong, A, B) > 1.0
     right = cluster.gemm_all_reduce(A, B, **late)     # the real kernel waits, and is right however late

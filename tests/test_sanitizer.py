@@ -96,15 +96,16 @@ def test_the_builtin_algorithms_have_no_race_and_stay_in_bounds(clusters, world_
 
 
 @pytest.mark.parametrize("world_size", [2, 3, 4])
-def test_the_standalone_all_reduce_and_a_users_algorithm_have_no_race(clusters, world_size):
+def test_the_standalone_all_reduce_one_shot_and_a_users_algorithm_have_no_race(clusters, world_size):
     cluster = clusters(world_size)
     for scheme in ("two_shot", "one_shot"):
         figures = cluster.all_reduce(5000, datatype="fp32", iterations=3, scheme=scheme, sanitize=True)
         assert figures["ok"] and figures["sanitizer"].ok, (scheme, str(figures["sanitizer"]))
     A, B = random_inputs(40, 56, 36, torch.float16, seed=3)
-    result = cluster.gemm_all_reduce(A, B, algorithm=one_shot_push.SPEC, BLK_M=16, BLK_N=16, BLK_K=16, num_sms=3,
-                                     iterations=2, sanitize=True)
-    assert result.ok and result.sanitizer.ok, str(result.sanitizer)
+    for algorithm in (one_shot_push.SPEC, "one_shot"):
+        result = cluster.gemm_all_reduce(A, B, algorithm=algorithm, BLK_M=16, BLK_N=16, BLK_K=16, num_sms=3,
+                                         iterations=2, sanitize=True)
+        assert result.ok and result.sanitizer.ok, (algorithm, str(result.sanitizer))
 
 
 @pytest.mark.parametrize("world_size", [2])

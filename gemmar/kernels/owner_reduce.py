@@ -2,7 +2,12 @@
 communication programs' kernel, the sum of a tile's partials, its broadcast into every rank's C, the counts
 that tell each peer its C is complete, and the GEMM programs' help with tiles already complete. The
 standalone all-reduce (:mod:`gemmar.kernels.allreduce`) runs the same reduction over partials it copies
-in itself."""
+in itself.
+
+With ``ONE_SHOT`` (the ``one_shot`` algorithm) the same code sums every tile on every rank instead: every
+rank "owns" every tile, reads all W partials of it in rank order and writes the sum into its own C only; the
+counts of step 6 then tell each peer that its partials of so many tiles have been read, and step 7 waits until
+every peer has read all of this rank's, so that the next launch may overwrite them."""
 
 import triton
 import triton.language as tl
@@ -66,7 +71,7 @@ def two_shot_reduce(
         stride_cm, stride_cn, timeout_ns, trace, trace_counts,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_SIZE_M: tl.constexpr, COMM_SMS: tl.constexpr,
         TRACE_CAPACITY: tl.constexpr, MISTAKE: tl.constexpr, PEER_CACHE: tl.constexpr,
-        SUM_PARTIALS: tl.constexpr, CLAIM: tl.constexpr, REDUCE_ROWS: tl.constexpr):
+        SUM_PARTIALS: tl.constexpr, CLAIM: tl.constexpr, REDUCE_ROWS: tl.constexpr, ONE_SHOT: tl.constexpr):
     """The communication programs: reduce the tiles this rank owns that no GEMM program took (``CLAIM``: GEMM
     programs may take tiles), then wait for the others (steps 4-7). ``trace`` and ``trace_counts`` start at
     this kernel's own region of the rank's trace buffer. ``results_in`` holds one counter per owner,
@@ -74,7 +79,7 @@ def two_shot_reduce(
     n_events = reduce_owned_tiles(
         C, partials, partial_ready, results_in, taken, watchdog, heap_bases, rank, world_size, epoch, M, N,
         stride_cm, stride_cn, timeout_ns, trace, tl.program_id(0), BLOCK_M, BLOCK_N, GROUP_SIZE_M, COMM_SMS,
-        TRACE_CAPACITY, MISTAKE, PEER_CACHE, SUM_PARTIALS, CLAIM, REDUCE_ROWS)
+        TRACE_CAPACITY, MISTAKE, PEER_CACHE, SUM_PARTIALS, CLAIM, REDUCE_ROWS, ONE_SHOT)
     finish_trace(trace_counts, n_events, TRACE_CAPACITY)
 
 
@@ -85,13 +90,34 @@ def owned_count(total_tiles, owner, world_size):
 
 
 @triton.jit
+def summed_count(total_tiles, rank, world_size, ONE_SHOT: tl.constexpr):
+    """How many tiles rank ``rank`` sums: those it owns, or (``ONE_SHOT``) every tile."""
+    if ONE_SHOT:
+        count = total_tiles
+    else:
+        count = owned_count(total_tiles, rank, world_size)
+    return count
+
+
+@triton.jit
+def summed_tile(j, rank, world_size, ONE_SHOT: tl.constexpr):
+    """The ``j``-th tile rank ``rank`` sums: its ``j``-th owned tile, or (``ONE_SHOT``) tile ``j``."""
+    if ONE_SHOT:
+        tile_id = j
+    else:
+        tile_id = rank + j * world_size
+    return tile_id
+
+
+@triton.jit
 def reduce_and_broadcast(C, partials, heap_bases, rank, world_size, M, N, stride_cm, stride_cn, trace, n_events, t,
                          tile_id, num_pid_m, num_pid_n, FIRST: tl.constexpr, BLOCK_M: tl.constexpr,
                          BLOCK_N: tl.constexpr, GROUP_SIZE_M: tl.constexpr, TRACE_CAPACITY: tl.constexpr,
-                         PEER_CACHE: tl.constexpr, SUM_PARTIALS: tl.constexpr, REDUCE_ROWS: tl.constexpr):
+                         PEER_CACHE: tl.constexpr, SUM_PARTIALS: tl.constexpr, REDUCE_ROWS: tl.constexpr,
+                         ONE_SHOT: tl.constexpr):
     """Steps 5 and 6 for one tile whose partials are all in (acquired by this program since ``t``, by a wait
     or a look, recorded as a ``FIRST`` event): their sum, in rank order and fp32, written in C's dtype into
-    every rank's C (ours first). Returns ``n_events`` after its three events.
+    every rank's C (ours first; ``ONE_SHOT``: ours only, every rank sums the tile itself). Returns ``n_events`` after its three events.
 
     ``REDUCE_ROWS`` < ``BLOCK_M`` sums the tile ``REDUCE_ROWS`` rows at a time into our C, then copies it
     from there to the peers: a whole 128 x 256 fp32 sum needs 128 registers a thread at 8 warps, a
@@ -106,7 +132,7 @@ def reduce_and_broadcast(C, partials, heap_bases, rank, world_size, M, N, stride
         n_events, t = event(trace, n_events, t, REDUCE, tile_id, pid_m, pid_n, 0, -1, TRACE_CAPACITY)
         offsets, mask = tile_offsets(pid_m, pid_n, M, N, stride_cm, stride_cn, BLOCK_M, BLOCK_N)
         result = total.to(C.dtype.element_ty)
-        for step in range(world_size):
+        for step in range(1 if ONE_SHOT else world_size):
             device.store(C + offsets, result, rank, (rank + step) % world_size, heap_bases, mask=mask)
     else:
         for r0 in range(0, BLOCK_M, REDUCE_ROWS):
@@ -119,7 +145,7 @@ def reduce_and_broadcast(C, partials, heap_bases, rank, world_size, M, N, stride
         # Our C's rows are read back by whichever thread the load's layout gives them to: the block barrier
         # makes every thread's writes visible to all of them first.
         tl.debug_barrier()
-        for step in range(1, world_size):
+        for step in range(1, 1 if ONE_SHOT else world_size):
             for r0 in range(0, BLOCK_M, REDUCE_ROWS):
                 offsets, mask = tile_rows_offsets(pid_m, pid_n, r0, M, N, stride_cm, stride_cn, REDUCE_ROWS,
                                                   BLOCK_M, BLOCK_N)
@@ -131,8 +157,8 @@ def reduce_and_broadcast(C, partials, heap_bases, rank, world_size, M, N, stride
 
 @triton.jit
 def count_in_at_peers(results_in, broadcast, rank, world_size, heap_bases):
-    """The end of step 6 for one program: the ``broadcast`` tiles it wrote counted in at each peer, once,
-    after its last one. (A release per tile and peer waited each time for the tile's stores to land: 3.4 us
+    """The end of step 6 for one program: the ``broadcast`` tiles it wrote counted in at each peer (one-shot:
+    the tiles whose partials it has read from every peer), once, after its last one. (A release per tile and peer waited each time for the tile's stores to land: 3.4 us
     a tile at W = 2 on an H200, more than the stores. Nobody needs the count sooner: only step 7 reads it.)"""
     if broadcast > 0:
         tl.debug_barrier()   # every thread's stores are in before the one thread that releases them
@@ -161,7 +187,7 @@ def reduce_owned_tiles(
         stride_cm, stride_cn, timeout_ns, trace, c,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_SIZE_M: tl.constexpr, COMM_SMS: tl.constexpr,
         TRACE_CAPACITY: tl.constexpr, MISTAKE: tl.constexpr, PEER_CACHE: tl.constexpr,
-        SUM_PARTIALS: tl.constexpr, CLAIM: tl.constexpr, REDUCE_ROWS: tl.constexpr):
+        SUM_PARTIALS: tl.constexpr, CLAIM: tl.constexpr, REDUCE_ROWS: tl.constexpr, ONE_SHOT: tl.constexpr):
     """Steps 4-7 for communication program ``c``: owned tiles ``c, c + COMM_SMS, ...`` (in the order this rank
     owns them), less those a GEMM program has taken (``CLAIM``); returns the number of events it recorded.
     Also the standalone all-reduce's reduction (no ``CLAIM``)."""
@@ -169,10 +195,10 @@ def reduce_owned_tiles(
     num_pid_n = tl.cdiv(N, BLOCK_N)
     total_tiles = num_pid_m * num_pid_n
     n_events = tl.zeros((), tl.int32)
-    owned = owned_count(total_tiles, rank, world_size)
+    owned = summed_count(total_tiles, rank, world_size, ONE_SHOT)
     broadcast = tl.zeros((), tl.int32)   # tiles this program has written into every rank's C
     for j in range(c, owned, COMM_SMS):
-        tile_id = rank + j * world_size
+        tile_id = summed_tile(j, rank, world_size, ONE_SHOT)
         # 4. Every rank's partial of launch `epoch` is in. Then the tile is ours unless a GEMM program has
         # taken it (it takes only complete tiles, so waiting first costs nothing; taking first would take
         # tiles from under their owner's GEMM program, which sums its own tiles before counting itself in).
@@ -185,17 +211,17 @@ def reduce_owned_tiles(
             n_events = reduce_and_broadcast(C, partials, heap_bases, rank, world_size, M, N, stride_cm, stride_cn,
                                             trace, n_events, t, tile_id, num_pid_m, num_pid_n, PARTIAL_WAIT, BLOCK_M,
                                             BLOCK_N, GROUP_SIZE_M, TRACE_CAPACITY, PEER_CACHE, SUM_PARTIALS,
-                                            REDUCE_ROWS)
+                                            REDUCE_ROWS, ONE_SHOT)
             broadcast += 1
     count_in_at_peers(results_in, broadcast, rank, world_size, heap_bases)
     # 7. Every other owner's tiles: the last communication program waits for each owner's count, after its
-    # own reductions. (Under the interpreter every reduction of this rank has then run before any of its
+    # own reductions (one-shot: until each peer has read all of this rank's partials). (Under the interpreter every reduction of this rank has then run before any of its
     # waits, which is what keeps the ranks from waiting on each other in a circle there.)
     last = c == COMM_SMS - 1
     t = stamp(TRACE_CAPACITY)
     for step in range(1, tl.where(last, world_size, 1)):
         owner = (rank + step) % world_size
-        target = owned_count(total_tiles, owner, world_size) * (epoch + 1)
+        target = summed_count(total_tiles, owner, world_size, ONE_SHOT) * (epoch + 1)
         device.wait_at_least(results_in + owner * FLAG_STRIDE, target, timeout_ns, watchdog, rank, -1,
                              RESULTS_IN_FLAG, owner)
         n_events, t = event(trace, n_events, t, RESULT_WAIT, -1, -1, -1, 0, owner, TRACE_CAPACITY)
@@ -207,7 +233,7 @@ def help_reduce(C, partials, partial_ready, taken, heap_bases, rank, world_size,
                 stride_cm, stride_cn, trace, n_events, pid,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_SIZE_M: tl.constexpr, NUM_SMS: tl.constexpr,
                 TRACE_CAPACITY: tl.constexpr, PEER_CACHE: tl.constexpr, SUM_PARTIALS: tl.constexpr,
-                REDUCE_ROWS: tl.constexpr):
+                REDUCE_ROWS: tl.constexpr, ONE_SHOT: tl.constexpr):
     """A GEMM program that has published all its tiles helps with the owned tiles' reduction without ever
     waiting: it looks at owned tiles from the last one back (``owned - 1 - pid``, then ``NUM_SMS`` further
     back, ...), and reduces each whose partials are all in already and that no program has taken yet (steps
@@ -219,10 +245,10 @@ def help_reduce(C, partials, partial_ready, taken, heap_bases, rank, world_size,
     16). With the GEMM programs draining what is left when their own tiles are done, fewer suffice."""
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
-    owned = owned_count(num_pid_m * num_pid_n, rank, world_size)
+    owned = summed_count(num_pid_m * num_pid_n, rank, world_size, ONE_SHOT)
     broadcast = tl.zeros((), tl.int32)
     for k in range(pid, owned, NUM_SMS):
-        tile_id = rank + (owned - 1 - k) * world_size
+        tile_id = summed_tile(owned - 1 - k, rank, world_size, ONE_SHOT)
         t = stamp(TRACE_CAPACITY)
         # An acquire look, not a wait: a tile not complete yet is a communication program's.
         seen = tl.atomic_add(partial_ready + tile_id, 0, sem="acquire", scope="sys")
@@ -231,7 +257,7 @@ def help_reduce(C, partials, partial_ready, taken, heap_bases, rank, world_size,
                 n_events = reduce_and_broadcast(C, partials, heap_bases, rank, world_size, M, N, stride_cm,
                                                 stride_cn, trace, n_events, t, tile_id, num_pid_m, num_pid_n, TAKE,
                                                 BLOCK_M, BLOCK_N, GROUP_SIZE_M, TRACE_CAPACITY, PEER_CACHE,
-                                                SUM_PARTIALS, REDUCE_ROWS)
+                                                SUM_PARTIALS, REDUCE_ROWS, ONE_SHOT)
                 broadcast += 1
     return n_events, broadcast
 

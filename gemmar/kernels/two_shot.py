@@ -74,6 +74,7 @@ late rank's partial is read before it is written. Step 5 is :func:`sum_partials`
 as ``SUM_PARTIALS`` so that notebook 6's puzzle can run a participant's own version of it.
 """
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -101,7 +102,7 @@ def two_shot_gemm(
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_SIZE_M: tl.constexpr,
         NUM_SMS: tl.constexpr, DOT_PRECISION: tl.constexpr, TRACE_CAPACITY: tl.constexpr, EVEN_K: tl.constexpr,
         TMA: tl.constexpr, PEER_CACHE: tl.constexpr, SUM_PARTIALS: tl.constexpr, HELP: tl.constexpr,
-        REDUCE_ROWS: tl.constexpr, ALONE: tl.constexpr):
+        REDUCE_ROWS: tl.constexpr, ALONE: tl.constexpr, ONE_SHOT: tl.constexpr):
     """The GEMM programs: compute each tile, publish it, move on (steps 1-3); then help with the reduction
     of what is ready (:func:`help_reduce`), still without waiting. ``ALONE`` (world size 1): each tile goes
     straight into C (:func:`write_alone_tile`).
@@ -132,14 +133,21 @@ def two_shot_gemm(
             owner = tile_id % world_size
             # 2. Our partial of this tile, into our own heap.
             tl.store(slot_pointers(partials, tile_id, BLOCK_M, BLOCK_N), acc.to(partials.dtype.element_ty))
-            # 3. Count it in at the owner: release, after every thread's store.
+            # 3. Count it in at the owner (one-shot: at every rank, each sums it): release, after every
+            # thread's store.
             tl.debug_barrier()
-            device.atomic_add(partial_ready + tile_id, 1, rank, owner, heap_bases, sem="release", scope="sys")
+            if ONE_SHOT:
+                for step in range(world_size):
+                    device.atomic_add(partial_ready + tile_id, 1, rank, (rank + step) % world_size, heap_bases,
+                                      sem="release", scope="sys")
+                owner = -1
+            else:
+                device.atomic_add(partial_ready + tile_id, 1, rank, owner, heap_bases, sem="release", scope="sys")
             n_events, t = event(trace, n_events, t, PUBLISH, tile_id, pid_m, pid_n, 0, owner, TRACE_CAPACITY)
     if HELP:
         n_events, helped = help_reduce(C, partials, partial_ready, taken, heap_bases, rank, world_size, epoch, M,
                                        N, stride_cm, stride_cn, trace, n_events, pid, BLOCK_M, BLOCK_N, GROUP_SIZE_M,
-                                       NUM_SMS, TRACE_CAPACITY, PEER_CACHE, SUM_PARTIALS, REDUCE_ROWS)
+                                       NUM_SMS, TRACE_CAPACITY, PEER_CACHE, SUM_PARTIALS, REDUCE_ROWS, ONE_SHOT)
         broadcast += helped
     count_in_at_peers(results_in, broadcast, rank, world_size, heap_bases)
     finish_trace(trace_counts, n_events, TRACE_CAPACITY)
@@ -187,9 +195,10 @@ def buffers(alloc, config, world_size):
                           results_in=alloc(world_size * FLAG_WORDS, torch.int32), taken=alloc(tiles, torch.int32))
 
 
-def launches(ctx):
+def launches(ctx, one_shot=False):
     """Two kernels on two streams: the GEMM on the rank's, the reduction on its side stream (the rank's
-    next launch waits for it). The reduction records into the trace buffer after the GEMM programs'."""
+    next launch waits for it). The reduction records into the trace buffer after the GEMM programs'.
+    ``one_shot``: every rank sums every tile (the ``one_shot`` algorithm)."""
     cfg, buf = ctx.config, ctx.buffers
     # GEMM programs help only when the communication programs are fewer than theirs (then each one is
     # an SM the GEMM does not have, and there may be too few to keep up); with one beside each GEMM program
@@ -213,7 +222,8 @@ def launches(ctx):
         results_in=buf.results_in, taken=buf.taken, heap_bases=ctx.heap.heap_bases, rank=ctx.rank,
         world_size=ctx.world_size, epoch=0, M=cfg.m, N=cfg.n, K=ctx.K, **ctx.strides, stride_cm=cfg.n, stride_cn=1,
         trace=ctx.trace, trace_counts=ctx.trace_counts, **ctx.gemm, PEER_CACHE=ctx.peer_cache,
-        SUM_PARTIALS=ctx.parts["sum_partials"], HELP=help, REDUCE_ROWS=reduce_rows, ALONE=alone),
+        SUM_PARTIALS=ctx.parts["sum_partials"], HELP=help, REDUCE_ROWS=reduce_rows, ALONE=alone,
+        ONE_SHOT=one_shot),
         per_launch=("epoch",))
     trace, trace_counts = ctx.trace_region(cfg.num_sms, cfg.comm_sms)
     reduce = Launch(two_shot_reduce, (cfg.comm_sms,), ctx.tuning(
@@ -224,19 +234,20 @@ def launches(ctx):
         trace_counts=trace_counts, BLOCK_M=cfg.BLK_M, BLOCK_N=cfg.BLK_N, GROUP_SIZE_M=cfg.gsize_m,
         COMM_SMS=cfg.comm_sms, TRACE_CAPACITY=ctx.gemm["TRACE_CAPACITY"], MISTAKE=ctx.mistake_index,
         PEER_CACHE=ctx.peer_cache, SUM_PARTIALS=ctx.parts["sum_partials"], CLAIM=help,
-        REDUCE_ROWS=reduce_rows,
+        REDUCE_ROWS=reduce_rows, ONE_SHOT=one_shot,
         num_stages=1, num_warps=comm_warps),
         stream="side", per_launch=("epoch",))
     return [gemm] if alone else [gemm, reduce]
 
 
-def events_per_program(config, world_size):
+def events_per_program(config, world_size, one_shot=False):
     # gemm and publish per tile (with take, reduce and broadcast at world size 1); take, reduce and broadcast
-    # per owned tile it helps with
+    # per summed tile it helps with
+    summed = [config.tile_count if one_shot else owned_count_on_host(config.tile_count, r, world_size)
+              for r in range(world_size)]
     gemm = -(-config.tile_count // config.num_sms) * (5 if world_size == 1 else 2) + max(
-        3 * -(-owned_count_on_host(config.tile_count, r, world_size) // config.num_sms) for r in range(world_size))
-    return max([gemm] + [reduce_events(owned_count_on_host(config.tile_count, r, world_size), world_size, config.comm_sms)
-                         for r in range(world_size)])
+        3 * -(-count // config.num_sms) for count in summed)
+    return max([gemm] + [reduce_events(count, world_size, config.comm_sms) for count in summed])
 
 
 SPEC = AlgorithmSpec(
@@ -257,3 +268,23 @@ SPEC = AlgorithmSpec(
                 "hopper_few_rows": {16: (16, 64, 128, 4, 4, 8), 64: (64, 64, 128, 4, 4, 8),
                                     512: (128, 128, 64, 4, 4, 8)}},
     builtin=True)
+
+
+# -- one-shot: the same kernels, every rank sums every tile ---------------------------------------------
+# One exchange instead of two (no owner hands its sums back), for W - 1 copies of each partial on the links
+# instead of 2 (W - 1) / W: for small C, where each exchange's latency, not its bytes, decides.
+ONE_SHOT_PHASES = tuple(
+    dataclasses.replace(p, waits_for={
+        "partial_wait": "tile {tile} waits for partial_ready (all {world_size} ranks' partials of the tile)",
+        "result_wait": "waits for results_in (rank {peer} has read every partial of this rank's)",
+    }.get(p.name, p.waits_for)) for p in PHASES)
+
+ONE_SHOT_SPEC = AlgorithmSpec(
+    name="one_shot", summary="two_shot's kernels, but every rank sums every tile from all ranks' partials and "
+                             "writes only its own C: one exchange instead of two",
+    buffers=buffers, launches=lambda ctx: launches(ctx, one_shot=True), output=SPEC.output, phases=ONE_SHOT_PHASES,
+    labels={"store": "storing a partial, counting it in at every rank"}, done=Done("broadcast"),
+    c_dtype=SPEC.c_dtype, events_per_program=lambda config, W: events_per_program(config, W, one_shot=True),
+    events_per_launch=lambda cfg, W, rank: cfg.tile_count * 2 + reduce_events(cfg.tile_count, W, programs=1),
+    parts=SPEC.parts, mistakes=MISTAKES, comm_programs=True, comm_beside_gemm=True, wire_dtype=True,
+    wait_flags=WAIT_FLAGS, gpu_tuning=SPEC.gpu_tuning, builtin=True)
