@@ -49,24 +49,32 @@ COPY_IN_KERNEL_BELOW_BYTES = 8 << 20
 
 # (BLOCK_M, BLOCK_N) of a tile: big on GPUs (wide vector loads, few flags), small under the interpreter.
 BLOCKS = {"cuda": (64, 256), "cpu": (16, 64)}
+# From this size up, tiles of 256 rows on GPUs: one rank on an H200 (2026-12-05, bf16, CUDA graphs), 64 / 128 /
+# 256 rows took 10.0 / 9.4 / 9.3 us at 16 MiB, 45.6 / 41.3 / 39.5 at 64 and 171 / 156 / 148 us at 256 MiB
+# (BENCHMARKS.md): fewer tiles, fewer flags and longer runs of each program's loads. Below it, not measured.
+LARGE_TILES_FROM_BYTES, LARGE_TILE_ROWS = 16 << 20, 256
 # A tile of more rows is copied and summed this many rows at a time: a 64 x 256 fp32 sum is 64 registers a
 # thread at 8 warps; a whole 256-row one would spill. (On cpu half a tile: the tests run the chunked code.)
 SUM_ROWS = {"cuda": 64, "cpu": 8}
 
 
-def tile_layout(numel, device_type, block_m=None):
-    """(BLOCK_M, BLOCK_N, rows, tiles) of ``numel`` values laid out as one column of tiles (``block_m``:
-    rows per tile, else the device's default)."""
+def tile_layout(numel, element_size, device_type, block_m=None):
+    """(BLOCK_M, BLOCK_N, rows, tiles) of ``numel`` values of ``element_size`` bytes laid out as one column of
+    tiles (``block_m``: rows per tile, else the device's default for that many bytes)."""
     default_m, block_n = BLOCKS.get(device_type, BLOCKS["cuda"])
+    if device_type == "cuda" and numel * element_size >= LARGE_TILES_FROM_BYTES:
+        default_m = LARGE_TILE_ROWS
     block_m = block_m or default_m
     rows = -(-numel // block_n)
     return block_m, block_n, rows, -(-rows // block_m)
 
 
 def all_reduce_heap_bytes(numel, dtype, device_type="cpu"):
-    """Heap bytes one rank needs for a standalone all-reduce of ``numel`` values (generously aligned)."""
-    block_m, block_n, _, tiles = tile_layout(numel, device_type)
-    values = 2 * tiles * block_m * block_n * torch.tensor([], dtype=dtype).element_size()
+    """Heap bytes one rank needs for a standalone all-reduce of ``numel`` values (generously aligned: room for
+    tiles of the most rows allowed, whatever ``tile_rows`` the run takes)."""
+    element_size = torch.tensor([], dtype=dtype).element_size()
+    block_m, block_n, _, tiles = tile_layout(numel, element_size, device_type, LARGE_TILE_ROWS)
+    values = 2 * tiles * block_m * block_n * element_size
     flags = 12 * tiles + 4 * FLAG_WORDS * 64 + 4 * 4096   # (64: the most ranks; 4096: the most programs)
     return values + flags + 8 * WATCHDOG_WORDS + 64 * 1024
 
@@ -100,11 +108,12 @@ class SymmetricAllReduce:
             raise UsageError(f"numel={numel!r} is not allowed: use a whole number of values, at least 1")
         if isinstance(comm_sms, bool) or not isinstance(comm_sms, int) or not 1 <= comm_sms <= 4096:
             raise UsageError(f"comm_sms={comm_sms!r} is not allowed: use a whole number from 1 to 4096")
+        element_size = torch.tensor([], dtype=dtype).element_size()
         if scheme == "auto":
-            scheme = default_scheme(numel * torch.tensor([], dtype=dtype).element_size(), heap.device.type,
-                                    heap.world_size, heap.ranks_on_device)
+            scheme = default_scheme(numel * element_size, heap.device.type, heap.world_size, heap.ranks_on_device)
         self.heap, self.numel, self.dtype, self.comm_sms, self.scheme = heap, numel, dtype, comm_sms, scheme
-        self.block_m, self.block_n, self.rows, self.tiles = tile_layout(numel, heap.device.type, tile_rows)
+        self.block_m, self.block_n, self.rows, self.tiles = tile_layout(numel, element_size, heap.device.type,
+                                                                        tile_rows)
         self.partials = heap.zeros((self.tiles, self.block_m * self.block_n), dtype)
         self.out = heap.zeros((self.rows, self.block_n), dtype)
         self.partial_ready = heap.zeros(self.tiles, torch.int32)

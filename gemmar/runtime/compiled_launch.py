@@ -135,10 +135,11 @@ def _same_specialisation(old, new):
         old.device == new.device and (old.data_ptr() % 16 == 0) == (new.data_ptr() % 16 == 0)
 
 
-# Whether PreparedLaunch.replay may use CUDA graphs: off unless GEMMAR_CUDA_GRAPHS=1, until the graphs have
-# been run and timed on a GPU (written 2026-12-04 when no GPU was lent; benchmarks/host_time.py compares
-# both ways in one process).
-USE_GRAPHS = os.environ.get("GEMMAR_CUDA_GRAPHS", "0") == "1"
+# Whether PreparedLaunch.replay may use CUDA graphs (GEMMAR_CUDA_GRAPHS=0: never). On one H200 (2026-12-05,
+# benchmarks/host_time.py, both ways alternated in one process) a 1 MiB all-reduce took 5.5-5.7 us of host
+# time as a graph against 13.7-14.5 through Triton's launcher, and 1-4 MiB went from 0.68-0.77x torch
+# symmetric memory's speed to 1.44-1.90x (BENCHMARKS.md).
+USE_GRAPHS = os.environ.get("GEMMAR_CUDA_GRAPHS", "1") != "0"
 
 _DRIVER = []   # [the CUDA driver library with the few calls used here, or None where there is none]
 
