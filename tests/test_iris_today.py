@@ -61,14 +61,14 @@ def test_torchrun_style_collectives_back_to_back(clusters, world_size):
 
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_ops_matmul_all_reduce_by_each_kernel(clusters, world_size):
-    """ops.matmul_all_reduce with edge tiles (50 x 70 in 32 x 32 tiles) by two_shot, atomics and ring, three
-    launches each, checked in float64; two_shot's bits the same on every rank."""
+    """ops.matmul_all_reduce with edge tiles (50 x 70 in 32 x 32 tiles) by two_shot, one_shot, atomics and ring,
+    three launches each, checked in float64; two_shot's and one_shot's bits the same on every rank."""
     result, out, err = run(clusters(world_size), os.path.join(TODAY, "ops_matmul_all_reduce.py"), "-m", "50",
                            "-n", "70", "-k", "90", "--iterations", "3")
     assert result.ok, (result, out, err)
     for lines in own_lines(out, world_size).values():
-        assert lines == ["[Iris] matmul_all_reduce 50 x 70 x 90 per rank, 3 kernels x 3 launches: all right"], out
-    for kernel in ("two_shot", "atomics", "ring"):
+        assert lines == ["[Iris] matmul_all_reduce 50 x 70 x 90 per rank, 4 kernels x 3 launches: all right"], out
+    for kernel in ("two_shot", "one_shot", "atomics", "ring"):
         assert f"[Iris] ops.matmul_all_reduce: gemmar's {kernel} kernel" in out
 
 

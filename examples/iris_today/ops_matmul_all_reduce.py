@@ -1,7 +1,7 @@
 """Iris's fused GEMM + all-reduce op, torchrun style: each rank holds a K-slice of A and B,
 ``shmem.ops.matmul_all_reduce(out, A_r, B_r)`` leaves ``sum over ranks of A_r @ B_r`` on every rank, run back
-to back with new values, by each of gemmar's kernels (variants two_shot, atomic, ring), checked against torch
-in float64; two_shot's result must be the same bits on every rank.
+to back with new values, by each of gemmar's kernels (variants two_shot, one_shot, atomic, ring), checked against
+torch in float64; two_shot's and one_shot's results must be the same bits on every rank.
 
     gemmar run -r 3 examples/iris_today/ops_matmul_all_reduce.py -m 50 -n 70 -k 90 --iterations 3
 """
@@ -31,7 +31,8 @@ def main():
     A, B = shmem.zeros((M, K), dtype=dtype), shmem.zeros((K, N), dtype=dtype)
     out = shmem.zeros((M, N), dtype=dtype)
     wrong, worst = [], 0.0
-    for variant in ("two_shot", "atomic", "ring"):
+    variants = ("two_shot", "one_shot", "atomic", "ring")
+    for variant in variants:
         config = FusedConfig(block_size_m=32, block_size_n=32, block_size_k=32, num_sms=3, all_reduce_variant=variant)
         for it in range(args.iterations):
             g = torch.Generator().manual_seed(1000 * it + rank)
@@ -49,10 +50,10 @@ def main():
                 wrong.append(f"{variant} iteration {it}: max error {error:.3g}")
             outs = [torch.empty(M, N, dtype=dtype) for _ in range(dist.get_world_size())]
             dist.all_gather(outs, out.cpu())
-            if variant == "two_shot" and any(not torch.equal(o, outs[0]) for o in outs):
-                wrong.append(f"two_shot iteration {it}: ranks hold different bits")
+            if variant in ("two_shot", "one_shot") and any(not torch.equal(o, outs[0]) for o in outs):
+                wrong.append(f"{variant} iteration {it}: ranks hold different bits")
     shmem.barrier()
-    shmem.info(f"matmul_all_reduce {M} x {N} x {K} per rank, 3 kernels x {args.iterations} launches: "
+    shmem.info(f"matmul_all_reduce {M} x {N} x {K} per rank, {len(variants)} kernels x {args.iterations} launches: "
                f"{'all right' if not wrong else 'WRONG: ' + '; '.join(wrong)}")
     dist.destroy_process_group()
 

@@ -4,7 +4,8 @@
 uses): each rank's ``A`` (M x K_r) and ``B`` (K_r x N) are its K-slice, and every rank ends with
 ``out = sum over ranks of A_r @ B_r``. ``FusedConfig.all_reduce_variant`` picks the kernel: ``two_shot``
 (Iris's default; gemmar's two-shot by tile owner: the same bits on every rank, run after run), ``atomic``
-(gemmar's atomics), ``ring`` (gemmar's ring); ``one_shot`` and ``spinlock`` run two_shot, said once. Tiles
+(gemmar's atomics), ``ring`` (gemmar's ring), ``one_shot`` (gemmar's one_shot: every rank sums every tile);
+``spinlock`` runs two_shot, said once. Tiles
 and programs are gemmar's tuned defaults for the device unless the program passes a ``FusedConfig``, whose
 block sizes and ``num_sms`` are then used. Back-to-back calls with the same shapes reuse one launcher: no
 reset between them (its flags count launches).
@@ -20,7 +21,7 @@ import torch
 
 from ..errors import UsageError
 
-VARIANT_ALGORITHM = {"two_shot": "two_shot", "atomic": "atomics", "ring": "ring", "one_shot": "two_shot",
+VARIANT_ALGORITHM = {"two_shot": "two_shot", "atomic": "atomics", "ring": "ring", "one_shot": "one_shot",
                      "spinlock": "two_shot"}
 
 
@@ -116,7 +117,7 @@ class FusedOps:
             shmem.info_once(f"ops.matmul_all_reduce: gemmar's {run.algorithm} kernel, {run.BLK_M} x {run.BLK_N} x "
                             f"{run.BLK_K} tiles, {run.programs} programs per rank")
             requested = (config or FusedConfig()).all_reduce_variant
-            if requested in ("one_shot", "spinlock"):
+            if requested == "spinlock":
                 shmem.info_once(f"ops.matmul_all_reduce: variant {requested!r} runs gemmar's {run.algorithm}")
         C = self._launchers[key](A.contiguous(), B.contiguous())
         output_tensor.copy_(C)

@@ -69,6 +69,13 @@ programs only wait for GEMM programs (of any rank) and for owners' programs. Und
 each rank's GEMM kernel has run to the end before its reduction starts (its programs one after another:
 the later ones find more tiles complete and help more).
 
+**one_shot** (``ONE_SHOT_SPEC``, at the end of this module) runs these same two kernels with ``ONE_SHOT``: every
+rank sums every tile, so a GEMM program counts its partial in at every rank (step 3), each rank's programs sum
+all W partials of every tile in rank order and write the sum into their own C only (steps 5 and 6), and step 7
+waits until every peer has read all of this rank's partials (the counts of step 6 mean "read" there), which
+is what makes the next launch's overwriting of ``partials`` safe. One exchange instead of two, for W - 1
+copies of each partial on the links: the path for small C, where each exchange's latency decides.
+
 ``MISTAKE`` turns on a teaching bug: 1 reads the partials without waiting for ``partial_ready``, so a
 late rank's partial is read before it is written. Step 5 is :func:`sum_partials`, passed to both kernels
 as ``SUM_PARTIALS`` so that notebook 6's puzzle can run a participant's own version of it.
