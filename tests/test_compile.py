@@ -61,14 +61,24 @@ SCRIPT = textwrap.dedent('''
                 "results_in": "*i32", "taken": "*i32", "heap_bases": "*i64", "rank": "i32", "world_size": "i32",
                 "epoch": "i32", **{k: "i32" for k in ints}, "trace": "*i64", "trace_counts": "*i64"},
                dict(tiles, BLOCK_N=256, NUM_SMS=116, TMA=True, PEER_CACHE=".cg", SUM_PARTIALS=two_shot.sum_partials,
-                    HELP=True, REDUCE_ROWS=128, ALONE=cap == 0))
-        yield (two_shot.two_shot_reduce,
-               {"C": "*" + dtype, "partials": "*" + dtype, "partial_ready": "*i32", "results_in": "*i32",
-                "taken": "*i32", "watchdog": "*i64", "heap_bases": "*i64", "rank": "i32", "world_size": "i32", "epoch": "i32",
-                "M": "i32", "N": "i32", "stride_cm": "i32", "stride_cn": "i32", "timeout_ns": "i64",
-                "trace": "*i64", "trace_counts": "*i64"},
-               dict(BLOCK_M=128, BLOCK_N=256, GROUP_SIZE_M=8, COMM_SMS=16, TRACE_CAPACITY=cap, MISTAKE=0,
-                    PEER_CACHE=".cg", SUM_PARTIALS=two_shot.sum_partials, CLAIM=True, REDUCE_ROWS=32))
+                    HELP=True, REDUCE_ROWS=128, ALONE=cap == 0, ONE_SHOT=False))
+        # one_shot: the same kernels with every rank summing every tile (never alone: at world size 1 it runs
+        # two_shot's code above)
+        yield (two_shot.two_shot_gemm,
+               {**descriptors, "C": "*" + dtype, "partials": "*" + dtype, "partial_ready": "*i32",
+                "results_in": "*i32", "taken": "*i32", "heap_bases": "*i64", "rank": "i32", "world_size": "i32",
+                "epoch": "i32", **{k: "i32" for k in ints}, "trace": "*i64", "trace_counts": "*i64"},
+               dict(tiles, BLOCK_N=256, NUM_SMS=116, TMA=True, PEER_CACHE=".cg", SUM_PARTIALS=two_shot.sum_partials,
+                    HELP=True, REDUCE_ROWS=128, ALONE=False, ONE_SHOT=True))
+        for one_shot in (False, True):
+            yield (two_shot.two_shot_reduce,
+                   {"C": "*" + dtype, "partials": "*" + dtype, "partial_ready": "*i32", "results_in": "*i32",
+                    "taken": "*i32", "watchdog": "*i64", "heap_bases": "*i64", "rank": "i32", "world_size": "i32",
+                    "epoch": "i32", "M": "i32", "N": "i32", "stride_cm": "i32", "stride_cn": "i32", "timeout_ns": "i64",
+                    "trace": "*i64", "trace_counts": "*i64"},
+                   dict(BLOCK_M=128, BLOCK_N=256, GROUP_SIZE_M=8, COMM_SMS=16, TRACE_CAPACITY=cap, MISTAKE=0,
+                        PEER_CACHE=".cg", SUM_PARTIALS=two_shot.sum_partials, CLAIM=True, REDUCE_ROWS=32,
+                        ONE_SHOT=one_shot))
 
     for dtype in ("bf16", "fp16"):
         for cap in (0, 64):
@@ -101,9 +111,9 @@ def test_kernels_compile_for_hopper():
         pytest.skip("this Triton wheel carries no ptxas, so it cannot compile for NVIDIA here")
     assert p.returncode == 0, p.stderr[-3000:]
     lines = [line.split() for line in p.stdout.splitlines()]
-    assert len(lines) == 2 * 2 * 5 + 5 + 4 + 1   # dtypes x tracing off/on x kernels, the 1 x 1 x 1 builds,
-    #                                            the all-reduce's own kernels, the barrier
-    assert sum(int(line[-1]) > 0 for line in lines) == 7   # the kernels given arguments of 1 really had some
+    assert len(lines) == 2 * 2 * 7 + 7 + 4 + 1   # dtypes x tracing off/on x kernels (two_shot's twice more, as
+    #                                            one_shot), the 1 x 1 x 1 builds, the all-reduce's own, the barrier
+    assert sum(int(line[-1]) > 0 for line in lines) == 9   # the kernels given arguments of 1 really had some
     for name, capacity, has_timer, cubin_bytes, pipelined, ones in lines:
         assert int(cubin_bytes) > 0
         if name == "two_shot_gemm" and ones == "0":   # (with K = 1 there is no loop to pipeline)   # a flattened tile loop once cost it its pipelining: 3x slower on an H200
