@@ -63,9 +63,9 @@ def _bench_parser(sub):
                                    "builds the same seeded A (M x K) and B (K x N) and keeps its K-slice.",
                        epilog="(tuned): left out, it is chosen for the device: on cpu 32/32/32 tiles and 4 "
                               "programs; on GPUs the algorithm's measured tile, one program per SM (shared out when "
-                              "ranks share a GPU), and for two_shot and one_shot one communication program beside each GEMM "
-                              "program on Hopper GPUs (untraced runs), otherwise as many as the shape's reduction "
-                              "needs (tuning.split_programs). "
+                              "ranks share a GPU), and for two_shot and one_shot one communication program beside "
+                              "each GEMM program on Hopper GPUs (untraced runs), otherwise as many as the shape's "
+                              "reduction needs (tuning.split_programs). "
                               "(Iris): a flag of Iris's GEMM + all-reduce benchmark.py, taken with Iris's meaning. "
                               "(Iris, AMD) : accepted so that Iris command lines run, and said to mean nothing "
                               "here. Differences: no int8; --output_file is off unless given (Iris: log.json); "
@@ -88,11 +88,11 @@ def _bench_parser(sub):
     p.add_argument("--gsize_m", type=int, help="(Iris) GROUP_SIZE_M of the tile swizzle (tuned)")
     p.add_argument("--num_sms", "--gemm_sms", dest="num_sms", type=int,
                    help="(Iris: --gemm_sms) persistent GEMM programs per rank (tuned)")
-    p.add_argument("--comm_sms", type=int, help="(Iris) two_shot, one_shot: communication programs per rank, besides the "
-                                                "GEMM's (tuned)")
+    p.add_argument("--comm_sms", type=int, help="(Iris) two_shot, one_shot: communication programs per rank, "
+                                                "besides the GEMM's (tuned)")
     p.add_argument("--total_sms", type=int, help="(Iris) GEMM + communication programs per rank: two_shot takes "
-                                                 "comm_sms = total_sms - gemm_sms (one_shot too); atomics and ring have no "
-                                                 "communication programs")
+                                                 "comm_sms = total_sms - gemm_sms (one_shot too); atomics and ring "
+                                                 "have no communication programs")
     p.add_argument("-d", "--debug", action="store_true",
                    help="(Iris) print the compiled kernels' register and spill counts (GPU; the interpreter "
                         "compiles nothing)")
@@ -106,9 +106,10 @@ def _bench_parser(sub):
 def _add_run_flags(p):
     """gemmar bench's flags about the run itself (dtypes, ranks, backend, checks, outputs)."""
     p.add_argument("--out_dtype", choices=list(DTYPES), help="dtype of C (default: fp32 for atomics and ring, "
-                                                             "which sum in C; the input dtype for two_shot and one_shot)")
-    p.add_argument("--wire_dtype", choices=list(DTYPES), help="two_shot, one_shot: dtype of the partial tiles sent between "
-                                                              "ranks (default: the input dtype)")
+                                                             "which sum in C; the input dtype for two_shot and "
+                                                             "one_shot)")
+    p.add_argument("--wire_dtype", choices=list(DTYPES), help="two_shot, one_shot: dtype of the partial tiles sent "
+                                                              "between ranks (default: the input dtype)")
     p.add_argument("--num_warps", type=int, help="(Iris) GPU only: warps per program (tuned)")
     p.add_argument("--num_stages", type=int, help="(Iris) GPU only: software-pipeline stages (tuned)")
     p.add_argument("-r", "--num_ranks", type=int, default=2,

@@ -74,7 +74,8 @@ CITED_FIGURES = [
      [("README.md", "and {} at five inference shapes"), ("gemmar/analysis/auto_rule.py", "and {} at five of 16-4096")]),
     ("two_shot at one rank, / torch.matmul then nothing to reduce", r"^(\d\.\d\d-\d\.\d\d) ",
      lambda g: f"{g[0]}x", [("docs/backends.md", "at one rank two_shot is {} torch.matmul")]),
-    ("two_shot at one rank, few rows", r"^\d\.\d\d-(\d\.\d\d) at every shape, (\d\.\d\d) at 8192 x 8192 x 8192 \(one run",
+    ("two_shot at one rank, few rows",
+     r"^\d\.\d\d-(\d\.\d\d) at every shape, (\d\.\d\d) at 8192 x 8192 x 8192 \(one run",
      lambda g: f"{g[1]}-{g[0]}x torch.matmul's time at 16-8192 rows in one run",
      [("gemmar/analysis/auto_rule.py", "two_shot measured {}")]),
 ]

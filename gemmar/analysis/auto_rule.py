@@ -17,8 +17,8 @@ AUTO_RULE = {
     # host time per launch since the launch hands Triton addresses, its figures spread by the host's; atomics and
     # ring slower still).
     "one_gpu": ("unfused", "with one rank there is nothing to reduce, so torch.matmul alone is the whole job and a "
-                           "fused kernel is only a GEMM there too (on an H200 two_shot measured 0.90-1.06x torch.matmul's "
-                           "time at 16-8192 rows in one run, atomics and ring slower: BENCHMARKS.md)"),
+                           "fused kernel is only a GEMM there too (on an H200 two_shot measured 0.90-1.06x "
+                           "torch.matmul's time at 16-8192 rows in one run, atomics and ring slower: BENCHMARKS.md)"),
     # Two ranks, a GPU each, a shape the model does not speak for (it misses fixed costs there: on the same
     # 2 x H200 it predicted each of the five inference shapes 16-60 % too fast, the worse of two_shot and
     # matmul then NCCL). Measured there (2026-12-04, runs of 11:13, 12:00 and 17:27 UTC, N = 8192): at 16 rows

@@ -117,7 +117,8 @@ def reduce_and_broadcast(C, partials, heap_bases, rank, world_size, M, N, stride
                          ONE_SHOT: tl.constexpr):
     """Steps 5 and 6 for one tile whose partials are all in (acquired by this program since ``t``, by a wait
     or a look, recorded as a ``FIRST`` event): their sum, in rank order and fp32, written in C's dtype into
-    every rank's C (ours first; ``ONE_SHOT``: ours only, every rank sums the tile itself). Returns ``n_events`` after its three events.
+    every rank's C (ours first; ``ONE_SHOT``: ours only, every rank sums the tile itself). Returns
+    ``n_events`` after its three events.
 
     ``REDUCE_ROWS`` < ``BLOCK_M`` sums the tile ``REDUCE_ROWS`` rows at a time into our C, then copies it
     from there to the peers: a whole 128 x 256 fp32 sum needs 128 registers a thread at 8 warps, a
@@ -158,8 +159,9 @@ def reduce_and_broadcast(C, partials, heap_bases, rank, world_size, M, N, stride
 @triton.jit
 def count_in_at_peers(results_in, broadcast, rank, world_size, heap_bases):
     """The end of step 6 for one program: the ``broadcast`` tiles it wrote counted in at each peer (one-shot:
-    the tiles whose partials it has read from every peer), once, after its last one. (A release per tile and peer waited each time for the tile's stores to land: 3.4 us
-    a tile at W = 2 on an H200, more than the stores. Nobody needs the count sooner: only step 7 reads it.)"""
+    the tiles whose partials it has read from every peer), once, after its last one. (A release per tile and
+    peer waited each time for the tile's stores to land: 3.4 us a tile at W = 2 on an H200, more than the
+    stores. Nobody needs the count sooner: only step 7 reads it.)"""
     if broadcast > 0:
         tl.debug_barrier()   # every thread's stores are in before the one thread that releases them
         for step in range(1, world_size):
@@ -215,8 +217,9 @@ def reduce_owned_tiles(
             broadcast += 1
     count_in_at_peers(results_in, broadcast, rank, world_size, heap_bases)
     # 7. Every other owner's tiles: the last communication program waits for each owner's count, after its
-    # own reductions (one-shot: until each peer has read all of this rank's partials). (Under the interpreter every reduction of this rank has then run before any of its
-    # waits, which is what keeps the ranks from waiting on each other in a circle there.)
+    # own reductions (one-shot: until each peer has read all of this rank's partials). (Under the interpreter
+    # every reduction of this rank has then run before any of its waits, which is what keeps the ranks from
+    # waiting on each other in a circle there.)
     last = c == COMM_SMS - 1
     t = stamp(TRACE_CAPACITY)
     for step in range(1, tl.where(last, world_size, 1)):
