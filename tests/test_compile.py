@@ -56,20 +56,16 @@ SCRIPT = textwrap.dedent('''
                 "trace": "*i64", "trace_counts": "*i64"}, dict(tiles, TMA=False, FLATTEN=True))
         # two_shot as the launcher runs it on Hopper: A and B as TMA tensor descriptors, flattened loops.
         descriptors = {"A": f"tensordesc<{dtype}[128, 64]>", "B": f"tensordesc<{dtype}[64, 256]>"}
-        yield (two_shot.two_shot_gemm,
-               {**descriptors, "C": "*" + dtype, "partials": "*" + dtype, "partial_ready": "*i32",
-                "results_in": "*i32", "taken": "*i32", "heap_bases": "*i64", "rank": "i32", "world_size": "i32",
-                "epoch": "i32", **{k: "i32" for k in ints}, "trace": "*i64", "trace_counts": "*i64"},
-               dict(tiles, BLOCK_N=256, NUM_SMS=116, TMA=True, PEER_CACHE=".cg", SUM_PARTIALS=two_shot.sum_partials,
-                    HELP=True, REDUCE_ROWS=128, ALONE=cap == 0, ONE_SHOT=False))
         # one_shot: the same kernels with every rank summing every tile (never alone: at world size 1 it runs
-        # two_shot's code above)
-        yield (two_shot.two_shot_gemm,
-               {**descriptors, "C": "*" + dtype, "partials": "*" + dtype, "partial_ready": "*i32",
-                "results_in": "*i32", "taken": "*i32", "heap_bases": "*i64", "rank": "i32", "world_size": "i32",
-                "epoch": "i32", **{k: "i32" for k in ints}, "trace": "*i64", "trace_counts": "*i64"},
-               dict(tiles, BLOCK_N=256, NUM_SMS=116, TMA=True, PEER_CACHE=".cg", SUM_PARTIALS=two_shot.sum_partials,
-                    HELP=True, REDUCE_ROWS=128, ALONE=False, ONE_SHOT=True))
+        # two_shot's code)
+        for one_shot in (False, True):
+            yield (two_shot.two_shot_gemm,
+                   {**descriptors, "C": "*" + dtype, "partials": "*" + dtype, "partial_ready": "*i32",
+                    "results_in": "*i32", "taken": "*i32", "heap_bases": "*i64", "rank": "i32", "world_size": "i32",
+                    "epoch": "i32", **{k: "i32" for k in ints}, "trace": "*i64", "trace_counts": "*i64"},
+                   dict(tiles, BLOCK_N=256, NUM_SMS=116, TMA=True, PEER_CACHE=".cg",
+                        SUM_PARTIALS=two_shot.sum_partials, HELP=True, REDUCE_ROWS=128,
+                        ALONE=cap == 0 and not one_shot, ONE_SHOT=one_shot))
         for one_shot in (False, True):
             yield (two_shot.two_shot_reduce,
                    {"C": "*" + dtype, "partials": "*" + dtype, "partial_ready": "*i32", "results_in": "*i32",
