@@ -74,20 +74,25 @@ def test_seeded_bench_checks_every_rank(clusters):
 
 @pytest.mark.parametrize("world_size", [2, 3, 4])
 @pytest.mark.parametrize("out_dtype,wire_dtype", [(None, None), ("fp32", None), ("fp32", "fp32")])
-def test_two_shot_gives_every_rank_the_same_bits_run_after_run(clusters, world_size, out_dtype, wire_dtype):
-    # One owner sums each tile in rank order and writes the same values everywhere, so C is bit-identical
-    # on every rank and a second run of the same inputs gives the same bits again.
+def test_two_shot_and_one_shot_give_every_rank_the_same_bits_run_after_run(clusters, world_size, out_dtype,
+                                                                           wire_dtype):
+    # One owner (one_shot: every rank) sums each tile in rank order, so C is bit-identical on every rank, a
+    # second run of the same inputs gives the same bits again, and both kernels give the same bits.
     A, B = random_inputs(48, 40, 61, torch.bfloat16, seed=world_size)
     cluster = clusters(world_size)
-    runs = [cluster.gemm_all_reduce(A, B, algorithm="two_shot", BLK_M=16, BLK_N=16, BLK_K=16, num_sms=3,
-                                    comm_sms=2, iterations=2, out_dtype=out_dtype, wire_dtype=wire_dtype)
-            for _ in range(2)]
-    for result in runs:
-        check(result, A, B, world_size)
-        for r in result.ranks:
-            assert torch.equal(r.C, result.ranks[0].C), f"rank {r.rank}'s C differs from rank 0's"
-    assert torch.equal(runs[0].C, runs[1].C)
-    assert runs[0].C.dtype == (torch.float32 if out_dtype == "fp32" else torch.bfloat16)
+    outputs = []
+    for algorithm in ("two_shot", "one_shot"):
+        runs = [cluster.gemm_all_reduce(A, B, algorithm=algorithm, BLK_M=16, BLK_N=16, BLK_K=16, num_sms=3,
+                                        comm_sms=2, iterations=2, out_dtype=out_dtype, wire_dtype=wire_dtype)
+                for _ in range(2)]
+        for result in runs:
+            check(result, A, B, world_size)
+            for r in result.ranks:
+                assert torch.equal(r.C, result.ranks[0].C), f"{algorithm}: rank {r.rank}'s C differs from rank 0's"
+        assert torch.equal(runs[0].C, runs[1].C)
+        assert runs[0].C.dtype == (torch.float32 if out_dtype == "fp32" else torch.bfloat16)
+        outputs.append(runs[0].C)
+    assert torch.equal(*outputs), "two_shot and one_shot sum in the same order, so their bits must agree"
 
 
 def test_two_shot_with_fp32_on_the_wire_is_as_precise_as_the_ring(clusters):
