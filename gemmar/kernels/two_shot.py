@@ -82,6 +82,7 @@ as ``SUM_PARTIALS`` so that notebook 6's puzzle can run a participant's own vers
 """
 
 import dataclasses
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -247,14 +248,24 @@ def launches(ctx, one_shot=False):
     return [gemm] if alone else [gemm, reduce]
 
 
+def summed_on_host(config, rank, world_size, one_shot):
+    """How many tiles ``rank`` sums: those it owns, or (one-shot) every tile."""
+    return config.tile_count if one_shot else owned_count_on_host(config.tile_count, rank, world_size)
+
+
 def events_per_program(config, world_size, one_shot=False):
     # gemm and publish per tile (with take, reduce and broadcast at world size 1); take, reduce and broadcast
     # per summed tile it helps with
-    summed = [config.tile_count if one_shot else owned_count_on_host(config.tile_count, r, world_size)
-              for r in range(world_size)]
+    summed = [summed_on_host(config, r, world_size, one_shot) for r in range(world_size)]
     gemm = -(-config.tile_count // config.num_sms) * (5 if world_size == 1 else 2) + max(
         3 * -(-count // config.num_sms) for count in summed)
     return max([gemm] + [reduce_events(count, world_size, config.comm_sms) for count in summed])
+
+
+def events_per_launch(config, world_size, rank, one_shot=False):
+    # gemm and publish per tile; the reduction's events as if one program recorded them all
+    return config.tile_count * 2 + reduce_events(summed_on_host(config, rank, world_size, one_shot), world_size,
+                                                 programs=1)
 
 
 SPEC = AlgorithmSpec(
@@ -263,8 +274,7 @@ SPEC = AlgorithmSpec(
     buffers=buffers, launches=launches, output=lambda buffers, epoch: buffers.C, phases=PHASES,
     labels={"store": "storing a partial, counting it in"}, done=Done("broadcast", where="every_rank"),
     c_dtype=lambda config: config.torch_dtype, events_per_program=events_per_program,
-    events_per_launch=lambda cfg, W, rank: cfg.tile_count * 2 + reduce_events(
-        owned_count_on_host(cfg.tile_count, rank, W), W, programs=1),
+    events_per_launch=events_per_launch,
     parts={"sum_partials": Part(sum_partials, "the tile's fp32 sum")}, mistakes=MISTAKES,
     comm_programs=True, comm_beside_gemm=True, wire_dtype=True, wait_flags=WAIT_FLAGS,
     # The TMA GEMM core's tile on 1 x H200; for few rows at world size 1 (fewer tiles than SMs; the GEMM then
@@ -289,9 +299,10 @@ ONE_SHOT_PHASES = tuple(
 ONE_SHOT_SPEC = AlgorithmSpec(
     name="one_shot", summary="two_shot's kernels, but every rank sums every tile from all ranks' partials and "
                              "writes only its own C: one exchange instead of two",
-    buffers=buffers, launches=lambda ctx: launches(ctx, one_shot=True), output=SPEC.output, phases=ONE_SHOT_PHASES,
-    labels={"store": "storing a partial, counting it in at every rank"}, done=Done("broadcast"),
-    c_dtype=SPEC.c_dtype, events_per_program=lambda config, W: events_per_program(config, W, one_shot=True),
-    events_per_launch=lambda cfg, W, rank: cfg.tile_count * 2 + reduce_events(cfg.tile_count, W, programs=1),
+    buffers=buffers, launches=functools.partial(launches, one_shot=True), output=SPEC.output,
+    phases=ONE_SHOT_PHASES, labels={"store": "storing a partial, counting it in at every rank"},
+    done=Done("broadcast"), c_dtype=SPEC.c_dtype,
+    events_per_program=functools.partial(events_per_program, one_shot=True),
+    events_per_launch=functools.partial(events_per_launch, one_shot=True),
     parts=SPEC.parts, mistakes=MISTAKES, comm_programs=True, comm_beside_gemm=True, wire_dtype=True,
     wait_flags=WAIT_FLAGS, gpu_tuning=SPEC.gpu_tuning, builtin=True)
