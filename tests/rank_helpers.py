@@ -23,7 +23,7 @@ def device_api_kernel(src, stored, put_into, loaded, got, counter, subtracted, m
     next_rank = (rank + 1) % world_size
     # load / get: read the next rank's src into local buffers.
     tl.store(loaded + offs, device.load(src + offs, rank, next_rank, heap_bases, mask=mask), mask=mask)
-    device.get(src + offs, got + offs, next_rank, rank, heap_bases, mask=mask)
+    device.get(src + offs, got + offs, rank, next_rank, heap_bases, mask=mask)   # (Iris: caller, then the peer)
     # store / put: write our src into the next rank's buffers (masked: the rest must stay zero).
     device.store(stored + offs, tl.load(src + offs), rank, next_rank, heap_bases, mask=mask)
     device.put(src + offs, put_into + offs, rank, next_rank, heap_bases, mask=mask)

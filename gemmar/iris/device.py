@@ -13,43 +13,32 @@ module adds what today's Iris programs reach for besides:
   ``handle = ctx.tracing.record_event_start(event_id=TraceEvent().put, target_rank=, address=, pid_m=, pid_n=,
   mask=)`` / ``ctx.tracing.record_event_end(handle)`` append events to the buffer ``shmem.tracing.enable()`` made
   (``tracing.py`` exports them; gemmar's ``gantt`` draws them). With ``tracing=False`` the calls compile away.
+- the tile collectives, as methods: ``ctx.all_reduce_atomic(tile, dst_view)``, ``all_reduce_spinlock``,
+  ``all_reduce_one_shot``, ``all_reduce_two_shot``, ``all_reduce_ring``, ``all_gather``, ``gather``,
+  ``all_to_all``, ``reduce_scatter`` (``tiles.py``: ``Tile``, ``TileView``, ``make_tensor_view``).
 - ``read_realtime`` (gemmar's ``now()``: ns, so ``iris.hip.get_wall_clock_rate`` is 1e6 kHz), ``get_cu_id``
   (the program id: there is no SM id to read under the interpreter) and ``get_xcc_id`` (0: one die).
 
 Why a helper around Triton's ``aggregate``: the interpreter's ``triton.jit`` makes an ``InterpretedFunction``,
 which ``aggregate`` does not count as a method, so under the interpreter an aggregate loses every jit method
 (``DeviceContext.initialize`` raised "type object has no attribute 'initialize'" on Triton 3.9).
-:func:`device_aggregate` puts them back; compiled, the class is Triton's aggregate unchanged.
+:func:`~gemmar.kernels.triton_support.device_aggregate` puts them back; compiled, the class is Triton's aggregate
+unchanged.
 """
 
 import triton
 import triton.language as tl
-from triton.language.core import _aggregate
 
 from ..analysis.iris_trace import EVENT_IDS
 from ..analysis.iris_trace import EVENT_WORDS as _EVENT_WORDS
-from ..kernels.device import (INTERPRETER, atomic_add, atomic_and, atomic_cas, atomic_max, atomic_min, atomic_or,
+from ..kernels.triton_support import device_aggregate
+from . import tiles
+from ..kernels.device import (atomic_add, atomic_and, atomic_cas, atomic_max, atomic_min, atomic_or,
                               atomic_sub, atomic_xchg, atomic_xor, copy, get, load, now, put, store, translate)
 
 __all__ = ["DeviceContext", "Context", "DeviceTracing", "TraceEvent", "read_realtime", "get_cu_id", "get_xcc_id", "translate", "load", "store",
            "copy", "get", "put", "atomic_add", "atomic_sub", "atomic_cas", "atomic_xchg", "atomic_min", "atomic_max",
            "atomic_and", "atomic_or", "atomic_xor"]
-
-
-def device_aggregate(cls):
-    """Triton's ``aggregate`` of ``cls``; under the interpreter, with the jit methods it drops put back."""
-    made = _aggregate(cls)
-    if not INTERPRETER:
-        return made
-    for name, member in vars(cls).items():
-        function = member.__func__ if isinstance(member, staticmethod) else member
-        if type(function).__name__ != "InterpretedFunction" or name in vars(made):
-            continue
-        if isinstance(member, staticmethod):
-            setattr(made, name, staticmethod(function))
-        else:   # an InterpretedFunction is no descriptor: bind self by hand
-            setattr(made, name, (lambda f: lambda self, *args, **kwargs: f(self, *args, **kwargs))(function))
-    return made
 
 
 @triton.jit
@@ -194,7 +183,7 @@ class DeviceContext:
     @triton.jit
     def get(self, from_ptr, to_ptr, from_rank, mask=None, other=None, load_cache_modifier=None,
             store_cache_modifier=None, hint: tl.constexpr = None):
-        get(from_ptr, to_ptr, from_rank, self.rank, self.heap_bases, mask, other, load_cache_modifier,
+        get(from_ptr, to_ptr, self.rank, from_rank, self.heap_bases, mask, other, load_cache_modifier,
             store_cache_modifier, hint)
 
     @triton.jit
@@ -244,6 +233,43 @@ class DeviceContext:
     @triton.jit
     def atomic_xor(self, pointer, val, to_rank, mask=None, sem=None, scope=None, hint: tl.constexpr = None):
         return atomic_xor(pointer, val, self.rank, to_rank, self.heap_bases, mask, sem, scope, hint)
+
+    # -- Iris's tile collectives (tiles.py says what each does) ------------------------------------------
+    @triton.jit
+    def all_reduce_atomic(self, tile, dst_view):
+        tiles.all_reduce_atomic(self, tile, dst_view)
+
+    @triton.jit
+    def all_reduce_spinlock(self, tile, dst_view, locks):
+        tiles.all_reduce_spinlock(self, tile, dst_view, locks)
+
+    @triton.jit
+    def all_reduce_one_shot(self, tile, src_view, dst_view, locks):
+        tiles.all_reduce_one_shot(self, tile, src_view, dst_view, locks)
+
+    @triton.jit
+    def all_reduce_two_shot(self, tile, src_view, dst_view, locks):
+        tiles.all_reduce_two_shot(self, tile, src_view, dst_view, locks)
+
+    @triton.jit
+    def all_reduce_ring(self, tile, src_view, dst_view):
+        tiles.all_reduce_ring(self, tile, src_view, dst_view)
+
+    @triton.jit
+    def all_gather(self, tile, dst_view, dim: tl.constexpr):
+        tiles.all_gather(self, tile, dst_view, dim)
+
+    @triton.jit
+    def gather(self, tile, src_view, source_rank: tl.constexpr, hint: tl.constexpr = None):
+        return tiles.gather(self, tile, src_view, source_rank, hint)
+
+    @triton.jit
+    def all_to_all(self, tile, src_view, dst_view, N_per_rank: tl.constexpr):
+        tiles.all_to_all(self, tile, src_view, dst_view, N_per_rank)
+
+    @triton.jit
+    def reduce_scatter(self, tile, src_view, dst_view, locks):
+        tiles.reduce_scatter(self, tile, src_view, dst_view, locks)
 
 
 Context = DeviceContext

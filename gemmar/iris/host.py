@@ -32,6 +32,7 @@ import os
 import pickle
 import statistics
 import time
+import weakref
 
 import numpy as np
 import torch
@@ -39,33 +40,39 @@ import triton
 import triton.language as tl
 
 from ..errors import UsageError
-from ..kernels.device import get
+from ..kernels.device import get, register_heap_bases
 from ..runtime.heap import HEADER_BYTES, size_text
-from . import ccl, device, hip, ops, this_rank, tracing  # noqa: F401 - iris.ccl, iris.ops, ...: Iris's layout
+from . import ccl, device, hip, host_calls, ops, this_rank, tracing  # noqa: F401 - iris.ccl, iris.ops, ...: Iris's layout
 from .device import (Context, DeviceContext, atomic_add, atomic_and, atomic_cas, atomic_max,  # noqa: F401
                      atomic_min, atomic_or, atomic_sub, atomic_xchg, atomic_xor, copy, load, put, store, translate)
 from .device import TraceEvent  # noqa: F401
+from .log_format import iris_logger
+from .tiles import Tile, TileView, TensorView, make_tensor_view  # noqa: F401 - Iris's tile API
 
 __all__ = ["Iris", "iris", "do_bench", "memset_tensor", "DeviceContext", "Context", "TraceEvent", "translate", "load",
            "store", "copy", "get", "put", "atomic_add", "atomic_sub", "atomic_cas", "atomic_xchg", "atomic_min",
            "atomic_max", "atomic_and", "atomic_or", "atomic_xor", "ccl", "ops", "hip", "device", "tracing",
            "set_logger_level", "logger", "DEBUG", "INFO", "WARNING", "ERROR", "get_device_id_for_rank",
-           "is_simulation_env"]
+           "is_simulation_env", "Tile", "TileView", "TensorView", "make_tensor_view"]
 
 # Iris's logger levels; IRIS_LOG_LEVEL picks the level at start, set_logger_level later.
 DEBUG, INFO, WARNING, ERROR = logging.DEBUG, logging.INFO, logging.WARNING, logging.ERROR
-logger = logging.getLogger("gemmar.iris")
-logger.setLevel(getattr(logging, os.environ.get("IRIS_LOG_LEVEL", "").upper(), None) or
-                (DEBUG if os.environ.get("IRIS_DEBUG") else INFO))
+logger = iris_logger(getattr(logging, os.environ.get("IRIS_LOG_LEVEL", "").upper(), None) or
+                     (DEBUG if os.environ.get("IRIS_DEBUG") else INFO))
 
 
 def set_logger_level(level):
     logger.setLevel(level)
 
 
+class IrisRefusal(UsageError, RuntimeError):
+    """A call Iris itself refuses with a RuntimeError (a device that is not the heap's, an ``out=`` tensor that does
+    not fit): one line, as a RuntimeError as in Iris."""
+
+
 def _shape(size):
-    """Iris's allocators take a shape as separate ints or as one tuple/list."""
-    if len(size) == 1 and isinstance(size[0], (tuple, list, torch.Size)):
+    """Iris's allocators take a shape as separate ints or as one tuple/list (nested ones are flattened)."""
+    while len(size) == 1 and isinstance(size[0], (tuple, list, torch.Size)):
         size = tuple(size[0])
     if not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in size):
         raise UsageError(f"shape {size!r} is not allowed: use whole numbers >= 0")
@@ -76,7 +83,7 @@ def _shape(size):
 def _fetch_from(buffer, source_rank, my_rank, heap_bases, n, BLOCK: tl.constexpr):
     for start in range(0, n, BLOCK):
         offsets = start + tl.arange(0, BLOCK)
-        get(buffer + offsets, buffer + offsets, source_rank, my_rank, heap_bases, mask=offsets < n)
+        get(buffer + offsets, buffer + offsets, my_rank, source_rank, heap_bases, mask=offsets < n)
 
 
 class Iris:
@@ -95,6 +102,7 @@ class Iris:
         self.ops = ops.FusedOps(self)
         self.tracing = tracing.Tracing(self)
         self._device_context = None
+        self._device_barrier_state = {}
         self._said = set()   # info_once's messages
 
     # -- who and where --------------------------------------------------------------------------------
@@ -126,6 +134,9 @@ class Iris:
         if self._device_context is None:
             ends = torch.tensor([self.cur_rank, self.num_ranks], dtype=torch.int64, device=self.get_device())
             self._device_context = torch.cat([ends, self._heap.heap_bases, ends.new_zeros(tracing.CONTEXT_TAIL)])
+            # (its heap bases, from the third word on, checked under the interpreter as the heap's own are)
+            weakref.finalize(self._device_context, register_heap_bases(self._device_context.data_ptr() + 16,
+                                                                       self.cur_rank, self.num_ranks))
             if self.tracing.enabled:
                 self.tracing._point_context()
         return self._device_context
@@ -171,9 +182,14 @@ class Iris:
         self._heap.barrier()
 
     def device_barrier(self, group=None):
-        """Iris's graph-capturable barrier; here the same barrier kernel as :meth:`barrier`."""
+        """Iris's graph-capturable barrier; here the same barrier kernel as :meth:`barrier` (on the cpu backend,
+        inside a ``torch.cuda.graph`` capture, recorded for the replays: ``host_calls.CpuGraph``)."""
         self._whole_world(group, "device_barrier")
+        if self._heap.backend == "cpu" and host_calls.CpuGraph.record(self._heap.barrier):
+            return
         self._heap.barrier()
+        # Iris keeps its barrier's flags here, one tensor a group, made once and reused
+        self._device_barrier_state.setdefault(group, self._heap._barrier_counter)
 
     def _whole_world(self, group, what):
         if group is None:
@@ -222,6 +238,16 @@ class Iris:
             return bytes(buffer[:length].cpu().numpy())
 
     # -- allocators (every rank makes the same calls in the same order: same offsets everywhere) -------
+    @property
+    def device(self):
+        """Iris's device string: the device of this rank's heap (``cuda:N``; ``cpu`` on the cpu backend)."""
+        return str(self.get_device())
+
+    @property
+    def heap(self):
+        """Iris's ``shmem.heap``: ``allocate(num_elements, dtype)`` from the symmetric heap."""
+        return self
+
     def allocate(self, num_elements, dtype):
         try:
             return self._heap.empty((num_elements,), dtype, from_end=True)
@@ -231,71 +257,135 @@ class Iris:
                              f"than is left of the {size_text(self._heap.size)} each rank has; start the ranks with "
                              f"a larger --heap_size") from None
 
-    def _new(self, size, dtype):
-        shape = _shape(size)
-        return self.allocate(math.prod(shape), dtype or torch.get_default_dtype()).view(shape)
+    def _check_device(self, device):
+        """None, the heap's device, or (on a GPU) ``cuda`` for the current one; anything else is refused."""
+        if device is None:
+            return
+        if self._heap.backend == "cpu":   # ("cuda" is this rank's device there, as everywhere in the program)
+            device = host_calls._cpu_device(device)
+        if is_valid_device(device, self.get_device()):
+            return
+        mine = self.get_device()
+        raise IrisRefusal(f"device={str(device)!r}: Iris's tensors live in this rank's symmetric heap on {mine}; "
+                          f"leave device out or pass {self.device!r}")
 
-    def _filled(self, size, dtype, values):
-        t = self._new(size, dtype)
-        t.copy_(values.reshape(t.shape))
-        return t
+    def _create(self, shape, dtype, fill, device=None, layout=torch.strided, out=None, requires_grad=False,
+                memory_format=torch.contiguous_format):
+        """A heap tensor of ``shape`` (or ``out``, checked as Iris checks it), filled by ``fill(tensor)``."""
+        self._check_device(device)
+        if layout != torch.strided:
+            raise UsageError(f"layout={layout}: tensors on the symmetric heap are dense; use torch.strided")
+        dtype = dtype or torch.get_default_dtype()
+        count = math.prod(shape)
+        if out is not None:
+            if out.numel() != count:
+                raise IrisRefusal(f"The output tensor has {out.numel()} elements, but {count} are required")
+            if out.dtype != dtype:
+                raise IrisRefusal(f"The output tensor has dtype {out.dtype}, but {dtype} is required")
+            if not self.is_symmetric(out):
+                raise IrisRefusal("The output tensor is not on the symmetric heap: allocate it with this Iris "
+                                  "instance (shmem.empty, shmem.heap.allocate)")
+            tensor = out.view(shape)
+        else:
+            flat = self.allocate(count, dtype)
+            if memory_format in (torch.contiguous_format, torch.preserve_format):
+                tensor = flat.view(shape)
+            else:   # channels_last & co: the same elements in the strides torch gives that format
+                strides = torch.empty(shape, device="meta", memory_format=memory_format).stride()
+                tensor = flat.as_strided(shape, strides)
+        with torch.no_grad():
+            fill(tensor)
+        return tensor.requires_grad_(requires_grad)
 
-    def empty(self, *size, dtype=None, requires_grad=False, **unused):
-        return self._new(size, dtype).requires_grad_(requires_grad)
+    def empty(self, *size, dtype=None, device=None, layout=torch.strided, out=None, requires_grad=False,
+              memory_format=torch.contiguous_format, **unused):
+        return self._create(_shape(size), dtype, lambda t: None, device, layout, out, requires_grad, memory_format)
 
-    def zeros(self, *size, dtype=None, requires_grad=False, **unused):
-        return self._new(size, dtype).zero_().requires_grad_(requires_grad)
+    def zeros(self, *size, dtype=None, device=None, layout=torch.strided, out=None, requires_grad=False, **unused):
+        return self._create(_shape(size), dtype, torch.Tensor.zero_, device, layout, out, requires_grad)
 
-    def ones(self, *size, dtype=None, requires_grad=False, **unused):
-        return self._new(size, dtype).fill_(1).requires_grad_(requires_grad)
+    def ones(self, *size, dtype=None, device=None, layout=torch.strided, out=None, requires_grad=False, **unused):
+        return self._create(_shape(size), dtype, lambda t: t.fill_(1), device, layout, out, requires_grad)
 
-    def full(self, size, fill_value, dtype=None, requires_grad=False, **unused):
+    def full(self, size, fill_value, dtype=None, device=None, layout=torch.strided, out=None, requires_grad=False,
+             **unused):
         """As ``torch.full``: the dtype follows ``fill_value`` unless given."""
         dtype = dtype or torch.full((), fill_value).dtype
-        return self._new((size,), dtype).fill_(fill_value).requires_grad_(requires_grad)
+        return self._create(_shape((size,)), dtype, lambda t: t.fill_(fill_value), device, layout, out,
+                            requires_grad)
 
-    def zeros_like(self, tensor, dtype=None, **unused):
-        return self._new((tuple(tensor.shape),), dtype or tensor.dtype).zero_()
+    def zeros_like(self, tensor, dtype=None, device=None, layout=None, requires_grad=False,
+                   memory_format=torch.preserve_format, **unused):
+        if memory_format == torch.preserve_format:   # keep the input's strides where they are a known format
+            memory_format = next((f for f in (torch.channels_last, torch.channels_last_3d)
+                                  if tensor.dim() == (4 if f == torch.channels_last else 5) and
+                                  tensor.is_contiguous(memory_format=f) and not tensor.is_contiguous()),
+                                 torch.contiguous_format)
+        return self._create(tuple(tensor.shape), dtype or tensor.dtype, torch.Tensor.zero_, device,
+                            layout or tensor.layout, None, requires_grad, memory_format)
 
-    def randn(self, *size, generator=None, dtype=None, requires_grad=False, **unused):
-        dtype, shape = dtype or torch.get_default_dtype(), _shape(size)
-        values = torch.randn(shape, generator=generator, dtype=dtype, device=self.get_device())
-        return self._filled(shape, dtype, values).requires_grad_(requires_grad)
+    def _random(self, size, dtype, draw, device, layout, out, requires_grad):
+        shape = _shape(size)
+        return self._create(shape, dtype, lambda t: t.copy_(draw(shape, dtype or torch.get_default_dtype())),
+                            device, layout, out, requires_grad)
 
-    def rand(self, *size, generator=None, dtype=None, requires_grad=False, **unused):
-        dtype, shape = dtype or torch.get_default_dtype(), _shape(size)
-        values = torch.rand(shape, generator=generator, dtype=dtype, device=self.get_device())
-        return self._filled(shape, dtype, values).requires_grad_(requires_grad)
+    def randn(self, *size, generator=None, dtype=None, device=None, layout=torch.strided, out=None,
+              requires_grad=False, **unused):
+        draw = lambda shape, dt: torch.randn(shape, generator=generator, dtype=dt, device=self.get_device())  # noqa
+        return self._random(size, dtype, draw, device, layout, out, requires_grad)
+
+    def rand(self, *size, generator=None, dtype=None, device=None, layout=torch.strided, out=None,
+             requires_grad=False, **unused):
+        draw = lambda shape, dt: torch.rand(shape, generator=generator, dtype=dt, device=self.get_device())  # noqa
+        return self._random(size, dtype, draw, device, layout, out, requires_grad)
 
     def uniform(self, size, low=0.0, high=1.0, dtype=torch.float, **unused):
-        return self._new((size,), dtype).uniform_(low, high)
+        return self._create(_shape((size,)), dtype, lambda t: t.uniform_(low, high))
 
-    def randint(self, *args, dtype=torch.int, generator=None, **unused):
-        """Iris's ``randint(size, low, high)``, or torch's ``randint([low,] high, size)`` (size a tuple)."""
+    def randint(self, *args, dtype=None, generator=None, device=None, layout=torch.strided, out=None,
+                requires_grad=False, **unused):
+        """torch's ``randint([low,] high, size)`` (size a tuple), or Iris's older ``randint(size, low, high)``;
+        int64 unless ``dtype`` says otherwise, as torch."""
         if len(args) in (2, 3) and isinstance(args[-1], (tuple, list, torch.Size)):
             low, high, size = args if len(args) == 3 else (0, *args)
         elif len(args) == 3:
             size, low, high = args
         else:
-            raise UsageError(f"randint{args!r}: give (size, low, high) as Iris does, or ([low,] high, size)")
-        shape = _shape((size,))
-        values = torch.randint(low, high, shape, generator=generator, dtype=dtype, device=self.get_device())
-        return self._filled(shape, dtype, values)
+            raise UsageError(f"randint{args!r}: give ([low,] high, size) as torch does, or (size, low, high)")
+        dtype = dtype or torch.int64
+        draw = lambda shape, dt: torch.randint(low, high, shape, generator=generator, dtype=dt,  # noqa: E731
+                                               device=self.get_device())
+        return self._random((size,), dtype, draw, device, layout, out, requires_grad)
 
-    def arange(self, start=0, end=None, step=1, dtype=None, requires_grad=False, **unused):
+    def arange(self, start=0, end=None, step=1, dtype=None, device=None, layout=torch.strided, out=None,
+               requires_grad=False, **unused):
         if end is None:
             start, end = 0, start
+        if step == 0 or (end - start) * step < 0:
+            raise UsageError(f"arange({start}, {end}, step={step}): the step must be non-zero and go from start "
+                             f"towards end")
         values = torch.arange(start, end, step, dtype=dtype, device=self.get_device())
-        return self._filled((values.numel(),), values.dtype, values).requires_grad_(requires_grad)
+        return self._create((values.numel(),), values.dtype, lambda t: t.copy_(values), device, layout, out,
+                            requires_grad)
 
-    def linspace(self, start, end, steps, dtype=None, **unused):
-        values = torch.linspace(start, end, steps, dtype=dtype or torch.get_default_dtype(), device=self.get_device())
-        return self._filled((values.numel(),), values.dtype, values)
+    def linspace(self, start, end, steps, dtype=None, device=None, layout=torch.strided, out=None,
+                 requires_grad=False, **unused):
+        if isinstance(steps, (tuple, list)) and len(steps) == 1:   # (Iris takes a one-element shape too)
+            steps = steps[0]
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
+            raise UsageError(f"linspace steps={steps!r}: use a whole number >= 0")
+        complex_ends = any(isinstance(v, complex) or (isinstance(v, torch.Tensor) and v.is_complex())
+                           for v in (start, end))
+        dtype = dtype or (torch.complex64 if complex_ends else torch.get_default_dtype())
+        values = torch.linspace(start, end, steps, dtype=dtype, device=self.get_device())
+        return self._create((steps,), dtype, lambda t: t.copy_(values), device, layout, out, requires_grad)
 
     def is_symmetric(self, tensor):
         """Whether ``tensor``'s memory lies in this rank's heap (so peers can reach it)."""
         arena = self._heap.arena
-        start = tensor.data_ptr()
+        # (an empty tensor's data_ptr() is 0: where it would start is its storage plus its offset)
+        start = tensor.data_ptr() if tensor.numel() else \
+            tensor.untyped_storage().data_ptr() + tensor.storage_offset() * tensor.element_size()
         # (the last element's end, whatever the strides)
         end = start + (sum((n - 1) * st for n, st in zip(tensor.shape, tensor.stride())) + 1) * tensor.element_size() \
             if tensor.numel() else start
@@ -318,6 +408,15 @@ def get_device_id_for_rank(rank, gpus_per_node=None):
     """The device a rank uses: gemmar already placed each rank (``gemmar run``), so its own device."""
     device = this_rank.rank_heap().arena.device
     return (device.index or 0) if device.type == "cuda" else 0
+
+
+def is_valid_device(device, iris_device):
+    """Iris's ``tensor_creation.is_valid_device``: whether ``device`` names ``iris_device`` (None does; ``cuda``
+    names the current GPU)."""
+    if device is None:
+        return True
+    asked, mine = torch.device(device), torch.device(iris_device)
+    return asked == mine or (asked.type == mine.type == "cuda" and asked.index is None)
 
 
 def is_simulation_env():

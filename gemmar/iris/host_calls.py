@@ -80,6 +80,69 @@ class CpuEvent:
         return (end.time - self.time) * 1e3
 
 
+class CpuGenerator(torch.Generator):
+    """``torch.Generator(device="cuda")`` on the cpu backend: a CPU generator (still a ``torch.Generator``)."""
+
+    def __new__(cls, device="cpu"):
+        return super().__new__(cls, _cpu_device(device))
+
+    def __init__(self, device="cpu"):
+        pass
+
+
+class CpuGraph:
+    """``torch.cuda.CUDAGraph`` on the cpu backend. Inside ``with torch.cuda.graph(g)`` this rank's kernel launches
+    and Iris device barriers are recorded, not run (as a capture runs nothing on a GPU); ``g.replay()`` runs them
+    again in order, with the arguments they were captured with (a replay on a GPU reads the same addresses too).
+    torch's own tensor operations inside a capture are not recorded: they run at once (a rank that needs them
+    replayed must launch them as kernels)."""
+
+    capturing = None   # the graph this rank is capturing now, or None
+
+    def __init__(self, *args, **kwargs):
+        self.calls = []
+
+    def capture_begin(self, *args, **kwargs):
+        if CpuGraph.capturing is not None:
+            raise UsageError("torch.cuda.graph: a capture is already under way on this rank; end it first")
+        self.calls = []
+        CpuGraph.capturing = self
+
+    def capture_end(self):
+        CpuGraph.capturing = None
+
+    def replay(self):
+        for call in self.calls:
+            call()
+
+    def reset(self):
+        self.calls = []
+
+    def pool(self):
+        return None
+
+    def enable_debug_mode(self):
+        pass
+
+    @staticmethod
+    def record(call):
+        """Keep ``call`` for the replays when a capture is under way (True), else leave it to run now (False)."""
+        if CpuGraph.capturing is None:
+            return False
+        CpuGraph.capturing.calls.append(call)
+        return True
+
+
+@contextlib.contextmanager
+def cpu_graph_capture(graph, pool=None, stream=None, capture_error_mode=None, **unused):
+    """``torch.cuda.graph(g)`` on the cpu backend (see :class:`CpuGraph`)."""
+    graph.capture_begin()
+    try:
+        yield graph
+    finally:
+        graph.capture_end()
+
+
 class CpuStream:
     """torch.cuda.Stream on the cpu backend: work runs in order as it is launched, so nothing to wait for."""
 
@@ -124,6 +187,10 @@ def cuda_on_cpu():
     cuda.Event, cuda.Stream = CpuEvent, CpuStream
     cuda.stream = lambda stream=None: contextlib.nullcontext(stream)
     cuda.current_stream = cuda.default_stream = lambda device=None: CpuStream()
+    torch.Generator = CpuGenerator
+    cuda.CUDAGraph, cuda.graph = CpuGraph, cpu_graph_capture
+    cuda.is_current_stream_capturing = lambda: CpuGraph.capturing is not None
+    cuda.graph_pool_handle = lambda: None
     cuda.set_device = lambda device: None
     cuda.current_device = lambda: 0
     for name in ("range_push", "range_pop", "mark"):
@@ -183,6 +250,9 @@ def adapt_launches(backend):
                 settings = ", ".join(f"{k}={v!r}" for k, v in dropped.items())
                 print(f"[gemmar] {settings}: AMD compiler option(s), dropped on the {backend} backend",
                       file=sys.stderr, flush=True)
+            if type(self).__name__ == "InterpretedFunction" and \
+                    CpuGraph.record(lambda: __original(self, *args, **kwargs)):
+                return InterpretedLaunch(getattr(self.fn, "__name__", "kernel"))
             launched = __original(self, *args, **kwargs)
             if launched is None and type(self).__name__ == "InterpretedFunction":
                 return InterpretedLaunch(getattr(self.fn, "__name__", "kernel"))

@@ -54,6 +54,9 @@ PACKAGE_LAYOUT = {"iris": "host", "iris.device": "device", "iris.device.utils": 
                   "iris.device.triton": "device",
                   "iris.mem": "device", "iris.mem.utils": "device", "iris.mem.triton": "device", "iris.hip": "hip",
                   "iris.ccl": "ccl", "iris.ops": "ops", "iris.host": "host", "iris.host.tracing": "tracing",
+                  "iris.host.logging": "log_format", "iris.host.logging.logging": "log_format",
+                  "iris.mem.triton.context": "device", "iris.device.triton.context": "device",
+                  "iris.tensor_creation": "host",
                   "iris.host.tracing.events": "tracing"}
 AMD_ONLY_MODULES = {"iris.gluon": "Gluon kernels (Triton's gluon dialect, as Iris uses it on ROCm)",
                     "iris.experimental": "Iris's experimental (Gluon) kernels",
@@ -82,7 +85,8 @@ def _install_package():
         sys.modules[name] = modules[name]
         if "." in name:
             parent, _, child = name.rpartition(".")
-            if modules[parent] is not modules[name]:
+            # (never over a name the parent module has: iris.host.logging must not hide host.py's `logging`)
+            if modules[parent] is not modules[name] and not hasattr(modules[parent], child):
                 setattr(modules[parent], child, modules[name])
 
 

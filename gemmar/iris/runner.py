@@ -4,7 +4,8 @@
 Like ``mpirun -np N python SCRIPT ARGS``: every rank runs the program at once, its output comes back line
 by line tagged ``[rank r/N]``, and the run ends when every rank has. When a rank fails, the ranks still
 running get ``FAILURE_GRACE_S`` to end on their own (they may be waiting for the failed one), then are
-stopped; so are ranks still running at the deadline. A stopped or dead rank means fresh ranks next time.
+stopped; so are ranks still running at the deadline. A rank that ends with a non-zero exit code of its own (``sys.exit(1)``,
+pytest after a failed test) has not failed that way: the others run on to their own end. A stopped or dead rank means fresh ranks next time.
 """
 
 import contextlib
@@ -127,7 +128,10 @@ class _ProgramRun:
         while any(code is None for code in self.exit_codes):
             self.stream()
             self.collect()
-            failed = [r for r, c in enumerate(self.exit_codes) if c]
+            # A rank that ended with an exit code of its own (as pytest does when a test failed) ended normally: the
+            # others go on with their own work (a barrier waiting for it ends in a DeadlockError). A rank that raised
+            # or died may leave the others waiting on it for ever: they get FAILURE_GRACE_S.
+            failed = [r for r, c in enumerate(self.exit_codes) if c and not (self.errors[r] or "").startswith("exit code")]
             if failed and first_failure is None:
                 first_failure = time.monotonic()
             running = [r for r, c in enumerate(self.exit_codes) if c is None]

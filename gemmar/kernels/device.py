@@ -10,6 +10,9 @@ import. ``ptr`` is always an address in the calling rank's own heap; data flows 
 *to* ``to_rank``:
 
 - ``load(ptr, to_rank, from_rank, heap_bases)``: the caller (``to_rank``) reads ``from_rank``'s copy.
+- ``get(from_ptr, to_ptr, from_rank, to_rank, heap_bases)``: the caller (``from_rank``) reads ``to_rank``'s copy
+  of ``from_ptr`` into its own ``to_ptr`` (Iris's roles: the pointer always travels from ``from_rank`` to
+  ``to_rank``).
 - ``store(ptr, value, from_rank, to_rank, heap_bases)``: the caller (``from_rank``) writes ``to_rank``'s copy.
 - ``atomic_*(ptr, value, from_rank, to_rank, heap_bases, mask=, sem=, scope=)``: the caller updates
   ``to_rank``'s copy and gets the old value back.
@@ -64,6 +67,60 @@ def _host_pause():
 _host_clock_ns.__triton_builtin__ = True
 _host_pause.__triton_builtin__ = True
 
+# Under the interpreter, every heap_bases table of this process that kernels are given: (address of its first
+# entry, caller's rank, world size). A rank outside the world would read past the table and translate to an
+# address that kills the process with SIGSEGV; translate() checks first and says so in one line (the words of
+# the sanitizer's own check, sanitizer/record.py, which sees only gemmar's own heap_bases).
+BASES_TABLES = []
+
+
+def register_heap_bases(address, rank, world_size):
+    """Tell translate() under the interpreter that ``world_size`` heap bases start at ``address``; returns a
+    function that forgets them (the table's memory may be reused once it is gone)."""
+    entry = (int(address), rank, world_size)
+    BASES_TABLES.append(entry)
+    return lambda: entry in BASES_TABLES and BASES_TABLES.remove(entry)
+
+
+def _value(x):
+    handle = getattr(x, "handle", None)
+    return getattr(handle, "data", getattr(x, "value", x))
+
+
+def host_int(x):
+    """A scalar of an interpreted kernel (a tensor, a constexpr or an int) as a Python int."""
+    import numpy as np
+
+    return int(np.asarray(_value(x)).reshape(-1)[0])
+
+
+def _check_ranks(heap_bases, from_rank, to_rank):
+    import numpy as np
+
+    address = int(np.asarray(_value(heap_bases)).reshape(-1)[0])
+    for start, rank, world_size in BASES_TABLES:
+        if start <= address < start + 8 * world_size:
+            first = (address - start) // 8
+            for asked in (from_rank, to_rank):
+                ranks = np.asarray(_value(asked)).reshape(-1) + first
+                bad = ranks[(ranks < 0) | (ranks >= world_size)]
+                if bad.size:
+                    from ..errors import HeapBoundsError
+                    from ..sanitizer.record import kernel_line
+
+                    from triton.runtime.interpreter import interpreter_builder
+
+                    file, line, _ = kernel_line()
+                    x, y, z = interpreter_builder.grid_idx
+                    gx, gy, _ = interpreter_builder.grid_dim
+                    raise HeapBoundsError(
+                        f"rank {rank}, program {x + gx * (y + gy * z)} asked for rank {int(bad[0])} at "
+                        f"{os.path.basename(file)}:{line}: ranks are 0 to {world_size - 1} (world_size={world_size})")
+            return
+
+
+_check_ranks.__triton_builtin__ = True
+
 
 @triton.jit
 def now():
@@ -101,7 +158,10 @@ def translate(ptr, from_rank, to_rank, heap_bases):
     moves in 16-byte vector loads and stores; rebuilding every address from integers would lose that and
     turn a remote tile store into thousands of 4-byte writes over NVLink. Heaps start on 256-byte
     boundaries (checked when the heap is made), so the distance is a multiple of 16 bytes.
+    Under the interpreter a rank outside the world is refused first (:func:`_check_ranks`), one line naming it.
     """
+    if INTERPRETER:
+        _check_ranks(heap_bases, from_rank, to_rank)
     from_base = tl.load(heap_bases + from_rank)
     to_base = tl.load(heap_bases + to_rank)
     ELEMENT_BYTES: tl.constexpr = ptr.dtype.element_ty.primitive_bitwidth // 8
@@ -147,9 +207,13 @@ def copy(src_ptr, dst_ptr, from_rank, to_rank, cur_rank, heap_bases, mask=None, 
 @triton.jit
 def get(from_ptr, to_ptr, from_rank, to_rank, heap_bases, mask=None, other=None, load_cache_modifier=None,
         store_cache_modifier=None, hint: tl.constexpr = None):
-    """Copy ``from_rank``'s ``from_ptr`` data into the caller's (``to_rank``) local ``to_ptr``."""
-    copy(from_ptr, to_ptr, from_rank, to_rank, to_rank, heap_bases, mask, other, load_cache_modifier,
-         store_cache_modifier, hint)
+    """The caller (``from_rank``, in whose heap ``from_ptr`` is) reads ``to_rank``'s copy of ``from_ptr`` into its
+    own local ``to_ptr``. These are Iris's roles as its code and its own tests use them (``iris.get(data, results,
+    cur_rank, peer, heap_bases)`` pulls from ``peer``): the pointer is translated from ``from_rank`` to ``to_rank``,
+    as in every other call here; only the store stays local."""
+    data = tl.load(with_hint(translate(from_ptr, from_rank, to_rank, heap_bases), hint), mask=mask, other=other,
+                   cache_modifier=load_cache_modifier)
+    tl.store(to_ptr, data, mask=mask, cache_modifier=store_cache_modifier)
 
 
 @triton.jit

@@ -1,4 +1,4 @@
-"""Which Triton releases gemmar accepts, the one work-around an accepted release needs, and a faster interpreter.
+"""Which Triton releases gemmar accepts, the work-arounds accepted releases need, and a faster interpreter.
 
 Imported by ``gemmar.kernels`` before any kernel is defined, so both take effect wherever a kernel can run
 (the client, every engine, a notebook).
@@ -8,9 +8,23 @@ Triton 3.6's interpreter turns a scalar into a Python int with ``int(array)``, a
 0-D, so under 3.6 with a current NumPy every ``range(pid, ...)`` in a kernel failed with "only 0-dimensional
 arrays can be converted to Python scalars". Triton 3.7 squeezes the array first; :func:`_patch_interpreter`
 does the same for 3.6. Compiled kernels never reach this code.
+
+Two gaps of the interpreter (every accepted release) are filled by :func:`_patch_bf16_and_atomics`:
+
+- **bf16 arithmetic**: the interpreter keeps bf16 values as their uint16 bits and runs ``+``, ``*``, ``<`` ... on
+  those integers (``1.0 + 1.0`` gave ``2**127``). A bf16 operation is computed in fp32 here and rounded back to
+  bf16 (round to nearest even), as a GPU does.
+- **atomics its C helper refuses** (``Unsupported data type``: fp32 ``atomic_xchg``, bf16 ``atomic_add``,
+  float min/max ...) **or does not make atomic across processes** (fp16 ``atomic_add`` lost 52 of 1M updates
+  between two ranks: elements under 4 bytes): done as a compare-and-swap loop on each element's bits, which is
+  as atomic across processes as the native 32- and 64-bit ones (elements under 4 bytes: a CAS of their aligned
+  32-bit word, the bits around them kept as they were).
 """
 
+import os
+
 import triton
+from triton.language.core import _aggregate
 
 from ..errors import UsageError
 
@@ -97,7 +111,135 @@ def _patch_once_per_launch():
     interpreter._patch_lang = patch_lang_once_per_launch
 
 
+def _bf16_as_fp32(bits):
+    import numpy as np
+
+    return (np.asarray(bits).astype(np.uint32) << 16).view(np.float32)
+
+
+def _fp32_as_bf16(values):
+    """fp32 -> bf16 bits, rounded to nearest even (NaN stays a quiet NaN)."""
+    import numpy as np
+
+    values = np.asarray(values, dtype=np.float32)
+    bits = values.view(np.uint32)
+    rounded = ((bits + np.uint32(0x7FFF) + ((bits >> 16) & np.uint32(1))) >> 16).astype(np.uint16)
+    return np.where(np.isnan(values), np.uint16(0x7FC0), rounded)
+
+
+def _is_bf16(handle):
+    import numpy as np
+    import triton.language as tl
+
+    return handle.dtype.scalar == tl.bfloat16 and handle.data.dtype == np.uint16
+
+
+def _patch_bf16_and_atomics():
+    """bf16 arithmetic in fp32, and atomics on every dtype (see the module's docstring)."""
+    import numpy as np
+    import triton.language as tl
+    from triton._C.libtriton import interpreter as native
+    from triton.runtime import interpreter
+
+    builder = interpreter.InterpreterBuilder
+    binary_op, unary_op = builder.binary_op, builder.unary_op
+    rmw = builder.create_atomic_rmw
+
+    def bf16_binary_op(self, lhs, rhs, op):
+        if not (_is_bf16(lhs) and _is_bf16(rhs)):
+            return binary_op(self, lhs, rhs, op)
+        out = op(_bf16_as_fp32(lhs.data), _bf16_as_fp32(rhs.data))
+        if out.dtype == np.bool_:   # a comparison: kept as the interpreter keeps them
+            return interpreter.TensorHandle(out, lhs.dtype.scalar)
+        return interpreter.TensorHandle(_fp32_as_bf16(out), lhs.dtype.scalar)
+
+    def bf16_unary_op(self, arg, op):
+        if not _is_bf16(arg):
+            return unary_op(self, arg, op)
+        return interpreter.TensorHandle(_fp32_as_bf16(op(_bf16_as_fp32(arg.data))), arg.dtype.scalar)
+
+    def create_fma(self, x, y, z):
+        if not _is_bf16(z):
+            return fma(self, x, y, z)
+        product = _bf16_as_fp32(x.data).astype(np.float64) * _bf16_as_fp32(y.data)
+        return interpreter.TensorHandle(_fp32_as_bf16(product + _bf16_as_fp32(z.data)), z.dtype.scalar)
+
+    fma = builder.create_fma
+    reduce_ops = {"ADD": np.add, "FADD": np.add, "MIN": np.minimum, "UMIN": np.minimum, "MAX": np.maximum,
+                  "UMAX": np.maximum, "AND": np.bitwise_and, "OR": np.bitwise_or, "XOR": np.bitwise_xor,
+                  "XCHG": lambda old, new: new}
+
+    def create_atomic_rmw(self, rmw_op, ptr, val, mask, sem, scope):
+        if val.dtype.scalar.primitive_bitwidth >= 32:
+            try:
+                return rmw(self, rmw_op, ptr, val, mask, sem, scope)
+            except ValueError as error:
+                if "Unsupported data type" not in str(error):
+                    raise
+        # Read the bits, compute the new values, swap them in where nobody changed them since; retry the rest.
+        # Elements narrower than 4 bytes are swapped inside their aligned 32-bit word (a CAS of that width is
+        # atomic across processes; the bits around the element are compared and kept as they were). Two
+        # elements of one word in one call: the second's swap fails once and is retried with the first's result.
+        element = val.dtype.scalar
+        width = max(element.primitive_bitwidth, 8)
+        bits_type = np.dtype(f"uint{width}")
+        word_type = np.dtype(np.uint32) if width < 32 else bits_type
+        value_type = val.data.dtype
+        combine = reduce_ops[rmw_op.name]
+        pointers, values = np.broadcast_arrays(ptr.data, val.data)
+        enabled = np.broadcast_to(mask.data, pointers.shape).astype(bool)
+        addresses = pointers[enabled].astype(np.uint64)
+        values = values[enabled]
+        words = addresses & ~np.uint64(3) if width < 32 else addresses
+        shifts = (addresses - words) * np.uint64(8)
+        low_bits = np.uint64((1 << width) - 1)
+        interpreter_sem = self.ir_sem_to_interpreter_sem[sem]
+
+        def new_bits(mine, value):
+            if _is_bf16(val):
+                return _fp32_as_bf16(combine(_bf16_as_fp32(mine), _bf16_as_fp32(value))).astype(np.uint64)
+            result = np.asarray(combine(mine.astype(bits_type).view(value_type), value), dtype=value_type)
+            return np.broadcast_to(result, mine.shape).astype(value_type).view(bits_type).astype(np.uint64)
+
+        seen = native.load(words, np.ones(words.shape, bool), np.zeros(words.shape, word_type), word_type)
+        before = np.zeros(words.shape, np.uint64)
+        pending = np.arange(words.size)
+        while pending.size:
+            word = seen[pending].astype(np.uint64)
+            mine = (word >> shifts[pending]) & low_bits
+            replaced = (word & ~(low_bits << shifts[pending])) | (new_bits(mine, values[pending]) << shifts[pending])
+            swapped = native.atomic_cas(words[pending], seen[pending], replaced.astype(word_type), interpreter_sem)
+            done = swapped == seen[pending]
+            before[pending[done]] = mine[done]
+            seen[pending] = swapped
+            pending = pending[~done]
+        old = np.zeros(pointers.shape, dtype=value_type)
+        old[enabled] = before.astype(bits_type).view(value_type)
+        return interpreter.TensorHandle(old, element)
+
+    builder.binary_op, builder.unary_op, builder.create_fma = bf16_binary_op, bf16_unary_op, create_fma
+    builder.create_atomic_rmw = create_atomic_rmw
+    # (the class's create_fadd etc. are lambdas that look binary_op up on the instance, so they take this one)
+
+
+def device_aggregate(cls):
+    """Triton's ``aggregate`` of ``cls``; under the interpreter, with the jit methods it drops put back."""
+    made = _aggregate(cls)
+    if os.environ.get("TRITON_INTERPRET", "0") != "1":   # (read as kernels/device.py reads it)
+        return made
+    for name, member in vars(cls).items():
+        function = member.__func__ if isinstance(member, staticmethod) else member
+        if type(function).__name__ != "InterpretedFunction" or name in vars(made):
+            continue
+        if isinstance(member, staticmethod):
+            setattr(made, name, staticmethod(function))
+        else:   # an InterpretedFunction is no descriptor: bind self by hand
+            setattr(made, name, (lambda f: lambda self, *args, **kwargs: f(self, *args, **kwargs))(function))
+    return made
+
+
 check_release(triton.__version__)
 if release(triton.__version__) == (3, 6):
     _patch_interpreter()
 _patch_once_per_launch()
+_patch_bf16_and_atomics()

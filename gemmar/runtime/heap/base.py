@@ -26,7 +26,7 @@ import torch
 from ...errors import ClusterError, DeadlockError, UsageError
 from ...sanitizer import host_event
 from ...sanitizer.record import element_text
-from ...kernels.device import read_watchdog
+from ...kernels.device import read_watchdog, register_heap_bases
 from ...kernels import barrier as barrier_kernels
 
 ALIGN = 256
@@ -57,6 +57,7 @@ class SymmetricHeap:
         self.size = arena.numel()
         self.timeout_s = timeout_s
         self.ranks_on_device = 1             # how many ranks share this rank's GPU (all of them, or just one)
+        self._forget_bases = register_heap_bases(heap_bases.data_ptr(), rank, world_size)
         misaligned = [b for b in heap_bases.tolist() if b % ALIGN]
         if misaligned:  # device.translate relies on heaps starting on ALIGN-byte boundaries
             raise ClusterError(f"rank {rank}: heap bases {misaligned} are not {ALIGN}-byte aligned")
@@ -228,6 +229,7 @@ class SymmetricHeap:
             raise DeadlockError([report])
 
     def close(self):
+        self._forget_bases()
         self.arena = None
         self.heap_bases = None
 

@@ -1,0 +1,204 @@
+"""Iris's own test suite on gemmar's ranks, run by Iris's own launcher, and the table of how it went.
+
+    python3 benchmarks/iris_tests.py IRIS_CHECKOUT [--ranks 2] [--folders tests/unittests ...] [--out DIR]
+
+IRIS_CHECKOUT is a checkout of Iris (not part of gemmar; e.g. ``git clone https://github.com/ROCm/iris``). For each
+folder this runs, from the checkout,
+
+    gemmar run --replace_iris -r RANKS tests/run_tests_distributed.py FOLDER -p iris_tests_plugin ...
+
+Iris's launcher sees torchrun's variables and runs pytest on every rank; ``iris_tests_plugin.py`` (beside this
+file) records each case as it ends and keeps the AMD-only files out, with their reason. A case passes when it
+passed on every rank. Prints, and writes to DIR/summary.json and DIR/summary.md: a table by folder (passed,
+failed, skipped by the test itself, AMD-only, never got a result), the pass rate of the cases that are not
+AMD-only, and the causes of the failures (the first line of each, by folder). Each folder's output is in
+DIR/<folder>.log.
+"""
+
+import argparse
+import ast
+import collections
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from iris_tests_plugin import AS_SYMMETRIC, amd_only_reason  # noqa: E402
+
+FOLDERS = ["tests/unittests", "tests/context", "tests/ccl", "tests/ops"]
+ORDER = {"failed": 3, "error": 3, "skipped": 1, "passed": 0}
+
+
+def case_outcomes(folder):
+    """{nodeid: (outcome, message)} on one rank from the plugin's records (a case's worst phase decides)."""
+    outcomes = {}
+    for path in sorted(os.listdir(folder)):
+        if not path.endswith(".jsonl"):
+            continue
+        rank = int(path[4:-6])
+        with open(os.path.join(folder, path)) as f:
+            for line in f:
+                record = json.loads(line)
+                outcome = record["outcome"]
+                if outcome == "failed" and record["when"] != "call":
+                    outcome = "error"
+                mine = outcomes.setdefault(rank, {})
+                old = mine.get(record["nodeid"])
+                if old is None or ORDER[outcome] > ORDER[old[0]]:
+                    mine[record["nodeid"]] = (outcome, record["message"])
+    return outcomes
+
+
+def collected(folder):
+    ids = set()
+    for path in os.listdir(folder):
+        if path.endswith(".collected"):
+            with open(os.path.join(folder, path)) as f:
+                ids |= {line.strip() for line in f if line.strip()}
+    return ids
+
+
+def merge(per_rank, ids, ranks):
+    """One outcome a case across ranks: failed/error if any rank says so, passed if every rank passed, skipped if
+    skipped, "no result" if a rank never reported it."""
+    merged = {}
+    for nodeid in sorted(ids | {n for mine in per_rank.values() for n in mine}):
+        seen = [per_rank.get(r, {}).get(nodeid) for r in range(ranks)]
+        bad = [s for s in seen if s is not None and s[0] in ("failed", "error")]
+        if bad:
+            merged[nodeid] = bad[0]
+        elif any(s is None for s in seen):
+            merged[nodeid] = ("no result", "never reported by every rank (the run ended first)")
+        elif all(s[0] == "passed" for s in seen):
+            merged[nodeid] = ("passed", "")
+        else:
+            merged[nodeid] = next(s for s in seen if s[0] == "skipped")
+    return merged
+
+
+def reported(results):
+    """How many cases rank 0 has a result for so far."""
+    path = os.path.join(results, "rank0.jsonl")
+    if not os.path.exists(path):
+        return 0
+    with open(path) as f:
+        return len({json.loads(line)["nodeid"] for line in f})
+
+
+def count_test_functions(path):
+    """Test functions in a file we do not run (parametrized cases are not expanded: it is never imported)."""
+    try:
+        tree = ast.parse(open(path).read())
+    except (OSError, SyntaxError):
+        return 0
+    return sum(isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name.startswith("test")
+               for node in ast.walk(tree))
+
+
+def cause_of(message):
+    """A failure's first line with its numbers and quoted values blurred, so that alike failures group."""
+    text = re.sub(r"\x1b\[[0-9;]*m", "", message)
+    text = re.sub(r"0x[0-9a-f]+|\d+(\.\d+)?(e[-+]?\d+)?", "N", text)
+    return text[:160] or "(no message)"
+
+
+def run_folder(checkout, folder, ranks, out, timeout, extra):
+    name = folder.strip("/").replace("/", "_")
+    results = os.path.join(out, name)
+    os.makedirs(results, exist_ok=True)
+    for stale in os.listdir(results):
+        os.unlink(os.path.join(results, stale))
+    env = dict(os.environ, GEMMAR_IRIS_RESULTS=results,
+               PYTHONPATH=os.pathsep.join([HERE] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
+    command = [sys.executable, "-m", "gemmar", "run", "--replace_iris", "-r", str(ranks), "--timeout", str(timeout),
+               "tests/run_tests_distributed.py", folder, "-p", "iris_tests_plugin", "-p", "no:cacheprovider",
+               "--continue-on-collection-errors", "-q", "--color=no", *extra]
+    log = os.path.join(out, f"{name}.log")
+    start = time.monotonic()
+    with open(log, "w") as f:
+        process = subprocess.Popen(command, cwd=checkout, env=env, stdout=f, stderr=subprocess.STDOUT)
+        while process.poll() is None:
+            time.sleep(15)
+            print(f"  {folder}: {reported(results)} of {len(collected(results)) or '?'} cases reported by rank 0, "
+                  f"{time.monotonic() - start:.0f} s", flush=True)
+    last = open(log).read().strip().splitlines()[-1:] or [""]
+    return process.returncode, time.monotonic() - start, last[0], results
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("checkout", help="an Iris checkout (holds tests/run_tests_distributed.py)")
+    parser.add_argument("--ranks", type=int, default=2)
+    parser.add_argument("--folders", nargs="+", default=FOLDERS)
+    parser.add_argument("--out", default=None, help="where logs and the summary go (default: a new temp folder)")
+    parser.add_argument("--timeout", type=int, default=3600, help="seconds per folder before gemmar run stops it")
+    parser.add_argument("pytest_args", nargs="*", help="more pytest arguments after --, e.g. -- -k get")
+    args = parser.parse_args()
+    launcher = os.path.join(args.checkout, "tests", "run_tests_distributed.py")
+    if not os.path.isfile(launcher):
+        parser.error(f"{args.checkout} is not an Iris checkout: it has no tests/run_tests_distributed.py")
+    if args.ranks < 1:
+        parser.error(f"--ranks {args.ranks}: use 1 or more")
+    out = args.out or tempfile.mkdtemp(prefix="iris-tests-")
+    os.makedirs(out, exist_ok=True)
+    print(f"Iris's tests at {args.checkout}, {args.ranks} ranks, logs in {out}", flush=True)
+
+    rows, causes, amd_only = [], collections.Counter(), collections.Counter()
+    for folder in args.folders:
+        code, seconds, last, results = run_folder(args.checkout, folder, args.ranks, out, args.timeout,
+                                                  args.pytest_args)
+        merged = merge(case_outcomes(results), collected(results), args.ranks)
+        counts = collections.Counter(outcome for outcome, _ in merged.values())
+        as_symmetric = sum(1 for o, m in merged.values() if o == "skipped" and m == AS_SYMMETRIC)
+        for root, _, files in os.walk(os.path.join(args.checkout, folder)):
+            for file in files:
+                reason = amd_only_reason(os.path.join(root, file)) if file.endswith(".py") else None
+                if reason:
+                    amd_only[reason] += count_test_functions(os.path.join(root, file))
+        amd_only[AS_SYMMETRIC] += as_symmetric
+        for nodeid, (outcome, message) in merged.items():
+            if outcome in ("failed", "error", "no result"):
+                causes[(folder, outcome, cause_of(message))] += 1
+        failed = counts["failed"] + counts["error"]
+        judged = counts["passed"] + failed + counts["no result"]
+        rows.append(dict(folder=folder, passed=counts["passed"], failed=failed, no_result=counts["no result"],
+                         skipped_by_test=counts["skipped"] - as_symmetric, amd_only_skipped=as_symmetric,
+                         seconds=round(seconds), exit=code, ended=last,
+                         rate=round(100 * counts["passed"] / judged, 1) if judged else None))
+        print(f"{folder}: {counts['passed']} passed, {failed} failed, {counts['no result']} no result, "
+              f"{counts['skipped']} skipped in {seconds:.0f} s (exit {code}: {last})", flush=True)
+
+    total = {k: sum(r[k] for r in rows) for k in ("passed", "failed", "no_result", "skipped_by_test",
+                                                   "amd_only_skipped", "seconds")}
+    judged = total["passed"] + total["failed"] + total["no_result"]
+    lines = ["| folder | passed | failed | no result | skipped by the test | as_symmetric (AMD-only) | pass rate | "
+             "seconds |", "|---|---|---|---|---|---|---|---|"]
+    for r in rows + [dict(total, folder="**all**", rate=round(100 * total["passed"] / judged, 1) if judged else None)]:
+        lines.append(f"| {r['folder']} | {r['passed']} | {r['failed']} | {r['no_result']} | {r['skipped_by_test']} "
+                     f"| {r['amd_only_skipped']} | {r['rate']} % | {r['seconds']} |")
+    lines += ["", "Not run (files never imported; test functions, parametrizations not expanded):", "",
+              "| reason | test functions |", "|---|---|"]
+    lines += [f"| {reason} | {n} |" for reason, n in amd_only.most_common() if reason != AS_SYMMETRIC]
+    lines += ["", "Causes of failure:", "", "| folder | outcome | cause (first line) | cases |", "|---|---|---|---|"]
+    lines += [f"| {f} | {o} | {c.replace('|', '/')} | {n} |" for (f, o, c), n in causes.most_common()]
+    text = "\n".join(lines)
+    print("\n" + text)
+    with open(os.path.join(out, "summary.md"), "w") as f:
+        f.write(text + "\n")
+    with open(os.path.join(out, "summary.json"), "w") as f:
+        json.dump(dict(ranks=args.ranks, checkout=os.path.abspath(args.checkout), rows=rows, total=total,
+                       not_run={k: v for k, v in amd_only.items()},
+                       causes=[dict(folder=f, outcome=o, cause=c, cases=n) for (f, o, c), n in causes.most_common()]),
+                  f, indent=1)
+    crashed = [r["folder"] for r in rows if r["no_result"]]
+    if crashed:
+        print(f"\nSome cases never got a result ({', '.join(crashed)}): a rank ended the run; see its log.")
+
+
+if __name__ == "__main__":
+    main()
