@@ -7,7 +7,8 @@ program of gemmar's own (tests/iris_programs/), without Iris's files:
   bf16 arithmetic done on the bits;
 - the tile API (Tile, TileView, make_tensor_view, ctx.all_reduce_* ...) against torch at an odd shape;
 - Iris's allocator options and refusals, and a CUDA graph captured and replayed on cpu ranks;
-- a rank that ends with exit code 1 (pytest after a failed test) no longer stops the others after 5 s.
+- a rank that ends with exit code 1 (pytest after a failed test) no longer stops the others after 5 s;
+- the sanitizer's blind spot: kernels on two streams (Iris's example 15) are concurrent to it, as on a GPU.
 """
 
 import io
@@ -125,3 +126,25 @@ def test_a_rank_that_exits_with_a_code_lets_the_others_finish(clusters, world_si
     result = clusters(world_size).run_script(str(program), timeout=60, out=out, err=err)
     assert result.exit_codes == [1, 0], result
     assert "[rank 1/2] finished its own work" in out.getvalue()
+
+
+@pytest.mark.parametrize("world_size", [2])
+def test_the_sanitizer_sees_two_streams_as_a_gpu_runs_them(clusters, world_size):
+    """Example 15's plain-store flag between a GEMM kernel and a communication kernel on two streams: a race the
+    cpu backend hid (its streams did nothing, so both kernels looked ordered). Ordered by the host (wait_stream,
+    an event, synchronize, one stream) or by a release flag, no race."""
+    cluster = clusters(world_size)
+
+    def races(*args):
+        out, err = io.StringIO(), io.StringIO()
+        result = cluster.run_script(os.path.join(PROGRAMS, "two_streams.py"), *args, timeout=120, out=out, err=err,
+                                    sanitize=True)
+        assert result.ok and out.getvalue().count("64 of 64 values arrived") == world_size, (result, err.getvalue())
+        return [race.text for race in result.sanitizer.races]
+
+    found = races("--flag", "plain", "--order", "none")
+    assert any(t.startswith("race on locks[") and "writes this flag with a plain store" in t for t in found), found
+    assert any(t.startswith("race on tiles[") and "(consume) reads it" in t for t in found), found
+    for order in ("wait_stream", "event", "synchronize", "one_stream"):
+        assert races("--flag", "plain", "--order", order) == [], order
+    assert races("--flag", "release", "--order", "none") == []

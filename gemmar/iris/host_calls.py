@@ -23,6 +23,7 @@ import types
 
 import torch
 
+from .. import sanitizer
 from ..errors import UsageError
 from ..runtime import rank as rank_runtime
 
@@ -57,19 +58,21 @@ def _device_to_cpu(fn):
 
 
 class CpuEvent:
-    """torch.cuda.Event on the cpu backend: the host clock when recorded (kernels have run by then)."""
+    """torch.cuda.Event on the cpu backend: the host clock when recorded (kernels have run by then). For the
+    sanitizer it orders as on a GPU: recorded on a stream, waited for by another stream or the host."""
 
     def __init__(self, enable_timing=False, blocking=False, interprocess=False):
         self.time = None
 
     def record(self, stream=None):
         self.time = time.perf_counter()
+        sanitizer.host_event("record", event=id(self), stream=(stream or CpuStream.current).name)
 
     def synchronize(self):
-        pass
+        sanitizer.host_event("sync", event=id(self))
 
     def wait(self, stream=None):
-        pass
+        sanitizer.host_event("join", into=(stream or CpuStream.current).name, event=id(self))
 
     def query(self):
         return True
@@ -144,27 +147,60 @@ def cpu_graph_capture(graph, pool=None, stream=None, capture_error_mode=None, **
 
 
 class CpuStream:
-    """torch.cuda.Stream on the cpu backend: work runs in order as it is launched, so nothing to wait for."""
+    """torch.cuda.Stream on the cpu backend: work runs in order as it is launched, so there is nothing to wait
+    for. Each stream has a name the sanitizer knows its kernels by (``main`` the default one): kernels on two
+    streams with no ``wait_stream``, event or synchronize between them are concurrent to it, as on a GPU."""
 
-    def __init__(self, device=None, priority=0, **unused):
+    made = 0
+    current = None   # the stream ``torch.cuda.stream(s)`` made current (the default one outside)
+
+    def __init__(self, device=None, priority=0, name=None, **unused):
         self.device = torch.device("cpu")
+        if name is None:
+            CpuStream.made += 1
+            name = f"stream {CpuStream.made}"
+        self.name = name
 
     def synchronize(self):
-        pass
+        sanitizer.host_event("sync", stream=self.name)
 
     def wait_stream(self, other):
-        pass
+        sanitizer.host_event("join", into=self.name, waits_for=other.name)
 
     def wait_event(self, event):
-        pass
+        event.wait(self)
 
     def record_event(self, event=None):
         event = event or CpuEvent()
-        event.record()
+        event.record(self)
         return event
 
     def query(self):
         return True
+
+    def __enter__(self):   # (``with stream:`` as torch allows)
+        self._context = cpu_stream(self)
+        return self._context.__enter__()
+
+    def __exit__(self, *exc):
+        return self._context.__exit__(*exc)
+
+
+CpuStream.current = DEFAULT_STREAM = CpuStream(name="main")
+
+
+@contextlib.contextmanager
+def cpu_stream(stream=None):
+    """``torch.cuda.stream(s)`` on the cpu backend: ``s`` is the current stream inside, for the sanitizer too."""
+    if stream is None:
+        yield None
+        return
+    before, CpuStream.current = CpuStream.current, stream
+    try:
+        with sanitizer.on_stream(stream.name):
+            yield stream
+    finally:
+        CpuStream.current = before
 
 
 def cuda_on_cpu():
@@ -183,10 +219,11 @@ def cuda_on_cpu():
     torch.Tensor.to = to
     torch.Tensor.cuda = lambda self, device=None, non_blocking=False, **unused: self
     cuda = torch.cuda
-    cuda.synchronize = lambda device=None: None
+    cuda.synchronize = lambda device=None: sanitizer.host_event("sync")
     cuda.Event, cuda.Stream = CpuEvent, CpuStream
-    cuda.stream = lambda stream=None: contextlib.nullcontext(stream)
-    cuda.current_stream = cuda.default_stream = lambda device=None: CpuStream()
+    cuda.stream = cpu_stream
+    cuda.current_stream = lambda device=None: CpuStream.current
+    cuda.default_stream = lambda device=None: DEFAULT_STREAM
     torch.Generator = CpuGenerator
     cuda.CUDAGraph, cuda.graph = CpuGraph, cpu_graph_capture
     cuda.is_current_stream_capturing = lambda: CpuGraph.capturing is not None

@@ -4,8 +4,10 @@ Every program of every kernel call is a thread with a vector clock. What orders 
 
 - program order within a program;
 - a kernel call starts after everything earlier on its stream and everything its host did before it; a
-  stream that waits for another (``join``), and a host that waits for its streams (``sync``), take their
-  clocks;
+  stream that waits for another or for an event (``join``), an event recorded on a stream (``record``), and a
+  host that waits for its streams, one stream or one event (``sync``), take their clocks. Two kernels on two
+  streams with none of these between them run concurrently, as on a GPU, even where the cpu backend ran them
+  one after the other;
 - synchronises-with: an acquire (an atomic with ``sem="acquire"`` or ``"acq_rel"``) that reads a location
   takes the clock of the release that heads the location's release sequence, and of every release
   read-modify-write in it (a release store starts a sequence; read-modify-writes continue it; any other
@@ -129,6 +131,7 @@ class _Order:
         self.instance = {}     # thread id -> the kernel call it last ran in
         self.host = {}         # rank -> clock
         self.streams = {}      # (rank, stream) -> clock
+        self.events = {}       # (rank, event) -> the clock of the stream it was recorded on
         self.kernels = {}      # (rank, call) -> dict(name, stream, fork, threads)
         self.release = {}      # location -> clock of its release sequence
         self.shadow = {}       # location -> [last write, {thread: last read}]
@@ -164,10 +167,20 @@ class _Order:
         self.streams[(rank, kernel["stream"])] = done
 
     def host_event(self, rank, kind, details):
+        """``join``: a stream waits for another stream (``waits_for``) or for an event (``event``); ``record``: an
+        event takes the clock of the stream it is recorded on; ``sync``: the host waits for one stream, one
+        event, or (neither named) all its streams."""
         host = self.host.setdefault(rank, {})
         if kind == "join":
             into = self.streams.setdefault((rank, details["into"]), {})
-            _join(into, self.streams.get((rank, details["waits_for"]), {}))
+            _join(into, self.events.get((rank, details["event"]), {}) if "event" in details else
+                  self.streams.get((rank, details["waits_for"]), {}))
+        elif kind == "record":
+            self.events[(rank, details["event"])] = dict(self.streams.get((rank, details["stream"]), {}))
+        elif kind == "sync" and "event" in details:
+            _join(host, self.events.get((rank, details["event"]), {}))
+        elif kind == "sync" and "stream" in details:
+            _join(host, self.streams.get((rank, details["stream"]), {}))
         elif kind == "sync":
             for (r, _), clock in self.streams.items():
                 if r == rank:

@@ -105,8 +105,8 @@ class Recorder:
             fcntl.flock(self._sync_fd, fcntl.LOCK_UN)
 
     def host(self, kind, **details):
-        """A host event in the shared order: ``join`` (a stream waits for another), ``sync`` (the host
-        waits for its streams)."""
+        """A host event in the shared order: ``join`` (a stream waits for another stream or an event),
+        ``record`` (an event on a stream), ``sync`` (the host waits for its streams, a stream or an event)."""
         _, seq = self._numbered(lambda: None)
         self.events.append(("host", seq, kind, details))
 
