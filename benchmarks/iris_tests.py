@@ -1,6 +1,7 @@
 """Iris's own test suite on gemmar's ranks, run by Iris's own launcher, and the table of how it went.
 
     python3 benchmarks/iris_tests.py IRIS_CHECKOUT [--ranks 2] [--folders tests/unittests ...] [--out DIR]
+                                     [--heap_gib 2] [-- PYTEST_ARGS]
 
 IRIS_CHECKOUT is a checkout of Iris (not part of gemmar; e.g. ``git clone https://github.com/ROCm/iris``). For each
 folder this runs, from the checkout,
@@ -28,7 +29,9 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from iris_tests_plugin import AS_SYMMETRIC, amd_only_reason  # noqa: E402
+from iris_tests_plugin import AS_SYMMETRIC, INTERNAL_TESTS, amd_only_reason  # noqa: E402
+
+OURS = {AS_SYMMETRIC} | {reason for _, reason in INTERNAL_TESTS}   # skips the plugin makes, by reason
 
 FOLDERS = ["tests/unittests", "tests/context", "tests/ccl", "tests/ops"]
 ORDER = {"failed": 3, "error": 3, "skipped": 1, "passed": 0}
@@ -101,13 +104,15 @@ def count_test_functions(path):
 
 
 def cause_of(message):
-    """A failure's first line with its numbers and quoted values blurred, so that alike failures group."""
+    """A failure's message with its numbers, tensors and arguments blurred, so that alike failures group."""
     text = re.sub(r"\x1b\[[0-9;]*m", "", message)
+    text = re.sub(r"tensor\((?:[^()]|\([^()]*\))*(\)|$)", "tensor(...)", text)   # (a tensor's values, any length)
+    text = re.sub(r"(kw)?args=(\([^)]*\)|\{[^}]*\})", lambda m: (m.group(1) or "") + "args=...", text)
     text = re.sub(r"0x[0-9a-f]+|\d+(\.\d+)?(e[-+]?\d+)?", "N", text)
     return text[:160] or "(no message)"
 
 
-def run_folder(checkout, folder, ranks, out, timeout, extra):
+def run_folder(checkout, folder, ranks, out, timeout, heap_bytes, extra):
     name = folder.strip("/").replace("/", "_")
     results = os.path.join(out, name)
     os.makedirs(results, exist_ok=True)
@@ -116,6 +121,7 @@ def run_folder(checkout, folder, ranks, out, timeout, extra):
     env = dict(os.environ, GEMMAR_IRIS_RESULTS=results,
                PYTHONPATH=os.pathsep.join([HERE] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
     command = [sys.executable, "-m", "gemmar", "run", "--replace_iris", "-r", str(ranks), "--timeout", str(timeout),
+               "--heap_size", str(heap_bytes),
                "tests/run_tests_distributed.py", folder, "-p", "iris_tests_plugin", "-p", "no:cacheprovider",
                "--continue-on-collection-errors", "-q", "--color=no", *extra]
     log = os.path.join(out, f"{name}.log")
@@ -137,6 +143,9 @@ def main():
     parser.add_argument("--folders", nargs="+", default=FOLDERS)
     parser.add_argument("--out", default=None, help="where logs and the summary go (default: a new temp folder)")
     parser.add_argument("--timeout", type=int, default=3600, help="seconds per folder before gemmar run stops it")
+    parser.add_argument("--heap_gib", type=float, default=2.0,
+                        help="symmetric heap per rank (Iris's tests ask for up to 8 GiB; the largest case, an all-to-all "
+                             "of 8192 x 16384 fp32 in and out, needs over 1 GiB)")
     parser.add_argument("pytest_args", nargs="*", help="more pytest arguments after --, e.g. -- -k get")
     args = parser.parse_args()
     launcher = os.path.join(args.checkout, "tests", "run_tests_distributed.py")
@@ -146,44 +155,48 @@ def main():
         parser.error(f"--ranks {args.ranks}: use 1 or more")
     out = args.out or tempfile.mkdtemp(prefix="iris-tests-")
     os.makedirs(out, exist_ok=True)
-    print(f"Iris's tests at {args.checkout}, {args.ranks} ranks, logs in {out}", flush=True)
+    print(f"Iris's tests at {args.checkout}, {args.ranks} ranks, {args.heap_gib:g} GiB heaps, logs in {out}", flush=True)
 
-    rows, causes, amd_only = [], collections.Counter(), collections.Counter()
+    rows, causes = [], collections.Counter()
+    not_run, skipped_cases = collections.Counter(), collections.Counter()   # files' test functions; cases
     for folder in args.folders:
         code, seconds, last, results = run_folder(args.checkout, folder, args.ranks, out, args.timeout,
-                                                  args.pytest_args)
+                                                  int(args.heap_gib * (1 << 30)), args.pytest_args)
         merged = merge(case_outcomes(results), collected(results), args.ranks)
         counts = collections.Counter(outcome for outcome, _ in merged.values())
-        as_symmetric = sum(1 for o, m in merged.values() if o == "skipped" and m == AS_SYMMETRIC)
+        ours = collections.Counter(m for o, m in merged.values() if o == "skipped" and m in OURS)
         for root, _, files in os.walk(os.path.join(args.checkout, folder)):
             for file in files:
                 reason = amd_only_reason(os.path.join(root, file)) if file.endswith(".py") else None
                 if reason:
-                    amd_only[reason] += count_test_functions(os.path.join(root, file))
-        amd_only[AS_SYMMETRIC] += as_symmetric
+                    not_run[reason] += count_test_functions(os.path.join(root, file))
+        skipped_cases.update(ours)
         for nodeid, (outcome, message) in merged.items():
             if outcome in ("failed", "error", "no result"):
                 causes[(folder, outcome, cause_of(message))] += 1
         failed = counts["failed"] + counts["error"]
         judged = counts["passed"] + failed + counts["no result"]
         rows.append(dict(folder=folder, passed=counts["passed"], failed=failed, no_result=counts["no result"],
-                         skipped_by_test=counts["skipped"] - as_symmetric, amd_only_skipped=as_symmetric,
+                         skipped_by_test=counts["skipped"] - sum(ours.values()), not_run=sum(ours.values()),
                          seconds=round(seconds), exit=code, ended=last,
                          rate=round(100 * counts["passed"] / judged, 1) if judged else None))
         print(f"{folder}: {counts['passed']} passed, {failed} failed, {counts['no result']} no result, "
               f"{counts['skipped']} skipped in {seconds:.0f} s (exit {code}: {last})", flush=True)
 
-    total = {k: sum(r[k] for r in rows) for k in ("passed", "failed", "no_result", "skipped_by_test",
-                                                   "amd_only_skipped", "seconds")}
+    total = {k: sum(r[k] for r in rows) for k in ("passed", "failed", "no_result", "skipped_by_test", "not_run",
+                                                   "seconds")}
     judged = total["passed"] + total["failed"] + total["no_result"]
-    lines = ["| folder | passed | failed | no result | skipped by the test | as_symmetric (AMD-only) | pass rate | "
-             "seconds |", "|---|---|---|---|---|---|---|---|"]
+    lines = ["| folder | passed | failed | no result | skipped by the test itself | skipped: AMD-only or Iris's "
+             "internals | pass rate | seconds |", "|---|---|---|---|---|---|---|---|"]
     for r in rows + [dict(total, folder="**all**", rate=round(100 * total["passed"] / judged, 1) if judged else None)]:
         lines.append(f"| {r['folder']} | {r['passed']} | {r['failed']} | {r['no_result']} | {r['skipped_by_test']} "
-                     f"| {r['amd_only_skipped']} | {r['rate']} % | {r['seconds']} |")
-    lines += ["", "Not run (files never imported; test functions, parametrizations not expanded):", "",
-              "| reason | test functions |", "|---|---|"]
-    lines += [f"| {reason} | {n} |" for reason, n in amd_only.most_common() if reason != AS_SYMMETRIC]
+                     f"| {r['not_run']} | {r['rate']} % | {r['seconds']} |")
+    lines += ["", "Pass rate: passed / (passed + failed + no result); the cases skipped by the plugin (below) and by "
+              "Iris's own skip conditions are not counted.", "",
+              "Not run, with the reason (files: test functions, never imported; cases: skipped by the plugin):", "",
+              "| reason | files' test functions | cases |", "|---|---|---|"]
+    for reason in sorted(set(not_run) | set(skipped_cases)):
+        lines.append(f"| {reason} | {not_run.get(reason, 0)} | {skipped_cases.get(reason, 0)} |")
     lines += ["", "Causes of failure:", "", "| folder | outcome | cause (first line) | cases |", "|---|---|---|---|"]
     lines += [f"| {f} | {o} | {c.replace('|', '/')} | {n} |" for (f, o, c), n in causes.most_common()]
     text = "\n".join(lines)
@@ -192,7 +205,7 @@ def main():
         f.write(text + "\n")
     with open(os.path.join(out, "summary.json"), "w") as f:
         json.dump(dict(ranks=args.ranks, checkout=os.path.abspath(args.checkout), rows=rows, total=total,
-                       not_run={k: v for k, v in amd_only.items()},
+                       not_run_files=dict(not_run), not_run_cases=dict(skipped_cases),
                        causes=[dict(folder=f, outcome=o, cause=c, cases=n) for (f, o, c), n in causes.most_common()]),
                   f, indent=1)
     crashed = [r["folder"] for r in rows if r["no_result"]]

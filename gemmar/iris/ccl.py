@@ -65,6 +65,22 @@ class Config:
             raise UsageError(f"Config comm_sms={self.comm_sms!r} is not allowed: use 1 to 4096 programs")
 
 
+@dataclass
+class Workspace:
+    """What Iris's ``*_preamble`` calls return. gemmar's kernels keep their own flags (counting launches, never
+    reset), so a workspace only remembers the number of tiles it was made for; a call with more is refused, as
+    Iris refuses an undersized lock (or, for its ring, flags) array. ``prepared`` as in Iris."""
+
+    tiles: int
+    array: str = "Lock"
+    prepared: bool = False
+
+    def check(self, what, tiles):
+        if tiles > self.tiles:
+            raise UsageError(f"{what}: {self.array} array too small: the workspace was made for {self.tiles} tiles "
+                             f"and this call has {tiles} (smaller blocks): make it again with {what}_preamble")
+
+
 class Collectives:
     """``shmem.ccl``: the collectives of one ``iris.iris()`` (its heap, its all-reduces by size)."""
 
@@ -104,7 +120,7 @@ class Collectives:
 
     # -- collectives ----------------------------------------------------------------------------------
     def all_reduce(self, output_tensor, input_tensor, op=None, group=None, async_op=False, config=None,
-                   workspace=None):
+                   workspace=None, prepare_only=False):
         """``output = sum over ranks of input`` on every rank, the same bits everywhere."""
         from ..runtime.allreduce import SymmetricAllReduce, default_programs
 
@@ -114,6 +130,8 @@ class Collectives:
             raise UsageError(f"ccl.all_reduce: output is {tuple(output_tensor.shape)} and input "
                              f"{tuple(input_tensor.shape)}: use one shape")
         config = config or Config()
+        if workspace is not None:
+            workspace.check("ccl.all_reduce", self._tiles(input_tensor, config))
         scheme = config.all_reduce_variant if config.all_reduce_variant in GEMMAR_ALL_REDUCE else "two_shot"
         if scheme != config.all_reduce_variant:
             self._shmem.info_once(f"ccl.all_reduce: variant {config.all_reduce_variant!r} runs gemmar's two_shot "
@@ -130,8 +148,26 @@ class Collectives:
             # done so (a signal that arrives first is wiped, and the launch waits for it forever).
             self._shmem.barrier()
             self._shmem.info_once(f"ccl.all_reduce: gemmar's {scheme} all-reduce, {programs} programs per rank")
-        output_tensor.copy_(self._all_reduces[key](input_tensor))
+        if not prepare_only:
+            output_tensor.copy_(self._all_reduces[key](input_tensor))
         return None
+
+    @staticmethod
+    def _tiles(tensor, config):
+        """Iris's tile count of a call: ``block_size_m x block_size_n`` tiles of the 2-D view of ``tensor``."""
+        rows, cols = (tensor.shape[0], tensor[0].numel()) if tensor.dim() > 1 else (1, tensor.numel())
+        return triton.cdiv(rows, config.block_size_m) * triton.cdiv(cols, config.block_size_n)
+
+    def all_reduce_preamble(self, output_tensor, input_tensor, config=None, workspace=None):
+        """Iris's preamble: a :class:`Workspace` for this call's tiles (an existing one checked and given back).
+        gemmar's all-reduce of this size is made now, its flags zeroed, and the ranks meet."""
+        config = config or Config()
+        tiles = self._tiles(input_tensor, config)
+        if workspace is not None:
+            workspace.check("ccl.all_reduce", tiles)
+            return workspace
+        self.all_reduce(output_tensor, input_tensor, config=config, prepare_only=True)
+        return Workspace(tiles, "Flags" if config.all_reduce_variant == "ring" else "Lock")
 
     def all_gather(self, output_tensor, input_tensor, group=None, async_op=False, config=None):
         """``output[r * M:(r + 1) * M] = rank r's input`` on every rank (output is W x M rows of input's)."""
@@ -142,10 +178,11 @@ class Collectives:
             raise UsageError(f"ccl.all_gather: output has {output_tensor.numel()} values; it needs world size x "
                              f"input's = {shmem.num_ranks} x {numel}")
         heap = shmem._heap
+        block = _block(heap, 1024)
         shmem.barrier()   # every rank's output is ready (allocated, zeroed) before peers write into it
         with heap.on_stream():
-            _all_gather_kernel[(_programs(numel),)](input_tensor, output_tensor, numel, shmem.cur_rank,
-                                                    shmem.num_ranks, heap.heap_bases, BLOCK=1024)
+            _all_gather_kernel[(_programs(numel, block),)](input_tensor, output_tensor, numel, shmem.cur_rank,
+                                                           shmem.num_ranks, heap.heap_bases, BLOCK=block)
         shmem.barrier()   # every rank's pieces have arrived before anyone reads its output
 
     def all_to_all(self, output_tensor, input_tensor, group=None, async_op=False, config=None):
@@ -160,9 +197,11 @@ class Collectives:
         rows, cols = input_tensor.shape
         heap = shmem._heap
         shmem.barrier()   # every rank's output is ready before peers write into it
+        block_m, block_n = _block(heap, 16), _block(heap, 64, 1024)
         with heap.on_stream():
-            _all_to_all_kernel[(triton.cdiv(rows, 16),)](input_tensor, output_tensor, rows, cols // W, shmem.cur_rank,
-                                                         W, heap.heap_bases, BLOCK_M=16, BLOCK_N=64)
+            _all_to_all_kernel[(triton.cdiv(rows, block_m),)](input_tensor, output_tensor, rows, cols // W,
+                                                              shmem.cur_rank, W, heap.heap_bases, BLOCK_M=block_m,
+                                                              BLOCK_N=block_n)
         shmem.barrier()
 
     def reduce_scatter(self, output_tensor, input_tensor, op=None, group=None, async_op=False, config=None):
@@ -175,16 +214,28 @@ class Collectives:
             raise UsageError(f"ccl.reduce_scatter: input and output must be one 2-D shape; got "
                              f"{tuple(input_tensor.shape)} and {tuple(output_tensor.shape)}")
         config = config or Config()
-        shmem = self._shmem
-        heap = shmem._heap
-        rows, cols = input_tensor.shape
-        tiles = triton.cdiv(rows, config.block_size_m) * triton.cdiv(cols, config.block_size_n)
-        shmem.barrier()   # every rank's input is written before anyone reads it
-        with heap.on_stream():
-            _reduce_scatter_kernel[(min(tiles, 64),)](input_tensor, output_tensor, rows, cols, shmem.cur_rank,
-                                                      shmem.num_ranks, heap.heap_bases,
-                                                      BLOCK_M=config.block_size_m, BLOCK_N=config.block_size_n)
-        shmem.barrier()   # nobody overwrites its input while another rank reads it
+        reduce_scatter_tiles(self._shmem, output_tensor, input_tensor, config.block_size_m, config.block_size_n)
+
+
+def reduce_scatter_tiles(shmem, output_tensor, input_tensor, block_m, block_n, last_takes_rest=False):
+    """The reduce-scatter of ``ccl.reduce_scatter`` (``ceil(T / W)`` tiles a rank) and of
+    ``ops.matmul_reduce_scatter`` (``last_takes_rest``: ``T // W`` a rank, the last rank the rest)."""
+    heap = shmem._heap
+    rows, cols = input_tensor.shape
+    tiles = triton.cdiv(rows, block_m) * triton.cdiv(cols, block_n)
+    shmem.barrier()   # every rank's input is written before anyone reads it
+    with heap.on_stream():
+        _reduce_scatter_kernel[(min(tiles, 64),)](input_tensor, output_tensor, rows, cols, shmem.cur_rank,
+                                                  shmem.num_ranks, heap.heap_bases, BLOCK_M=block_m,
+                                                  BLOCK_N=block_n, LAST_TAKES_REST=last_takes_rest)
+    shmem.barrier()   # nobody overwrites its input while another rank reads it
+
+
+def _block(heap, on_gpu, on_cpu=None):
+    """A block size: ``on_gpu`` on GPUs; under the interpreter (cpu ranks) a larger one (default 64 x), since there
+    a launch costs per operation, not per element (an all-gather of 8192 x 8192 took minutes in blocks of
+    1024). The result is the same either way: these kernels copy."""
+    return on_gpu if heap.backend != "cpu" else (on_cpu or 64 * on_gpu)
 
 
 def _programs(numel, block=1024, most=64):
@@ -215,12 +266,17 @@ def _all_to_all_kernel(x, out, rows, cols_per_rank, rank, world_size, heap_bases
 
 @triton.jit
 def _reduce_scatter_kernel(x, out, rows, cols, rank, world_size, heap_bases, BLOCK_M: tl.constexpr,
-                           BLOCK_N: tl.constexpr):
+                           BLOCK_N: tl.constexpr, LAST_TAKES_REST: tl.constexpr):
     tiles_n = tl.cdiv(cols, BLOCK_N)
     tiles = tl.cdiv(rows, BLOCK_M) * tiles_n
-    per_rank = tl.cdiv(tiles, world_size)
-    first = rank * per_rank
-    last = tl.minimum(first + per_rank, tiles)
+    if LAST_TAKES_REST:
+        per_rank = tiles // world_size
+        first = rank * per_rank
+        last = tl.where(rank == world_size - 1, tiles, first + per_rank)
+    else:
+        per_rank = tl.cdiv(tiles, world_size)
+        first = rank * per_rank
+        last = tl.minimum(first + per_rank, tiles)
     for tile in range(first + tl.program_id(0), last, tl.num_programs(0)):
         row = (tile // tiles_n) * BLOCK_M + tl.arange(0, BLOCK_M)[:, None]
         col = (tile % tiles_n) * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]

@@ -96,6 +96,11 @@ class Iris:
         if heap_size > self._heap.size and self.cur_rank == 0:
             self.info(f"iris.iris(heap_size={size_text(heap_size)}): each rank's heap is {size_text(self._heap.size)} "
                       f"(gemmar run --heap_size); allocations past that are refused")
+        # Iris's constructor is collective (its ranks exchange heap bases): every rank meets here too, so that no
+        # rank hands its heap out afresh while a peer still works on the tensors of the last iris.iris(), and every
+        # rank starts on what follows together (Iris's own tests fill a buffer and launch a kernel that reads a
+        # peer's with no barrier between: a race whose window this keeps as short as on a GPU).
+        self._heap.barrier()
         self._heap.release_program_memory()   # hand the heap out afresh (see the module's docstring)
         self.heap_size = usable
         self.ccl = ccl.Collectives(self)
@@ -288,7 +293,8 @@ class Iris:
             tensor = out.view(shape)
         else:
             flat = self.allocate(count, dtype)
-            if memory_format in (torch.contiguous_format, torch.preserve_format):
+            fits = {torch.channels_last: 4, torch.channels_last_3d: 5}.get(memory_format) == len(shape)
+            if not fits:   # (a format for another number of dimensions leaves the tensor contiguous, as Iris does)
                 tensor = flat.view(shape)
             else:   # channels_last & co: the same elements in the strides torch gives that format
                 strides = torch.empty(shape, device="meta", memory_format=memory_format).stride()
@@ -370,8 +376,9 @@ class Iris:
 
     def linspace(self, start, end, steps, dtype=None, device=None, layout=torch.strided, out=None,
                  requires_grad=False, **unused):
-        if isinstance(steps, (tuple, list)) and len(steps) == 1:   # (Iris takes a one-element shape too)
-            steps = steps[0]
+        if isinstance(steps, (tuple, list, torch.Size)):   # (Iris takes a one-element shape too, nested or not)
+            shape = _shape((steps,))
+            steps = shape[0] if len(shape) == 1 else steps
         if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
             raise UsageError(f"linspace steps={steps!r}: use a whole number >= 0")
         complex_ends = any(isinstance(v, complex) or (isinstance(v, torch.Tensor) and v.is_complex())

@@ -13,6 +13,12 @@ reset between them (its flags count launches).
 The other fused ops of Iris (``all_gather_matmul``, ``matmul_all_gather``, ``matmul_reduce_scatter``) are
 not fused here: they run gemmar's collective then ``torch.matmul`` (or the reverse), said once; their
 results are what Iris's give.
+
+Iris's module-level calls take the ``iris.iris()`` first: ``ops.matmul_all_reduce(shmem, out, A, B, config=)``,
+``ops.matmul_reduce_scatter(...)``, and their ``*_preamble(shmem, out, A, B, config=)``, which return a
+:class:`Workspace`: gemmar's launchers keep their own flags, so a workspace only remembers how many tiles it was
+made for, and a call with more tiles is refused as Iris refuses an undersized lock array. ``iris.ops.config`` and
+``iris.ops.matmul_reduce_scatter`` are this module too (``FusedConfig``, ``matmul_reduce_scatter``).
 """
 
 from dataclasses import dataclass
@@ -20,6 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import UsageError
+from .ccl import Workspace
 
 VARIANT_ALGORITHM = {"two_shot": "two_shot", "atomic": "atomics", "ring": "ring", "one_shot": "one_shot",
                      "spinlock": "two_shot"}
@@ -48,6 +55,94 @@ class FusedConfig:
             raise UsageError(f"all_reduce_variant={self.all_reduce_variant!r} is not known: use one of "
                              f"{', '.join(VARIANT_ALGORITHM)}")
         return True
+
+
+def _tiles(shmem, A, B, config):
+    """How many output tiles a call has: with ``config``'s block sizes, else gemmar's tuned ones."""
+    if config is not None:
+        bm, bn = config.block_size_m, config.block_size_n
+    else:
+        settings = shmem.ops._settings(A, B, None)
+        bm, bn = settings["BLK_M"], settings["BLK_N"]
+    return -(-A.shape[0] // bm) * -(-B.shape[1] // bn)
+
+
+def matmul_all_reduce_preamble(shmem, output_tensor, A, B, config=None, workspace=None):
+    """A :class:`Workspace` for these shapes; an existing ``workspace`` is checked and given back."""
+    tiles = _tiles(shmem, A, B, config)
+    if workspace is not None:
+        workspace.check("matmul_all_reduce", tiles)
+        return workspace
+    return Workspace(tiles)
+
+
+def matmul_all_reduce(shmem, output_tensor, A, B, bias=None, async_op=False, config=None, workspace=None):
+    """Iris's module-level ``ops.matmul_all_reduce(shmem, out, A, B)``: ``shmem.ops.matmul_all_reduce``."""
+    return shmem.ops.matmul_all_reduce(output_tensor, A, B, bias, async_op, config, workspace)
+
+
+def matmul_reduce_scatter_preamble(shmem, output_tensor, A, B, config=None, workspace=None):
+    """A :class:`Workspace` for these shapes; an existing ``workspace`` is checked and given back."""
+    tiles = _tiles(shmem, A, B, config or FusedConfig())
+    if workspace is not None:
+        workspace.check("matmul_reduce_scatter", tiles)
+        return workspace
+    return Workspace(tiles)
+
+
+def matmul_reduce_scatter(shmem, output_tensor, A, B, bias=None, async_op=False, config=None, workspace=None):
+    """Iris's module-level ``ops.matmul_reduce_scatter(shmem, out, A, B)``: ``shmem.ops.matmul_reduce_scatter``."""
+    return shmem.ops.matmul_reduce_scatter(output_tensor, A, B, bias, async_op, config, workspace)
+
+
+@dataclass
+class GatherWorkspace:
+    """What ``all_gather_matmul_hbm_buffer_preamble`` returns: ``aux_buffer``, the gathered A (M x K, on the heap);
+    ``locks``: empty, since gemmar's all-gather ends with a barrier and needs no per-tile flags."""
+
+    aux_buffer: torch.Tensor
+    locks: torch.Tensor
+    trace_data: object = None
+    prepared: bool = True
+
+
+def all_gather_matmul_hbm_buffer_preamble(shmem, A_sharded, B, config=None, workspace=None, **unused):
+    M, k_r = A_sharded.shape
+    if workspace is not None and tuple(workspace.aux_buffer.shape) == (M, k_r * shmem.num_ranks):
+        return workspace
+    return GatherWorkspace(shmem.zeros((shmem.num_ranks * M, k_r), dtype=A_sharded.dtype),
+                           torch.zeros(0, dtype=torch.int32, device=A_sharded.device))
+
+
+def all_gather_matmul_hbm_buffer(shmem, output_tensor, A_sharded, B, bias=None, config=None, workspace=None,
+                                 trace=False, **unused):
+    """Iris's all-gather + GEMM through a staging buffer in HBM: here ``all_gather_matmul`` (not fused) through
+    the workspace's buffer; returns the workspace (made when none is given)."""
+    workspace = all_gather_matmul_hbm_buffer_preamble(shmem, A_sharded, B, config, workspace)
+    shmem.ops.all_gather_matmul(output_tensor, A_sharded, B, bias, config=config, workspace=workspace)
+    return workspace
+
+
+# Iris's tuning table and heuristic for its MI300X hbm-buffer kernel: gemmar has neither (its kernel is not that
+# one); the names exist so that code importing them loads, and a call says so.
+_CHAMPION_CONFIGS = {}
+
+
+def _auto_config(M, N, K, world_size, **unused):
+    raise UsageError("ops._auto_config is the launch heuristic of Iris's MI300X hbm-buffer kernel; gemmar does not "
+                     "run that kernel: pass a FusedConfig")
+
+
+def _with_bias(product, bias):
+    """``product`` plus Iris's bias: one value per row (M, as Iris's ops take it), or per column (N, as torch)."""
+    if bias is None:
+        return product
+    if bias.dim() == 1 and bias.numel() == product.shape[0]:
+        return product + bias[:, None]
+    if bias.dim() == 1 and bias.numel() == product.shape[1]:
+        return product + bias
+    raise UsageError(f"bias of shape {tuple(bias.shape)}: use one value per row ({product.shape[0]}) or per column "
+                     f"({product.shape[1]}) of the {tuple(product.shape)} output")
 
 
 class FusedOps:
@@ -107,6 +202,8 @@ class FusedOps:
         if A.dtype != B.dtype:
             raise UsageError(f"ops.matmul_all_reduce: A is {A.dtype} and B {B.dtype}: use one dtype")
         settings = self._settings(A, B, config)
+        if workspace is not None:
+            workspace.check("matmul_all_reduce", _tiles(shmem, A, B, config))
         key = tuple(sorted(settings.items()))
         if key not in self._launchers:
             run = RunConfig.from_settings(settings)
@@ -129,23 +226,33 @@ class FusedOps:
         self._shmem.info_once("ops.all_gather_matmul: not fused in gemmar: ccl.all_gather, then torch.matmul")
         shmem = self._shmem
         M, k_r = A_sharded.shape
-        gathered = shmem.zeros((shmem.num_ranks * M, k_r), dtype=A_sharded.dtype)
+        gathered = workspace.aux_buffer if isinstance(workspace, GatherWorkspace) else \
+            shmem.zeros((shmem.num_ranks * M, k_r), dtype=A_sharded.dtype)
         shmem.ccl.all_gather(gathered, A_sharded.contiguous())
         A = gathered.view(shmem.num_ranks, M, k_r).permute(1, 0, 2).reshape(M, shmem.num_ranks * k_r)
-        output_tensor.copy_(A @ B + (bias if bias is not None else 0))
+        output_tensor.copy_(_with_bias(A @ B, bias))
         return output_tensor
 
     def matmul_all_gather(self, output_tensor, A, B, bias=None, async_op=False, config=None, workspace=None):
         """``output = all_gather(A @ B along M)``: each rank's rows, every rank's result."""
         self._shmem.info_once("ops.matmul_all_gather: not fused in gemmar: torch.matmul, then ccl.all_gather")
-        local = (A @ B + (bias if bias is not None else 0)).contiguous()
+        local = _with_bias(A @ B, bias).contiguous()
         self._shmem.ccl.all_gather(output_tensor, local)
         return output_tensor
 
     def matmul_reduce_scatter(self, output_tensor, A, B, bias=None, async_op=False, config=None, workspace=None):
-        """``output = reduce_scatter(A @ B)``, Iris's tile split (``ccl.reduce_scatter``)."""
-        self._shmem.info_once("ops.matmul_reduce_scatter: not fused in gemmar: torch.matmul, then ccl.reduce_scatter")
-        local = self._shmem.zeros(tuple(output_tensor.shape), dtype=output_tensor.dtype)
-        local.copy_(A @ B + (bias if bias is not None else 0))
-        self._shmem.ccl.reduce_scatter(output_tensor, local)
+        """``output = reduce_scatter(A @ B)`` in Iris's tiles: ``config``'s ``block_size_m x block_size_n`` (Iris's
+        FusedConfig defaults without one) dealt out ``tiles // W`` to a rank, the last rank the rest; each rank's
+        output holds the sum over ranks on its own tiles."""
+        from .ccl import reduce_scatter_tiles
+
+        shmem = self._shmem
+        shmem.info_once("ops.matmul_reduce_scatter: not fused in gemmar: torch.matmul, then a reduce-scatter")
+        config = config or FusedConfig()
+        if workspace is not None:
+            workspace.check("matmul_reduce_scatter", _tiles(shmem, A, B, config))
+        local = shmem.zeros(tuple(output_tensor.shape), dtype=output_tensor.dtype)
+        local.copy_(_with_bias(A @ B, bias))
+        reduce_scatter_tiles(shmem, output_tensor, local, config.block_size_m, config.block_size_n,
+                             last_takes_rest=True)
         return output_tensor
