@@ -290,7 +290,7 @@ class Iris:
             if not self.is_symmetric(out):
                 raise IrisRefusal("The output tensor is not on the symmetric heap: allocate it with this Iris "
                                   "instance (shmem.empty, shmem.heap.allocate)")
-            tensor = out.view(shape)
+            tensor = out if tuple(out.shape) == tuple(shape) else out.view(shape)   # (Iris gives `out` itself back)
         else:
             flat = self.allocate(count, dtype)
             fits = {torch.channels_last: 4, torch.channels_last_3d: 5}.get(memory_format) == len(shape)
