@@ -137,7 +137,6 @@ def _is_bf16(handle):
 def _patch_bf16_and_atomics():
     """bf16 arithmetic in fp32, and atomics on every dtype (see the module's docstring)."""
     import numpy as np
-    import triton.language as tl
     from triton._C.libtriton import interpreter as native
     from triton.runtime import interpreter
 
