@@ -55,15 +55,17 @@ BLOCKS = {"cuda": (64, 256), "cpu": (16, 64)}
 LARGE_TILES_FROM_BYTES, LARGE_TILE_ROWS = 16 << 20, 256
 # A tile of more rows is copied and summed this many rows at a time: a 64 x 256 fp32 sum is 64 registers a
 # thread at 8 warps; a whole 256-row one would spill. (On cpu half a tile: the tests run the chunked code.)
-SUM_ROWS = {"cuda": 64, "cpu": 8}
+SUM_ROWS = 64
 
 
 def tile_layout(numel, element_size, device_type, block_m=None):
     """(BLOCK_M, BLOCK_N, rows, tiles) of ``numel`` values of ``element_size`` bytes laid out as one column of
     tiles (``block_m``: rows per tile, else the device's default for that many bytes)."""
     default_m, block_n = BLOCKS.get(device_type, BLOCKS["cuda"])
-    if device_type == "cuda" and numel * element_size >= LARGE_TILES_FROM_BYTES:
-        default_m = LARGE_TILE_ROWS
+    if numel * element_size >= LARGE_TILES_FROM_BYTES:
+        # (on cpu too, and the GPU's width: there a tile costs per operation, not per element; an all-reduce of
+        # 8192 x 8192 fp16 took minutes in 16 x 64 tiles)
+        default_m, block_n = LARGE_TILE_ROWS, BLOCKS["cuda"][1]
     block_m = block_m or default_m
     rows = -(-numel // block_n)
     return block_m, block_n, rows, -(-rows // block_m)
@@ -148,7 +150,7 @@ class SymmetricAllReduce:
         kernel copies x into ``partials`` itself."""
         heap = self.heap
         gpu = {"num_warps": 8, "num_stages": 1} if heap.device.type == "cuda" else {}
-        rows = min(self.block_m, SUM_ROWS.get(heap.device.type, SUM_ROWS["cuda"]))
+        rows = min(self.block_m, SUM_ROWS) if heap.device.type == "cuda" else max(1, self.block_m // 2)
         common = dict(BLOCK_M=self.block_m, BLOCK_N=self.block_n, COMM_SMS=self.comm_sms,
                       PEER_CACHE=".cg" if gpu else "", COPY_IN=copy_in, ROWS=rows, **gpu)
         if self.scheme == "one_shot":
