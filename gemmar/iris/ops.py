@@ -67,13 +67,17 @@ def _tiles(shmem, A, B, config):
     return -(-A.shape[0] // bm) * -(-B.shape[1] // bn)
 
 
-def matmul_all_reduce_preamble(shmem, output_tensor, A, B, config=None, workspace=None):
+def _preamble(what, shmem, A, B, config, workspace):
     """A :class:`Workspace` for these shapes; an existing ``workspace`` is checked and given back."""
     tiles = _tiles(shmem, A, B, config)
     if workspace is not None:
-        workspace.check("matmul_all_reduce", tiles)
+        workspace.check(what, tiles)
         return workspace
     return Workspace(tiles)
+
+
+def matmul_all_reduce_preamble(shmem, output_tensor, A, B, config=None, workspace=None):
+    return _preamble("matmul_all_reduce", shmem, A, B, config, workspace)
 
 
 def matmul_all_reduce(shmem, output_tensor, A, B, bias=None, async_op=False, config=None, workspace=None):
@@ -82,12 +86,7 @@ def matmul_all_reduce(shmem, output_tensor, A, B, bias=None, async_op=False, con
 
 
 def matmul_reduce_scatter_preamble(shmem, output_tensor, A, B, config=None, workspace=None):
-    """A :class:`Workspace` for these shapes; an existing ``workspace`` is checked and given back."""
-    tiles = _tiles(shmem, A, B, config or FusedConfig())
-    if workspace is not None:
-        workspace.check("matmul_reduce_scatter", tiles)
-        return workspace
-    return Workspace(tiles)
+    return _preamble("matmul_reduce_scatter", shmem, A, B, config or FusedConfig(), workspace)
 
 
 def matmul_reduce_scatter(shmem, output_tensor, A, B, bias=None, async_op=False, config=None, workspace=None):

@@ -36,6 +36,18 @@ def _tile_pointers(ptr, M, N, stride_m, stride_n, rows, cols):
     return ptr + rows[:, None] * stride_m + cols[None, :] * stride_n, mask
 
 
+@triton.jit
+def _indices(tile):
+    return (tile.pid_m * tile.block_m + tl.arange(0, tile.block_m),
+            tile.pid_n * tile.block_n + tl.arange(0, tile.block_n))
+
+
+@triton.jit
+def _layout(tile, M, N):
+    rows, cols = _indices(tile)
+    return rows, cols, (rows[:, None] < M) & (cols[None, :] < N)
+
+
 @device_aggregate
 class TileView:
     """A tile's coordinates (in tiles) and its size (in elements)."""
@@ -55,14 +67,12 @@ class TileView:
     @triton.jit
     def indices(self):
         """The tile's rows and columns (not clipped to any tensor)."""
-        return (self.pid_m * self.block_m + tl.arange(0, self.block_m),
-                self.pid_n * self.block_n + tl.arange(0, self.block_n))
+        return _indices(self)
 
     @triton.jit
     def layout(self, M, N):
         """rows, columns, and the mask of those inside an M x N tensor."""
-        rows, cols = self.indices()
-        return rows, cols, (rows[:, None] < M) & (cols[None, :] < N)
+        return _layout(self, M, N)
 
 
 @device_aggregate
@@ -85,13 +95,11 @@ class Tile:
 
     @triton.jit
     def indices(self):
-        return (self.pid_m * self.block_m + tl.arange(0, self.block_m),
-                self.pid_n * self.block_n + tl.arange(0, self.block_n))
+        return _indices(self)
 
     @triton.jit
     def layout(self, M, N):
-        rows, cols = self.indices()
-        return rows, cols, (rows[:, None] < M) & (cols[None, :] < N)
+        return _layout(self, M, N)
 
 
 @device_aggregate
