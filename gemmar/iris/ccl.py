@@ -56,10 +56,10 @@ class Config:
                              f"{', '.join(ALL_REDUCE_VARIANTS)}")
         if self.use_gluon:
             raise UsageError("Config(use_gluon=True): Gluon kernels are AMD-only; gemmar runs Triton kernels")
-        for name in ("block_size_m", "block_size_n"):
+        for name in ("block_size_m", "block_size_n"):   # (reduce_scatter's tiles must be powers of two: it says so)
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1 or value & (value - 1):
-                raise UsageError(f"Config {name}={value!r} is not allowed: use a power of two")
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise UsageError(f"Config {name}={value!r} is not allowed: use a whole number >= 1")
         if self.comm_sms is not None and (isinstance(self.comm_sms, bool) or not isinstance(self.comm_sms, int)
                                           or not 1 <= self.comm_sms <= 4096):
             raise UsageError(f"Config comm_sms={self.comm_sms!r} is not allowed: use 1 to 4096 programs")
@@ -220,6 +220,10 @@ class Collectives:
 def reduce_scatter_tiles(shmem, output_tensor, input_tensor, block_m, block_n, last_takes_rest=False):
     """The reduce-scatter of ``ccl.reduce_scatter`` (``ceil(T / W)`` tiles a rank) and of
     ``ops.matmul_reduce_scatter`` (``last_takes_rest``: ``T // W`` a rank, the last rank the rest)."""
+    for name, value in (("block_size_m", block_m), ("block_size_n", block_n)):
+        if value & (value - 1):
+            raise UsageError(f"reduce_scatter: {name}={value} is not allowed: its tiles are Triton blocks, so use a "
+                             f"power of two")
     heap = shmem._heap
     rows, cols = input_tensor.shape
     tiles = triton.cdiv(rows, block_m) * triton.cdiv(cols, block_n)
