@@ -37,8 +37,6 @@ class Clusters:
             # Clusters of different sizes live side by side (each its own engines, store and NCCL group):
             # a compiled cluster takes many seconds to start, and the tests alternate between sizes.
             cluster = gemmar.Cluster(world_size=world_size, backend=BACKEND, timeout_s=60)
-            # Engines import test helpers (tests/rank_helpers.py) by module name.
-            cluster.client[cluster.engine_ids].execute(f"import sys; sys.path.insert(0, {TESTS_DIR!r})", block=True)
             self.by_size[world_size] = cluster
         return cluster
 
@@ -82,7 +80,15 @@ if BACKEND == "cuda":
 
 @pytest.fixture(scope="session")
 def clusters():
+    # Engines import test helpers (tests/rank_helpers.py) by module name: through PYTHONPATH, which every engine
+    # inherits, also those a cluster starts anew after a rank was stopped (a bounds error, a crash).
     sys.path.insert(0, TESTS_DIR)
+    before = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join([TESTS_DIR] + ([before] if before else []))
     registry = Clusters()
     yield registry
     registry.close()
+    if before is None:
+        os.environ.pop("PYTHONPATH", None)
+    else:
+        os.environ["PYTHONPATH"] = before

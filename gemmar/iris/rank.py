@@ -56,7 +56,7 @@ PACKAGE_LAYOUT = {"iris": "host", "iris.device": "device", "iris.device.utils": 
                   "iris.ccl": "ccl", "iris.ops": "ops", "iris.host": "host", "iris.host.tracing": "tracing",
                   "iris.host.logging": "log_format", "iris.host.logging.logging": "log_format",
                   "iris.mem.triton.context": "device", "iris.device.triton.context": "device",
-                  "iris.tensor_creation": "host", "iris.ops.config": "ops",
+                  "iris.tensor_creation": "tensors", "iris.ops.config": "ops",
                   "iris.ops.matmul_reduce_scatter": "ops", "iris.ops.matmul_all_reduce": "ops",
                   "iris.ops.all_gather_matmul_hbm_buffer": "ops",
                   "iris.host.tracing.events": "tracing"}
@@ -88,7 +88,7 @@ def _install_package():
         if "." in name:
             parent, _, child = name.rpartition(".")
             # (never over a name the parent module has: iris.host.logging must not hide host.py's `logging`)
-            if not hasattr(modules[parent], child):   # (iris.tensor_creation is host.py itself)
+            if not hasattr(modules[parent], child):
                 setattr(modules[parent], child, modules[name])
 
 

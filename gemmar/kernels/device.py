@@ -28,6 +28,7 @@ leave the cores to the ranks they wait for.
 """
 
 import os
+import sys
 import time
 
 import triton
@@ -66,6 +67,25 @@ def _host_pause():
 # `if INTERPRETER:` branch, which the compiler never visits when it compiles for a GPU.
 _host_clock_ns.__triton_builtin__ = True
 _host_pause.__triton_builtin__ = True
+
+_TRITON_DIR = os.path.dirname(os.path.dirname(os.path.abspath(triton.__file__)))
+_GEMMAR_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# Frames in these files are the device API, not the kernel: a report names the line that called them.
+PASS_THROUGH = (os.path.join(_TRITON_DIR, "triton") + os.sep, os.path.join(_GEMMAR_DIR, "sanitizer") + os.sep,
+                os.path.join(_GEMMAR_DIR, "kernels", "device.py"), os.path.join(_GEMMAR_DIR, "iris", "device.py"),
+                os.path.join(_GEMMAR_DIR, "iris", "tiles.py"))
+
+
+def kernel_line():
+    """(file, line, function) of the innermost frame that is the kernel's own code, not the device API (for the
+    one-line reports of translate's rank check here and of the sanitizer)."""
+    frame = sys._getframe(2)
+    while frame is not None and frame.f_code.co_filename.startswith(PASS_THROUGH):
+        frame = frame.f_back
+    if frame is None:
+        return ("?", 0, "?")
+    return (frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name)
+
 
 # Under the interpreter, every heap_bases table of this process that kernels are given: (address of its first
 # entry, caller's rank, world size). A rank outside the world would read past the table and translate to an
@@ -106,7 +126,6 @@ def _check_ranks(heap_bases, from_rank, to_rank):
                 bad = ranks[(ranks < 0) | (ranks >= world_size)]
                 if bad.size:
                     from ..errors import HeapBoundsError
-                    from ..sanitizer.record import kernel_line
 
                     from triton.runtime.interpreter import interpreter_builder
 

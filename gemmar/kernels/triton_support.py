@@ -127,6 +127,15 @@ def _fp32_as_bf16(values):
     return np.where(np.isnan(values), np.uint16(0x7FC0), rounded)
 
 
+def _take_new(old, new):
+    return new
+
+
+# (numpy's names: numpy is imported only when the interpreter runs)
+RMW_COMBINE = {"ADD": "add", "FADD": "add", "MIN": "minimum", "UMIN": "minimum", "MAX": "maximum", "UMAX": "maximum",
+               "AND": "bitwise_and", "OR": "bitwise_or", "XOR": "bitwise_xor"}
+
+
 def _is_bf16(handle):
     import numpy as np
     import triton.language as tl
@@ -134,10 +143,55 @@ def _is_bf16(handle):
     return handle.dtype.scalar == tl.bfloat16 and handle.data.dtype == np.uint16
 
 
+def _rmw_by_compare_and_swap(op_name, ptr, val, mask, interpreter_sem):
+    """An atomic read-modify-write (``op_name``: ADD, FADD, MIN, ..., XCHG) of ``val`` at ``ptr`` done as
+    compare-and-swap loops: the values seen before (numpy, ``val``'s dtype)."""
+    import numpy as np
+    from triton._C.libtriton import interpreter as native
+
+    # Read the bits, compute the new values, swap them in where nobody changed them since; retry the rest.
+    # Elements narrower than 4 bytes are swapped inside their aligned 32-bit word (a CAS of that width is
+    # atomic across processes; the bits around the element are compared and kept as they were). Two
+    # elements of one word in one call: the second's swap fails once and is retried with the first's result.
+    width = max(val.dtype.scalar.primitive_bitwidth, 8)
+    bits_type = np.dtype(f"uint{width}")
+    word_type = np.dtype(np.uint32) if width < 32 else bits_type
+    value_type = val.data.dtype
+    combine = _take_new if op_name == "XCHG" else getattr(np, RMW_COMBINE[op_name])
+    pointers, values = np.broadcast_arrays(ptr.data, val.data)
+    enabled = np.broadcast_to(mask.data, pointers.shape).astype(bool)
+    addresses = pointers[enabled].astype(np.uint64)
+    values = values[enabled]
+    words = addresses & ~np.uint64(3) if width < 32 else addresses
+    shifts = (addresses - words) * np.uint64(8)
+    low_bits = np.uint64((1 << width) - 1)
+
+    def new_bits(mine, value):
+        if _is_bf16(val):
+            return _fp32_as_bf16(combine(_bf16_as_fp32(mine), _bf16_as_fp32(value))).astype(np.uint64)
+        result = np.asarray(combine(mine.astype(bits_type).view(value_type), value), dtype=value_type)
+        return np.broadcast_to(result, mine.shape).astype(value_type).view(bits_type).astype(np.uint64)
+
+    seen = native.load(words, np.ones(words.shape, bool), np.zeros(words.shape, word_type), word_type)
+    before = np.zeros(words.shape, np.uint64)
+    pending = np.arange(words.size)
+    while pending.size:
+        word = seen[pending].astype(np.uint64)
+        mine = (word >> shifts[pending]) & low_bits
+        replaced = (word & ~(low_bits << shifts[pending])) | (new_bits(mine, values[pending]) << shifts[pending])
+        swapped = native.atomic_cas(words[pending], seen[pending], replaced.astype(word_type), interpreter_sem)
+        done = swapped == seen[pending]
+        before[pending[done]] = mine[done]
+        seen[pending] = swapped
+        pending = pending[~done]
+    old = np.zeros(pointers.shape, dtype=value_type)
+    old[enabled] = before.astype(bits_type).view(value_type)
+    return old
+
+
 def _patch_bf16_and_atomics():
     """bf16 arithmetic in fp32, and atomics on every dtype (see the module's docstring)."""
     import numpy as np
-    from triton._C.libtriton import interpreter as native
     from triton.runtime import interpreter
 
     builder = interpreter.InterpreterBuilder
@@ -164,9 +218,6 @@ def _patch_bf16_and_atomics():
         return interpreter.TensorHandle(_fp32_as_bf16(product + _bf16_as_fp32(z.data)), z.dtype.scalar)
 
     fma = builder.create_fma
-    reduce_ops = {"ADD": np.add, "FADD": np.add, "MIN": np.minimum, "UMIN": np.minimum, "MAX": np.maximum,
-                  "UMAX": np.maximum, "AND": np.bitwise_and, "OR": np.bitwise_or, "XOR": np.bitwise_xor,
-                  "XCHG": lambda old, new: new}
 
     def create_atomic_rmw(self, rmw_op, ptr, val, mask, sem, scope):
         if val.dtype.scalar.primitive_bitwidth >= 32:
@@ -175,46 +226,8 @@ def _patch_bf16_and_atomics():
             except ValueError as error:
                 if "Unsupported data type" not in str(error):
                     raise
-        # Read the bits, compute the new values, swap them in where nobody changed them since; retry the rest.
-        # Elements narrower than 4 bytes are swapped inside their aligned 32-bit word (a CAS of that width is
-        # atomic across processes; the bits around the element are compared and kept as they were). Two
-        # elements of one word in one call: the second's swap fails once and is retried with the first's result.
-        element = val.dtype.scalar
-        width = max(element.primitive_bitwidth, 8)
-        bits_type = np.dtype(f"uint{width}")
-        word_type = np.dtype(np.uint32) if width < 32 else bits_type
-        value_type = val.data.dtype
-        combine = reduce_ops[rmw_op.name]
-        pointers, values = np.broadcast_arrays(ptr.data, val.data)
-        enabled = np.broadcast_to(mask.data, pointers.shape).astype(bool)
-        addresses = pointers[enabled].astype(np.uint64)
-        values = values[enabled]
-        words = addresses & ~np.uint64(3) if width < 32 else addresses
-        shifts = (addresses - words) * np.uint64(8)
-        low_bits = np.uint64((1 << width) - 1)
-        interpreter_sem = self.ir_sem_to_interpreter_sem[sem]
-
-        def new_bits(mine, value):
-            if _is_bf16(val):
-                return _fp32_as_bf16(combine(_bf16_as_fp32(mine), _bf16_as_fp32(value))).astype(np.uint64)
-            result = np.asarray(combine(mine.astype(bits_type).view(value_type), value), dtype=value_type)
-            return np.broadcast_to(result, mine.shape).astype(value_type).view(bits_type).astype(np.uint64)
-
-        seen = native.load(words, np.ones(words.shape, bool), np.zeros(words.shape, word_type), word_type)
-        before = np.zeros(words.shape, np.uint64)
-        pending = np.arange(words.size)
-        while pending.size:
-            word = seen[pending].astype(np.uint64)
-            mine = (word >> shifts[pending]) & low_bits
-            replaced = (word & ~(low_bits << shifts[pending])) | (new_bits(mine, values[pending]) << shifts[pending])
-            swapped = native.atomic_cas(words[pending], seen[pending], replaced.astype(word_type), interpreter_sem)
-            done = swapped == seen[pending]
-            before[pending[done]] = mine[done]
-            seen[pending] = swapped
-            pending = pending[~done]
-        old = np.zeros(pointers.shape, dtype=value_type)
-        old[enabled] = before.astype(bits_type).view(value_type)
-        return interpreter.TensorHandle(old, element)
+        old = _rmw_by_compare_and_swap(rmw_op.name, ptr, val, mask, self.ir_sem_to_interpreter_sem[sem])
+        return interpreter.TensorHandle(old, val.dtype.scalar)
 
     builder.binary_op, builder.unary_op, builder.create_fma = bf16_binary_op, bf16_unary_op, create_fma
     builder.create_atomic_rmw = create_atomic_rmw

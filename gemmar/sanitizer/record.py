@@ -26,12 +26,8 @@ import time
 import numpy as np
 
 from ..errors import HeapBoundsError
+from ..kernels.device import PASS_THROUGH, kernel_line
 
-TRITON_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__import__("triton").__file__)))
-GEMMAR_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# Frames in these files are the device API, not the kernel: a report names the line that called them.
-PASS_THROUGH = (os.path.join(TRITON_DIR, "triton") + os.sep, os.path.join(GEMMAR_DIR, "sanitizer") + os.sep,
-                os.path.join(GEMMAR_DIR, "kernels", "device.py"), os.path.join(GEMMAR_DIR, "iris", "device.py"))
 UNNAMED = "heap tensor at byte"   # (the heap's name for an allocation nobody named)
 ARTICLED = {"read": "a read", "write": "a write", "rmw": "an atomic", "access": "an access"}
 BASES_GUARD = 64   # int64s of zeros on each side of a cpu heap's heap_bases table (runtime/heap/cpu.py)
@@ -57,16 +53,6 @@ def element_text(label, byte):
         digits.append(digit)
     text = f"{name}[{', '.join(str(d) for d in [index] + digits[::-1])}]"
     return text + (f" (+{rest} bytes)" if rest else "")
-
-
-def kernel_line():
-    """(file, line, function) of the innermost frame that is the kernel's own code, not the device API."""
-    frame = sys._getframe(2)
-    while frame is not None and frame.f_code.co_filename.startswith(PASS_THROUGH):
-        frame = frame.f_back
-    if frame is None:
-        return ("?", 0, "?")
-    return (frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name)
 
 
 class Recorder:
