@@ -79,8 +79,9 @@ owners_block = tiles // world
 
 
 def inputs_of(r, dtype):
-    g = torch.Generator().manual_seed(r)
-    return (torch.randint(-8, 8, (M, N), generator=g) / 4).to(dtype)
+    """Rank r's values, on the CPU (each rank makes every rank's, for the expected sums)."""
+    g = torch.Generator(device="cpu").manual_seed(r)
+    return (torch.randint(-8, 8, (M, N), generator=g, device="cpu") / 4).to(dtype)
 
 
 for dtype in (torch.float16, torch.bfloat16, torch.float32):
@@ -99,7 +100,7 @@ for dtype in (torch.float16, torch.bfloat16, torch.float32):
             owner = torch.clamp(tile_ids // max(owners_block, 1), max=world - 1) if owners_block else \
                 torch.full_like(tile_ids, world - 1)
             expected = torch.where(owner == rank, total, torch.zeros(()))
-        print(f"{how} {dtype}: max|diff| = {(out.float() - expected).abs().max().item():g}")
+        print(f"{how} {dtype}: max|diff| = {(out.float().cpu() - expected).abs().max().item():g}")
     inp = shmem.zeros((M, N), dtype=dtype)
     inp.copy_(inputs_of(rank, dtype))
     gathered = shmem.zeros((M * world, N), dtype=dtype)
@@ -107,10 +108,10 @@ for dtype in (torch.float16, torch.bfloat16, torch.float32):
     move_kernel[(tiles,)](inp, gathered, M, N, N, shmem.get_device_context(), rank, world, "all_gather", BM, BN)
     shmem.barrier()
     expected = torch.cat([inputs_of(r, dtype) for r in range(world)])
-    print(f"all_gather {dtype}: max|diff| = {(gathered.float() - expected.float()).abs().max().item():g}")
+    print(f"all_gather {dtype}: max|diff| = {(gathered.float().cpu() - expected.float()).abs().max().item():g}")
     pulled = shmem.zeros((M, N), dtype=dtype)
     move_kernel[(tiles,)](inp, pulled, M, N, N, shmem.get_device_context(), rank, world, "gather", BM, BN)
-    diff = (pulled.float() - inputs_of((rank + 1) % world, torch.float32)).abs().max().item()
+    diff = (pulled.float().cpu() - inputs_of((rank + 1) % world, torch.float32)).abs().max().item()
     print(f"gather {dtype}: max|diff| = {diff:g}")
     wide = shmem.zeros((M, N * world), dtype=dtype)
     wide.copy_(torch.cat([inputs_of(10 * rank + c, dtype) for c in range(world)], dim=1))
@@ -120,5 +121,5 @@ for dtype in (torch.float16, torch.bfloat16, torch.float32):
         wide, swapped, M, N, N * world, shmem.get_device_context(), rank, world, "all_to_all", BM, BN)
     shmem.barrier()
     expected = torch.cat([inputs_of(10 * r + rank, dtype) for r in range(world)], dim=1)
-    print(f"all_to_all {dtype}: max|diff| = {(swapped.float() - expected.float()).abs().max().item():g}")
+    print(f"all_to_all {dtype}: max|diff| = {(swapped.float().cpu() - expected.float()).abs().max().item():g}")
     shmem.barrier()
