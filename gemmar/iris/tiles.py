@@ -25,7 +25,7 @@ import triton
 import triton.language as tl
 
 from ..errors import DeadlockError
-from ..kernels.device import INTERPRETER, host_int, pause
+from ..kernels.device import INTERPRETER, host_int, now, pause
 from ..kernels.triton_support import device_aggregate
 from . import this_rank
 
@@ -169,19 +169,14 @@ def _waited_too_long(start_ns, rank, peer, tile_id, flag, expected, seen):
                                   seen=host_int(seen))])
 
 
-def _host_now_ns():
-    return tl.full((), time.monotonic_ns(), tl.int64)
-
-
 _waited_too_long.__triton_builtin__ = True
-_host_now_ns.__triton_builtin__ = True
 
 
 @triton.jit
 def _wait_for_flag(ctx, flag, peer, tile_id, scope: tl.constexpr):
     """Spin until ``peer``'s ``*flag == 1`` (acquire)."""
     if INTERPRETER:
-        start = _host_now_ns()
+        start = now()   # (under the interpreter: the host's monotonic clock, as _waited_too_long reads)
     seen = ctx.atomic_add(flag, 0, to_rank=peer, sem="acquire", scope=scope)
     while seen != 1:
         pause()
@@ -194,7 +189,7 @@ def _wait_for_flag(ctx, flag, peer, tile_id, scope: tl.constexpr):
 def _acquire_lock(ctx, lock, peer, tile_id):
     """Take ``peer``'s ``*lock`` (0 -> 1)."""
     if INTERPRETER:
-        start = _host_now_ns()
+        start = now()   # (under the interpreter: the host's monotonic clock, as _waited_too_long reads)
     seen = ctx.atomic_cas(lock, 0, 1, to_rank=peer, sem="acquire", scope="sys")
     while seen != 0:
         pause()

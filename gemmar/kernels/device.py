@@ -34,6 +34,8 @@ import time
 import triton
 import triton.language as tl
 
+from ..errors import HeapBoundsError
+
 # Read once, when gemmar is imported, exactly as Triton itself decides at decoration time.
 INTERPRETER = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") == "1")
 
@@ -125,8 +127,6 @@ def _check_ranks(heap_bases, from_rank, to_rank):
                 ranks = np.asarray(_value(asked)).reshape(-1) + first
                 bad = ranks[(ranks < 0) | (ranks >= world_size)]
                 if bad.size:
-                    from ..errors import HeapBoundsError
-
                     from triton.runtime.interpreter import interpreter_builder
 
                     file, line, _ = kernel_line()
