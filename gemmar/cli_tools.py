@@ -77,10 +77,7 @@ def cmd_allreduce(args):
     if backend == "cpu":
         # Each rank also holds its input and the float64 reference (built from every rank's input).
         need = W * (heap_size + max(numels) * (W * itemsize + 3 * 8))
-        free = psutil.virtual_memory().available
-        if need > free:
-            raise UsageError(f"--sizes {max(sizes):g} MiB on {W} rank(s) needs about {size_text(need)} of memory; "
-                             f"this machine has {size_text(free)} available: use smaller sizes")
+        memory.check_fits(need, f"--sizes {max(sizes):g} MiB on {W} rank(s)", "use smaller sizes")
     timed = backend == "cuda"
     rows = []
     log("-", W, starting_line(backend, W))

@@ -14,10 +14,11 @@ from .config import RunConfig, k_bounds
 from .errors import UsageError
 from .report import log
 from .runtime import rank as rank_runtime
-from .runtime.allreduce import run_all_reduce
+from .runtime.allreduce import check_all_reduce_fits, run_all_reduce
 from .runtime.problem import input_scale
 from .runtime.timing import benchmark_rank
 from .iris import runner as programs
+from .runtime import memory
 from .runtime.engines import EngineCluster
 from .runtime.heap import size_text
 from .runtime.launch import heap_bytes_needed
@@ -36,11 +37,8 @@ def check_memory(config, engines, backend, client_copy=False):
     m, n, k = config.m, config.n, config.k
     per_engine = 12 * m * n + 8 * (m * k + k * n) + heap_bytes_needed(config)
     need = engines * per_engine + (8 * m * n + 8 * (m * k + k * n) if client_copy else 0)
-    available = psutil.virtual_memory().available
-    if need > available:
-        raise UsageError(f"m x n x k = {m} x {n} x {k} needs about {size_text(need)} of memory ({engines} ranks, "
-                         f"each with the inputs, a float64 reference and C); this machine has "
-                         f"{size_text(available)} available: use a smaller problem")
+    memory.check_fits(need, f"m x n x k = {m} x {n} x {k} ({engines} ranks, each with the inputs, a float64 "
+                            f"reference and C)", "use a smaller problem")
 
 
 @dataclass
@@ -214,15 +212,15 @@ class Cluster(EngineCluster):
         ``sanitize`` (cpu): record the launches' heap accesses; the dict's ``sanitizer`` is the SanitizerReport.
         Returns a dict: ``max_abs_diff``, ``tolerance``, ``identical`` (every rank the same bits),
         ``checked_launches`` and the times in ms."""
-        from .config import dtype_name
+        from .config import DTYPES, dtype_name
 
-        dtype_name(datatype)
         for name, value, smallest in (("numel", numel, 1), ("iterations", iterations, 1), ("reps", reps, 0)):
             if isinstance(value, bool) or not isinstance(value, int) or not smallest <= value <= 2 ** 40:
                 raise UsageError(f"{name}={value!r} is not allowed: use a whole number from {smallest} up")
         if sanitize and self.backend != "cpu":
             raise UsageError(f"sanitize=True is not allowed on the {self.backend} backend: the sanitizer watches "
                              f"kernels under the Triton interpreter, so use backend='cpu'")
+        check_all_reduce_fits(numel, DTYPES[dtype_name(datatype)], self.backend, self.world_size, self.heap_size)
         outs = self.run_ranks(run_all_reduce, numel, datatype, comm_sms, iterations, seed, self.timeout_s,
                               reps, baseline, scheme, bool(on_heap), bool(sanitize))
         RankFailure.raise_first(outs)

@@ -17,12 +17,14 @@ import importlib.util
 import os
 import runpy
 import sys
+import time
 import traceback
 import types
 
 
 from .. import sanitizer
 from ..errors import UsageError, gemmar_cause
+from ..runtime.processes import descendants, end_descendants_since
 from ..runtime import rank as rank_runtime
 from . import launch
 from .host_calls import adapt_launches, cuda_on_cpu, is_program_file, warn_false_assumes
@@ -128,9 +130,18 @@ def failure_line(error):
             message = (f"{message}: inline assembly (e.g. AMD's s_memrealtime) cannot run under the Triton "
                        f"interpreter (the cpu backend)")
     first = message.splitlines()[0] if message else ""
+    if "illegal memory access" in first or "illegal address" in first:
+        first += (f" (this rank's kernel touched memory outside every heap: most often a rank outside 0 to "
+                  f"{_world_size() - 1} in to_rank/from_rank, or an offset past its buffer; run it on cpu ranks, "
+                  f"--backend cpu, to have the access named)")
     frame = _innermost_program_frame(error)
     where = f" ({os.path.basename(frame.filename)}:{frame.lineno})" if frame else ""
     return f"{type(error).__name__}: {first}{where}" if first else f"{type(error).__name__}{where}"
+
+
+def _world_size():
+    ranks = rank_runtime.local_ranks() if rank_runtime._ranks else []
+    return ranks[0].heap.world_size if ranks else 0
 
 
 def _innermost_program_frame(error):
@@ -151,6 +162,7 @@ def run_program(path, args, cwd, store_path, replace_iris=False, sanitize=False)
     normally or by ``sys.exit(0)``; with ``sanitize``, also "sanitizer": this rank's record of heap accesses."""
     rank = install_iris(replace_iris)
     heap = rank_runtime.local_ranks()[0].heap
+    started_before = descendants()   # what the program starts ends with it (end_descendants_since below)
     saved = sys.argv, list(sys.path), os.getcwd(), set(sys.modules)
     sys.argv = [path, *map(str, args)]
     sys.path.insert(0, os.path.dirname(os.path.abspath(path)))
@@ -171,6 +183,8 @@ def run_program(path, args, cwd, store_path, replace_iris=False, sanitize=False)
     except BaseException as e:  # noqa: BLE001 - whatever the program raised is its result
         code, error = 1, failure_line(e)
     finally:
+        ended_at = time.time()   # before the cleanup: which rank failed first (ProgramResult.exit_code)
+        end_descendants_since(started_before)
         heap.release_program_memory()
         sys.argv = saved[0]
         sys.path[:] = saved[1]
@@ -183,7 +197,8 @@ def run_program(path, args, cwd, store_path, replace_iris=False, sanitize=False)
         for stream in (sys.stdout, sys.stderr):
             with contextlib.suppress(Exception):
                 stream.flush()
-    return {"rank": rank, "exit_code": code, "error": error, "sanitizer": records[0] if records else None}
+    return {"rank": rank, "exit_code": code, "error": error, "sanitizer": records[0] if records else None,
+            "ended_at": ended_at}
 
 
 # builtins.exit / quit (used by Iris's examples) raise SystemExit as sys.exit does, also under ipyparallel.

@@ -10,6 +10,8 @@ pytest after a failed test) has not failed that way: the others run on to their 
 
 import contextlib
 import os
+import re
+import signal
 import sys
 import time
 import uuid
@@ -32,6 +34,7 @@ class ProgramResult:
     stopped: list = field(default_factory=list)  # ranks stopped (deadline or another rank's failure)
     timed_out: bool = False
     sanitizer: object = None                   # sanitize=True: the SanitizerReport (races across ranks), if all ended
+    ended_at: list = field(default_factory=list)  # by rank: when it ended (time.time()), to tell which failed first
 
     @property
     def ok(self):
@@ -39,10 +42,15 @@ class ProgramResult:
 
     @property
     def exit_code(self):
-        """0 when every rank exited 0; 3 when a rank ran past the deadline; else the first failed rank's."""
+        """0 when every rank exited 0; 3 when a rank ran past the deadline; else the exit code of the rank that
+        failed first in time (not the lowest-numbered: the others may have failed because of it)."""
         if self.timed_out:
             return DEADLINE_EXIT_CODE
-        return next((c for c in self.exit_codes if c), 0)
+        failed = [r for r, c in enumerate(self.exit_codes) if c]
+        if not failed:
+            return 0
+        ended = self.ended_at if len(self.ended_at) == len(self.exit_codes) else [0.0] * len(self.exit_codes)
+        return self.exit_codes[min(failed, key=lambda r: (ended[r] or float("inf"), r))]
 
     def failure_lines(self):
         return [f"rank {r}: {self.errors[r]}" for r in range(len(self.errors)) if self.errors[r]]
@@ -50,11 +58,9 @@ class ProgramResult:
 
 def _signal_exit_code(what):
     """'engine process 12 was killed by SIGSEGV' -> 139 (the shell's 128 + signal), else 1."""
-    import signal
-
-    for sig in signal.Signals:
-        if what.endswith(f"killed by {sig.name}"):
-            return 128 + sig.value
+    found = re.search(r"killed by (SIG[A-Z0-9]+)\b", what)   # (what may go on: "... (out of memory: ...)")
+    if found and found.group(1) in signal.Signals.__members__:
+        return 128 + signal.Signals[found.group(1)].value
     return 1
 
 
@@ -92,7 +98,7 @@ def run_script(cluster, path, args=(), timeout=None, echo=True, replace_iris=Fal
         # a rank may spin forever on a flag: fresh ranks next time
         lost = run.stopped or [r for r, c in enumerate(run.exit_codes) if c]
         cluster.stop_for_restart(f"in its last program rank(s) {lost} were stopped or died")
-    result = ProgramResult(path, run.exit_codes, run.errors, run.stopped, run.timed_out)
+    result = ProgramResult(path, run.exit_codes, run.errors, run.stopped, run.timed_out, ended_at=run.ended_at)
     if sanitize and all(run.records):
         from ..sanitizer import analyse
 
@@ -119,6 +125,7 @@ class _ProgramRun:
         self.records = [None] * W
         self.shown = [[0, 0] for _ in range(W)]   # per rank: stdout, stderr characters shown (whole lines)
         self.exit_codes, self.errors, self.stopped = [None] * W, [None] * W, []
+        self.ended_at = [None] * W
         self.timed_out = False
 
     def wait(self, timeout):
@@ -143,7 +150,7 @@ class _ProgramRun:
             if why:
                 self.stream(final=True)
                 for r in running:
-                    self.exit_codes[r], self.errors[r] = 1, why
+                    self.exit_codes[r], self.errors[r], self.ended_at[r] = 1, why, time.time()
                 self.stopped = running
                 break
             time.sleep(0.05)
@@ -158,10 +165,12 @@ class _ProgramRun:
                 if self.exit_codes[r] is None:
                     self.exit_codes[r] = _signal_exit_code(what) if how == "died" else 1
                     self.errors[r] = what.replace("engine process", "its process")
+                    self.ended_at[r] = time.time()
         for r, ar in enumerate(self.pending):
             if self.exit_codes[r] is None and ar.ready():
                 outcome = self._outcome(ar)
                 self.exit_codes[r], self.errors[r] = outcome["exit_code"], outcome["error"]
+                self.ended_at[r] = outcome.get("ended_at") or time.time()   # (the rank's own clock, same host)
                 self.records[r] = outcome.get("sanitizer")
 
     def stream(self, final=False):

@@ -81,6 +81,25 @@ def all_reduce_heap_bytes(numel, dtype, device_type="cpu"):
     return values + flags + 8 * WATCHDOG_WORDS + 64 * 1024
 
 
+def check_all_reduce_fits(numel, dtype, backend, world_size, heap_size):
+    """Refuse, in one line and before anything is allocated, an all-reduce of ``numel`` values that the
+    ranks' heaps (``heap_size`` bytes each) or (cpu) the memory they share cannot hold: each cpu rank holds
+    its input, the float64 reference built from every rank's input, and its heap's used part."""
+    from ..errors import UsageError
+    from . import memory
+    from .heap import size_text
+
+    heap_needed = all_reduce_heap_bytes(numel, dtype, backend)
+    if heap_needed > heap_size:
+        raise UsageError(f"numel={numel} needs a heap of {size_text(heap_needed)} per rank for the all-reduce; "
+                         f"this cluster's is {size_text(heap_size)}: use a smaller numel, or a cluster with "
+                         f"heap_size={heap_needed} or more")
+    if backend == "cpu":
+        element_size = torch.tensor([], dtype=dtype).element_size()
+        memory.check_fits(world_size * (heap_needed + numel * (world_size * element_size + 3 * 8)),
+                          f"an all-reduce of {numel} values on {world_size} rank(s)", "use a smaller numel")
+
+
 def default_programs(heap):
     """Programs per rank when none are given. On a GPU of its own, two per SM: each program has one tile in
     flight at a time, so the bytes in flight, not the programs' work, set the speed (one rank on an H200,

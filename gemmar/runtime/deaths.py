@@ -9,6 +9,7 @@ import time
 import psutil
 
 from ..errors import RankDiedError
+from . import memory
 from .processes import _exit_text, _reaped_exit_code
 from .rank import progress_path
 
@@ -21,6 +22,7 @@ class DeathWatch:
     def __init__(self, processes=(), engine_ranks=()):
         self.processes, self.engine_ranks, self.pids = list(processes), engine_ranks, None
         self.said_channel_failed = False   # (said once per start)
+        self.oom_kills_before = memory.oom_kills() if self.processes else 0   # a SIGKILL then says if it was memory
 
     def lost(self):
         """{engine process index: (how, what)} for the engine processes that have ended ("died": 'engine
@@ -40,7 +42,8 @@ class DeathWatch:
                 code = _reaped_exit_code(proc)
             except psutil.TimeoutExpired:
                 continue
-            lost[i] = ("died", f"engine process {proc.pid} {_exit_text(code)}")
+            why = memory.sigkill_cause(self.oom_kills_before) if code == -9 else ""
+            lost[i] = ("died", f"engine process {proc.pid} {_exit_text(code)}{why}")
         return lost
 
     def dead(self):

@@ -25,12 +25,12 @@ import psutil
 
 from ..config import MIN_TIMEOUT_S
 from ..errors import ClusterError, HeapBoundsError, RankDiedError, UsageError
-from . import rank as rank_runtime
+from . import memory, rank as rank_runtime
 from .heap import DEFAULT_HEAP_BYTES, make_heap_folder, remove_arenas
 from .backends import check_heap_fits, check_world_size, resolve_backend, shares_gpu
 from .deaths import DeathWatch
 from .processes import _children, _kill, _session
-from .reaper import end_sessions
+from .reaper import TAG_VARIABLE, end_sessions
 from .results import RankFailure
 
 
@@ -51,6 +51,9 @@ class EngineCluster:
         one_engine = self.shares_gpu and not process_per_rank
         self.engine_ranks = [list(range(world_size))] if one_engine else [[r] for r in range(world_size)]
         check_heap_fits(self.backend, world_size, heap_size)
+        memory.check_fits(len(self.engine_ranks) * memory.ENGINE_BYTES,
+                          f"{len(self.engine_ranks)} engine process(es) (Python, torch and Triton in each)",
+                          "use fewer ranks")
         self.heap_size = heap_size
         self.start_timeout_s, self.timeout_s = start_timeout_s, timeout_s
         self._ipp = self.client = self._reaper = None
@@ -92,7 +95,7 @@ class EngineCluster:
         atexit.register(_stop_at_exit, weakref.ref(self))
         try:
             engines = len(self.engine_ranks)
-            self._ipp.start_controller_sync(environment={"IPYTHONDIR": self.profile_dir})
+            self._ipp.start_controller_sync(environment={"IPYTHONDIR": self.profile_dir, TAG_VARIABLE: self.cluster_id})
             self._adopt([self._ipp.controller.pid])
             self._ipp.start_engines_sync(engines, environment=env)
             launchers = [launcher for engine_set in self._ipp.engines.values()
@@ -109,7 +112,7 @@ class EngineCluster:
             self._adopt_descendants()   # the engines' nannies, each in a session of its own
             self.engine_ids = sorted(self.client.ids)[:engines]
             self.run(rank_runtime.watch_owner, os.getpid(), psutil.Process().create_time(), sorted(self._sessions),
-                     [], [self.profile_dir, self.heap_folder], timeout=self.start_timeout_s)
+                     [], [self.profile_dir, self.heap_folder], [self.cluster_id], timeout=self.start_timeout_s)
             self.pids = [None] * self.world_size
             self.info = self.run_ranks(rank_runtime.init_ranks, engine_args=lambda e: (
                 self.engine_ranks[e], self.world_size, self.backend, self.heap_size, self.heap_folder,
@@ -126,7 +129,8 @@ class EngineCluster:
         import ipyparallel as ipp
 
         env = {"TRITON_INTERPRET": "1" if self.backend == "cpu" else "0", "OMP_NUM_THREADS": "1",
-               "PYTHONUNBUFFERED": "1", "IPYTHONDIR": self.profile_dir}   # nothing written to ~/.ipython
+               "PYTHONUNBUFFERED": "1", "IPYTHONDIR": self.profile_dir,   # nothing written to ~/.ipython
+               TAG_VARIABLE: self.cluster_id}   # inherited by all they start: the reaper finds those by it
         for var in ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "NCCL_NVLS_ENABLE", "NVSHMEM_DISABLE_NVLS"):
             env[var] = os.environ.get(var, "1" if var != "NCCL_NVLS_ENABLE" else "0")
         # ipyparallel's own exit hook can stall a closing Jupyter kernel for minutes; ours kills the engines.
@@ -162,7 +166,7 @@ class EngineCluster:
         self._reaper = subprocess.Popen([sys.executable, os.path.join(os.path.dirname(__file__), "reaper.py")],
                                         stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                         start_new_session=True, text=True)
-        self._tell_reaper(f"tree {self.heap_folder}", f"tree {self.profile_dir}")
+        self._tell_reaper(f"tree {self.heap_folder}", f"tree {self.profile_dir}", f"tag {self.cluster_id}")
 
     def _tell_reaper(self, *lines):
         self._reaper.stdin.write("".join(line + "\n" for line in lines))
@@ -201,7 +205,7 @@ class EngineCluster:
             return
         try:
             # Killed, not asked: ranks hold nothing to save, and a rank spinning on a flag would not listen.
-            end_sessions(self._sessions, children_only=True)
+            end_sessions(self._sessions, children_only=True, tags={self.cluster_id})
             if self.client is not None:
                 self.client.close()
             self._ipp.stop_cluster_sync()

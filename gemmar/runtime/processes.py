@@ -1,5 +1,7 @@
-"""Process helpers for the engines: how a process ended, its session, its children, alive or not, killed."""
+"""Process helpers for the engines: how a process ended, its session, its children, alive or not, killed;
+and keeping what a rank starts from outliving it (a subreaper, and ending a program's descendants)."""
 
+import ctypes
 import os
 import signal
 import time
@@ -50,10 +52,59 @@ def _alive(pid):
         return False
 
 
-def _kill(pid):
+def _kill(pid, wait_s=5):
     try:
         proc = psutil.Process(pid)
         proc.kill()
-        proc.wait(5)
+        if wait_s:
+            proc.wait(wait_s)
     except (psutil.NoSuchProcess, psutil.TimeoutExpired):
         pass
+
+
+PR_SET_CHILD_SUBREAPER = 36   # <linux/prctl.h>
+
+
+def become_subreaper():
+    """Make this process (an engine) the subreaper of everything it starts: a descendant whose parent exits,
+    even one that called setsid() to leave the engine's session, is re-parented here rather than to init,
+    so it stays in this process's tree and can be ended with the program that started it. Linux only; a
+    no-op elsewhere."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+def descendants():
+    """This process's descendants now, as {pid: create_time} (pids are reused: the time tells them apart)."""
+    found = {}
+    for proc in _children(psutil.Process()):
+        try:
+            found[proc.pid] = proc.create_time()
+        except psutil.Error:
+            continue
+    return found
+
+
+def end_descendants_since(before):
+    """SIGKILL every descendant of this process that is not in ``before`` (a ``descendants()`` taken when a
+    program started): what the program started ends with it, whatever its session, signal mask or depth.
+    Repeats until none is left (a process can fork while its siblings are killed). Returns how many ended."""
+    ended = 0
+    for _ in range(20):
+        new = [pid for pid, born in descendants().items() if before.get(pid) != born]
+        if not new:
+            break
+        for pid in new:
+            _kill(pid, wait_s=0)
+            ended += 1
+        time.sleep(0.02)
+    for proc in psutil.Process().children():   # reap our own zombies (re-parented ones too)
+        if proc.pid not in before:
+            try:
+                proc.wait(0.5)
+            except (psutil.Error, psutil.TimeoutExpired):
+                pass
+    return ended

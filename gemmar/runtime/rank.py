@@ -42,12 +42,16 @@ def local_ranks():
     return list(_ranks)
 
 
-def watch_owner(owner_pid, owner_started, sessions, patterns, trees, every_s=0.5):
+def watch_owner(owner_pid, owner_started, sessions, patterns, trees, tags=(), every_s=0.5):
     """The second line of defence: a thread in this engine that ends the whole cluster (reaper.end_cluster)
-    and this process when the process that owns the cluster is gone, should the reaper be gone too."""
+    and this process when the process that owns the cluster is gone, should the reaper be gone too. Also
+    makes this engine the subreaper of what it starts (processes.become_subreaper)."""
     import psutil
 
+    from .processes import become_subreaper
     from .reaper import end_cluster
+
+    become_subreaper()
 
     def owner_alive():
         try:
@@ -59,7 +63,7 @@ def watch_owner(owner_pid, owner_started, sessions, patterns, trees, every_s=0.5
     def watch():
         while owner_alive():
             time.sleep(every_s)
-        end_cluster(set(sessions), patterns, trees)
+        end_cluster(set(sessions), patterns, trees, set(tags))
         os._exit(1)
 
     threading.Thread(target=watch, name="gemmar-owner-watch", daemon=True).start()

@@ -9,6 +9,8 @@ So the owner starts one reaper per cluster, in a session of its own too, and hol
 a pipe to the reaper's standard input. Through it the owner names what belongs to the cluster:
 
     session <sid>     every process of this session (a controller and its children, an engine, a nanny)
+    tag <id>          every process whose environment has GEMMAR_CLUSTER=<id>: what the cluster's processes
+                      started, inherited it, and left their session (setsid) or were re-parented to init
     glob <pattern>    files to remove
     tree <path>       a folder to remove (the cluster's private ipyparallel profile, its private heap folder)
 
@@ -29,24 +31,44 @@ import sys
 import psutil
 
 
-def processes_in(sessions):
-    """Processes (other than this one) whose session is one of ``sessions``: orphans included, since a
-    process keeps its session when its parent dies."""
-    found = []
+TAG_VARIABLE = "GEMMAR_CLUSTER"   # set in the environment of every process a cluster starts
+
+
+def processes_in(sessions, tags=()):
+    """Processes (other than this one) whose session is one of ``sessions`` (orphans included, since a
+    process keeps its session when its parent dies), or whose environment carries one of ``tags`` (a
+    descendant that left the session with setsid() still has the environment it was started with)."""
+    found, me, uid = [], os.getpid(), os.geteuid()
     for proc in psutil.process_iter():
         try:
-            if proc.pid != os.getpid() and os.getsid(proc.pid) in sessions:
+            if proc.pid == me:
+                continue
+            if os.getsid(proc.pid) in sessions or (tags and proc.uids().real == uid
+                                                   and proc.environ().get(TAG_VARIABLE) in tags):
                 found.append(proc)
         except (OSError, psutil.Error):   # gone meanwhile, or not ours to look at
             continue
+    # And their descendants, whatever their session and environment: an engine is the subreaper of what
+    # it starts (processes.become_subreaper), so even a double-forked orphan is still in its tree now,
+    # before it is killed (after, the orphan would go to init, out of reach).
+    pids = {proc.pid for proc in found}
+    for proc in list(found):
+        try:
+            below = proc.children(recursive=True)
+        except psutil.Error:
+            continue
+        for child in below:
+            if child.pid not in pids and child.pid != me:
+                pids.add(child.pid)
+                found.append(child)
     return found
 
 
-def end_sessions(sessions, children_only=False):
+def end_sessions(sessions, children_only=False, tags=()):
     """SIGKILL every process of ``sessions``; wait (5 s at most) until they are gone, or with
     ``children_only`` until this process's own children are (and reaped): the others' exits are the
     kernel's and their parents' business once SIGKILL is sent, and waiting for them can take a second."""
-    procs = processes_in(sessions)
+    procs = processes_in(sessions, tags)
     for proc in procs:
         _kill(proc)
     if children_only:
@@ -86,23 +108,25 @@ def remove_own(path):
 
 
 def main():
-    sessions, patterns, trees = set(), [], []
+    sessions, patterns, trees, tags = set(), [], [], set()
     for line in sys.stdin:   # until the owner closes the pipe or dies
         word, _, value = line.rstrip("\n").partition(" ")
         if word == "session":
             sessions.add(int(value))
+        elif word == "tag":
+            tags.add(value)
         elif word == "glob":
             patterns.append(value)
         elif word == "tree":
             trees.append(value)
-    end_cluster(sessions, patterns, trees)
+    end_cluster(sessions, patterns, trees, tags)
 
 
-def end_cluster(sessions, patterns, trees):
+def end_cluster(sessions, patterns, trees, tags=()):
     """Kill every process of the cluster's sessions (but this one), remove its files, and wait for them.
     The reaper does this when its pipe closes; each engine does it too when it sees that the owner is gone
     (the second line of defence: the reaper itself may have been killed)."""
-    procs = processes_in(sessions)
+    procs = processes_in(sessions, tags)
     for proc in procs:
         _kill(proc)
     for pattern in patterns:
