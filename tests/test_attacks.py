@@ -179,3 +179,66 @@ def test_a_rank_killed_by_the_oom_killer_is_named_and_ends_the_run_in_seconds(me
     failure = [line for line in p.stderr.splitlines() if "rank 1:" in line]
     assert failure and "killed by SIGKILL (out of memory" in failure[0], p.stderr
     assert "this container's memory limit is 3 GiB" in failure[0], failure[0]
+
+
+def _refused_in_one_line(command, within_s=10, env=None):
+    """Run ``command``; it must exit 3 within ``within_s`` with one error line (besides gemmar's progress
+    lines) and no traceback. Returns that line."""
+    started = time.monotonic()
+    p = subprocess.run(command, capture_output=True, text=True, timeout=120, env=env)
+    took = time.monotonic() - started
+    errors = [line for line in p.stderr.splitlines() if not line.startswith("[gemmar]")]
+    assert "Traceback" not in p.stderr, p.stderr[-3000:]
+    assert len(errors) == 1 and p.returncode == 3, (p.returncode, p.stderr[-3000:])
+    assert took < within_s, f"refused after {took:.1f} s"
+    return errors[0]
+
+
+def _needs(*tools, root=True):
+    import shutil
+
+    missing = [t for t in tools if not shutil.which(t)]
+    if missing or (root and os.geteuid() != 0):
+        pytest.skip(f"needs {'root and ' if root else ''}{', '.join(tools)} to set the limit ({missing or 'not root'})")
+
+
+@pytest.mark.parametrize("files, ranks", [(16, 2), (32, 2), (64, 8)])
+def test_too_few_open_files_is_one_line_naming_the_limit(files, ranks):
+    """Attack 4: ulimit -n 16/32 (a traceback from ipyparallel's controller before) and -r 8 at ulimit -n 64
+    (66 s, then a timeout that named no limit)."""
+    _needs("prlimit", root=False)
+    line = _refused_in_one_line(["prlimit", f"--nofile={files}", *GEMMAR, "bench", "-r", str(ranks),
+                                 "--iterations", "1"])
+    assert f"the open-files limit (ulimit -n) is {files}; a cluster of {ranks} ranks needs about" in line, line
+
+
+def test_too_few_processes_is_one_line_naming_the_limit():
+    """Attack 4: ulimit -u 20 for a user who is not root (root is not held to it): uid 65534, allowed to read
+    this Python's files."""
+    _needs("setpriv", "prlimit")
+    caps = "+dac_read_search,+dac_override"
+    line = _refused_in_one_line(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", f"--inh-caps={caps}",
+                                 f"--ambient-caps={caps}", "prlimit", "--nproc=20", *GEMMAR, "bench", "-r", "2",
+                                 "--iterations", "1"], env={**os.environ, "HOME": "/nonexistent"})
+    assert "the process limit (ulimit -u) is 20;" in line and "raise it (ulimit -u" in line, line
+
+
+@pytest.mark.parametrize("attack", ["tmp full", "shm inodes", "shm read-only"])
+def test_a_full_or_read_only_folder_is_one_line_naming_it(tmp_path, attack):
+    """Attack 4: a full TMPDIR, /dev/shm out of inodes, /dev/shm read-only: each in a mount namespace of its
+    own (unshare -m), so that nothing outside this test sees the small file systems."""
+    _needs("unshare", "mount")
+    gemmar = " ".join(GEMMAR + ["bench", "-r", "2", "--iterations", "1"])
+    tmp = tmp_path / "small"
+    tmp.mkdir()
+    setup = {"tmp full": f"mount -t tmpfs -o size=1m tmpfs {tmp} && head -c 1040000 /dev/zero > {tmp}/fill && "
+                         f"export TMPDIR={tmp}",
+             "shm inodes": "mount -t tmpfs -o size=2g,nr_inodes=8 tmpfs /dev/shm",
+             "shm read-only": "mount -t tmpfs -o ro tmpfs /dev/shm"}[attack]
+    probe = subprocess.run(["unshare", "-m", "sh", "-c", "mount -t tmpfs tmpfs /mnt"], capture_output=True)
+    if probe.returncode:
+        pytest.skip(f"no mount namespace here: {probe.stderr.decode().strip()}")
+    line = _refused_in_one_line(["unshare", "-m", "sh", "-c", f"{setup} && exec {gemmar}"])
+    expected = {"tmp full": f"the temp folder (TMPDIR) {tmp} is full", "shm inodes": "/dev/shm is out of inodes",
+                "shm read-only": "/dev/shm is not writable (read-only)"}[attack]
+    assert expected in line, line

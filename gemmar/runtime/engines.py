@@ -24,9 +24,9 @@ import weakref
 import psutil
 
 from ..config import MIN_TIMEOUT_S
-from ..errors import ClusterError, HeapBoundsError, RankDiedError, UsageError
-from . import memory, rank as rank_runtime
-from .heap import DEFAULT_HEAP_BYTES, make_heap_folder, remove_arenas
+from ..errors import ClusterError, GemmarError, HeapBoundsError, RankDiedError, UsageError
+from . import limits, memory, rank as rank_runtime
+from .heap import DEFAULT_HEAP_BYTES, make_heap_folder, remove_arenas, shm_dir
 from .backends import check_heap_fits, check_world_size, resolve_backend, shares_gpu
 from .deaths import DeathWatch
 from .processes import _children, _kill, _session
@@ -88,13 +88,15 @@ class EngineCluster:
         self._stopped_during_run.clear()
         # A private ipyparallel profile: this cluster's logs and connection files only, removed on stop; and a
         # private folder in /dev/shm for the heaps (both 0700, random names: nothing another user can take).
-        self.profile_dir = tempfile.mkdtemp(prefix=f"gemmar-{self.cluster_id}-ipython-")
-        self.heap_folder = make_heap_folder()
-        self._start_reaper()
-        self._ipp, env = self._ipyparallel_cluster()
-        atexit.register(_stop_at_exit, weakref.ref(self))
+        engines = len(self.engine_ranks)
+        limits.check_can_start(self.world_size, engines, self.backend, shm_dir())
+        self.profile_dir = self.heap_folder = None
         try:
-            engines = len(self.engine_ranks)
+            self.profile_dir = tempfile.mkdtemp(prefix=f"gemmar-{self.cluster_id}-ipython-")
+            self.heap_folder = make_heap_folder()
+            self._start_reaper()
+            self._ipp, env = self._ipyparallel_cluster()
+            atexit.register(_stop_at_exit, weakref.ref(self))
             self._ipp.start_controller_sync(environment={"IPYTHONDIR": self.profile_dir, TAG_VARIABLE: self.cluster_id})
             self._adopt([self._ipp.controller.pid])
             self._ipp.start_engines_sync(engines, environment=env)
@@ -119,9 +121,12 @@ class EngineCluster:
                 self.timeout_s, self.start_timeout_s), timeout=self.start_timeout_s)
             RankFailure.raise_first(self.info)   # a rank that could not build its heap, in one line
             self.pids = self.deaths.pids = [i["pid"] for i in self.info]
-        except BaseException:
+        except (GemmarError, KeyboardInterrupt, SystemExit):
             self.stop()
             raise
+        except Exception as e:   # an OS limit met meanwhile, ipyparallel's controller gone: one line, not 30
+            self.stop()
+            raise limits.start_failure(e, self.world_size) from e
         return self
 
     def _ipyparallel_cluster(self):
