@@ -110,3 +110,106 @@ def test_launch_figures_of_a_saved_two_shot_trace():
     # A trace of one iteration (the first) keeps it for the medians.
     first = Trace(trace.raw[trace.raw[:, RAW_COLUMNS.index("iteration")] == 0], trace.meta)
     assert first.event_medians()["gemm"] > 40 and list(first.launches().index) == [0]
+
+
+# -- An attacker's third round (issue 51, attack 5): a file's text is data, never code or a format --------------
+
+def iris_doc(events=None, **metadata):
+    """A small well-formed Iris device trace (as shmem.tracing.export() writes it): 2 ranks, 2 x 2 tiles."""
+    events = events or [dict(name=name, cat="iris", ph="X", ts=float(10 * i), dur=5.0, pid=rank, tid=0,
+                             args=dict(program_id=0, pid_m=i // 2, pid_n=i % 2, target_rank=1 - rank, op_index=i))
+                        for rank in range(2) for i, name in enumerate(["load", "compute", "put", "wait"])]
+    return dict(traceEvents=events, metadata=dict(time_unit="us", **metadata))
+
+
+def test_a_wait_text_is_filled_with_bare_names_only(tmp_path):
+    """A waits_for text of {tile:>900000000} (900 MB of spaces through str.format) or {rank.__class__} (an
+    attribute look-up) is shown as written, at once; a bare {tile} is still filled in."""
+    import time
+
+    from gemmar.algorithms import get
+    from gemmar.analysis.replay import build_states
+
+    doc = doc_of(RING)
+    proto = get("ring").describe()
+    hostile = "tile {tile}: {tile:>900000000} {rank.__class__} {0} {world_size}"
+    for phase in proto["phases"]:
+        if phase.get("waits_for"):
+            phase["waits_for"] = hostile
+    doc["meta"]["protocol"] = proto
+    started = time.monotonic()
+    states = build_states(Trace.load(written(tmp_path, doc)))
+    waiting = [line for state in states for line in state["waiting"]]
+    assert time.monotonic() - started < 20
+    assert waiting and all("{tile:>900000000} {rank.__class__} {0} 4" in line for line in waiting), waiting[:3]
+    assert all(": tile " in line and "{tile}" not in line for line in waiting), waiting[:3]
+
+
+def test_formula_marks_in_names_are_drawn_as_written(tmp_path):
+    """An algorithm name and legend labels with $ (matplotlib's formula marks, a bad formula raised)."""
+    doc = doc_of(RING)
+    doc["meta"]["algorithm"] = r"ring $\frac{"
+    from gemmar.algorithms import get
+
+    proto = get("ring").describe()
+    proto["labels"] = {key: value + r" $^{" for key, value in proto["labels"].items()}
+    doc["meta"]["protocol"] = proto
+    trace = Trace.load(written(tmp_path, doc))
+    trace.gantt(path=str(tmp_path / "g.png"))
+    trace.tile_grid(path=str(tmp_path / "t.png"))
+    assert (tmp_path / "g.png").stat().st_size > 1000 and (tmp_path / "t.png").stat().st_size > 1000
+
+
+@pytest.mark.parametrize("done, message", [
+    ({"kind": "final_store", "where": "somewhere"}, "its where one of rank, every_rank, peer"),
+    ({"kind": "no_such_phase", "where": "rank"}, "its kind must be a phase"),
+    ("everything", "done rule everything: its kind must be a phase"),
+])
+def test_a_protocol_done_rule_is_checked_on_load(tmp_path, done, message):
+    from gemmar.algorithms import get
+
+    doc = doc_of(RING)
+    doc["meta"]["protocol"] = dict(get("ring").describe(), done=done)
+    with pytest.raises(UsageError, match=message) as refused:
+        Trace.load(written(tmp_path, doc))
+    assert "\n" not in str(refused.value)
+
+
+def test_an_iris_trace_draws_its_tile_grid_and_replays(tmp_path, capsys):
+    """A well-formed Iris trace has no done rule: --tile_grid drew nothing but a TypeError before."""
+    from gemmar.analysis.replay import build_states
+
+    path = written(tmp_path, iris_doc())
+    assert cli.main(["gantt", path, "-o", str(tmp_path / "g.png"), "--tile_grid", str(tmp_path / "t.png")]) == 0, \
+        capsys.readouterr().err
+    assert (tmp_path / "t.png").stat().st_size > 1000
+    assert build_states(Trace.load(path))
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda d: d["traceEvents"][0].update(ts=1e300), "ts"),
+    (lambda d: d["traceEvents"][0].update(ts=float("inf")), "OverflowError|ts"),
+    (lambda d: d["metadata"].update(world_size="lots"), "world_size is 'lots'"),
+    (lambda d: d["metadata"].update(world_size=1), "world_size is 1"),
+    (lambda d: d["traceEvents"][0].update(pid=2 ** 40), "rank 1099511627776 is not from 0 to 63"),
+    (lambda d: d["traceEvents"][0].update(pid=-7), "rank -7 is not from 0 to 63"),
+    (lambda d: d["traceEvents"][3].update(dur=-5.0), "dur .* is negative"),
+    (lambda d: d["traceEvents"][0]["args"].update(pid_m=2 ** 40), "pid_m 1099511627776"),
+])
+def test_an_iris_trace_out_of_range_is_one_line(tmp_path, change, message):
+    doc = iris_doc()
+    change(doc)
+    with pytest.raises(UsageError, match=message) as refused:
+        Trace.load(written(tmp_path, doc))
+    assert "\n" not in str(refused.value)
+
+
+def test_a_replay_of_a_huge_grid_is_refused_as_drawing_is(tmp_path):
+    """65536 x 65536 tiles: the replay's arrays (ranks x tiles) would need 100+ GiB."""
+    from gemmar.analysis.replay import build_states
+
+    doc = iris_doc()
+    doc["traceEvents"][0]["args"].update(pid_m=65535, pid_n=65535)
+    trace = Trace.load(written(tmp_path, doc))
+    with pytest.raises(UsageError, match="65536 x 65536 tiles, too many to draw or replay"):
+        build_states(trace)

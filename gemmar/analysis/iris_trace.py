@@ -14,6 +14,7 @@ import os
 
 import numpy as np
 
+from ..config import MAX_DIM, MAX_WORLD_SIZE
 from ..errors import UsageError
 from ..kernels.events import COLUMNS
 
@@ -29,6 +30,7 @@ EVENT_NAMES = {event_id: name for name, event_id in EVENT_IDS.items()}
 RECORDED = ("event_id", "program", "pid_m", "pid_n", "target_rank", "op_index", "address", "payload_bytes",
             "t_start_ns", "t_end_ns")
 EVENT_WORDS = len(RECORDED)
+MAX_PROGRAMS = 1 << 20   # programs of one launch a trace may name
 
 # The colour (gemmar's phase group) each kind of Iris event draws in.
 LABELS = {"gemm": "computing (compute)", "comm": "moving data (load, store, get, put, copy, fetch)",
@@ -97,6 +99,20 @@ def merge(paths, path):
     return doc
 
 
+# What an event's fields may hold (a file is data: a rank of 2**40 would size arrays by it).
+LIMITS = [("rank", 0, MAX_WORLD_SIZE - 1), ("iteration", 0, 0), ("program_id", 0, MAX_PROGRAMS - 1),
+          ("event_id", 0, 1 << 20), ("pid_m", -1, MAX_DIM), ("pid_n", -1, MAX_DIM), ("op_index", 0, 1 << 62),
+          ("target_rank", -1, MAX_WORLD_SIZE - 1), ("ts", 0, 1 << 62), ("ts + dur", 0, 1 << 62)]
+
+
+def _check_event(row):
+    for (field, least, most), value in zip(LIMITS, row):
+        if not least <= value <= most:   # (NaN fails this too)
+            raise ValueError(f"{field} {value!r} is not from {least} to {most}")
+    if row[-1] < row[-2]:
+        raise ValueError(f"dur {row[-1] - row[-2]!r} is negative")
+
+
 def is_iris_trace(doc):
     """A Chrome trace whose events are Iris's (category "iris")."""
     return (isinstance(doc, dict) and isinstance(doc.get("traceEvents"), list)
@@ -120,10 +136,12 @@ def read(doc, path):
             event_id = int(args.get("event_id", EVENT_IDS.get(name, name.rpartition("_")[2])))
             start = float(e["ts"]) * to_ns
             end = start + float(e.get("dur", 0.0)) * to_ns
-            rows.append([int(e["pid"]), 0, int(args.get("program_id", 0)), event_id, int(args.get("pid_m", 0)),
-                         int(args.get("pid_n", 0)), int(args.get("op_index", number)),
-                         int(args.get("target_rank", -1)), int(round(start)), int(round(end))])
-        except (KeyError, TypeError, ValueError) as error:
+            row = [int(e["pid"]), 0, int(args.get("program_id", 0)), event_id, int(args.get("pid_m", 0)),
+                   int(args.get("pid_n", 0)), int(args.get("op_index", number)),
+                   int(args.get("target_rank", -1)), start, end]
+            _check_event(row)
+            rows.append(row[:8] + [int(round(start)), int(round(end))])
+        except (KeyError, TypeError, ValueError, OverflowError) as error:
             raise UsageError(f"{path}: Iris trace event {number} is not readable ({type(error).__name__}: "
                              f"{str(error)[:80]}): {str(e)[:120]}") from None
     if not rows:
@@ -139,9 +157,13 @@ def read(doc, path):
     raw[:, 5:] = table[:, 4:]
     raw[:, -2:] -= raw[:, -2].min()
     ranks = int(raw[:, 0].max()) + 1
+    world_size = meta.get("world_size") or ranks
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or not ranks <= world_size <= MAX_WORLD_SIZE:
+        raise UsageError(f"{path}: its metadata's world_size is {repr(world_size)[:40]}: use a whole number from "
+                         f"{ranks} (its events' ranks) to {MAX_WORLD_SIZE}")
     meta = dict(source="iris", algorithm=f"Iris trace of {os.path.basename(str(meta.get('process_name', path)))}",
                 protocol=protocol(raw[:, 3]), m=tiles_m, n=tiles_n, k=None, BLK_M=1, BLK_N=1, BLK_K=None,
                 datatype=None, num_sms=int(raw[:, 2].max()) + 1, comm_sms=0,
-                world_size=int(meta.get("world_size") or ranks), iterations=1, backend=meta.get("backend", "?"),
+                world_size=world_size, iterations=1, backend=meta.get("backend", "?"),
                 clock=unit, dropped_events=meta.get("dropped_events"))
     return raw, meta

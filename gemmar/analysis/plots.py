@@ -1,6 +1,8 @@
 """Figures of a Trace: the Gantt chart (lanes, or per-rank aggregates when there are many programs), the
 per-rank summary table under it, and the tile-grid heat maps."""
 
+import functools
+
 import numpy as np
 
 from ..errors import UsageError
@@ -37,6 +39,23 @@ def program_colorbar(fig, image, ax, num_programs, **kw):
     return bar
 
 
+def plain_text():
+    """Text drawn as written: names and labels come from trace files (an algorithm named "$\\frac{"), and
+    matplotlib would read a $ as the start of a formula, and fail on a bad one."""
+    import matplotlib
+
+    return matplotlib.rc_context({"text.parse_math": False})
+
+
+def _drawn_as_written(draw):
+    @functools.wraps(draw)
+    def wrapper(*args, **kwargs):
+        with plain_text():
+            return draw(*args, **kwargs)
+
+    return wrapper
+
+
 def finish_figure(fig, path=None):
     """Every figure's last step: lay it out, and save it as a PNG when ``path`` is given."""
     fig.tight_layout()
@@ -54,6 +73,7 @@ def time_unit(span_us):
     return (1.0, "µs") if span_us < 20_000 else (1e3, "ms")
 
 
+@_drawn_as_written
 def gantt(trace, iteration=-1, max_lanes=48, ranks=None, programs=None, path=None, figsize=None):
     """Gantt chart: one lane per (rank, program), bars coloured by the phase's group, tile ids where they fit.
 
@@ -278,9 +298,9 @@ def _draw_summary(s, ax, ranks, scale, unit):
                  "time during which one of its programs was in a GEMM", fontsize=9)
 
 
-MAX_GRID_TILES = 1 << 20
 
 
+@_drawn_as_written
 def tile_grid(trace, iteration=-1, path=None):
     """Heat maps per rank: which program did which tile, and when each tile's result was stored."""
     import matplotlib.pyplot as plt
@@ -288,9 +308,7 @@ def tile_grid(trace, iteration=-1, path=None):
     df = trace.iteration(iteration)
     m = trace.meta
     tm, tn = trace.tiles
-    if tm * tn > MAX_GRID_TILES:   # (a 2**20 x 2**20 C in 16 x 16 tiles once asked for 32 GiB of arrays)
-        raise UsageError(f"the tile grid has {tm} x {tn} tiles, too many to draw: at most {MAX_GRID_TILES} "
-                         f"({int(MAX_GRID_TILES ** 0.5)} x {int(MAX_GRID_TILES ** 0.5)})")
+    trace.check_grid_drawable()
     ranks = sorted(df["rank"].unique())
     scale, unit = time_unit(df["end_us"].max())
     fig, axes = plt.subplots(2, len(ranks), figsize=(3.2 * len(ranks) + 1, 6.2), squeeze=False)
@@ -298,13 +316,15 @@ def tile_grid(trace, iteration=-1, path=None):
         d = df[df["rank"] == rank]
         program = np.full((tm, tn), np.nan)
         finish = np.full((tm, tn), np.nan)
-        for _, e in d[d["kind"] == "gemm"].iterrows():
+        work = d[d["kind"] == "gemm"] if (d["kind"] == "gemm").any() else d   # (Iris: any event of the tile)
+        for _, e in work[work["tile"] >= 0].iterrows():
             program[e["pid_m"], e["pid_n"]] = e["program"]
         # The spec's done rule: an owner that writes every rank's C marks the tile on all ranks; "peer": the
         # pushes into this rank's copy (by every rank).
-        rule = trace.protocol["done"]
+        # No done rule (an Iris trace): the end of each tile's last event on this rank.
+        rule = trace.protocol["done"] or {"where": "rank", "kind": None}
         done = {"rank": d, "every_rank": df, "peer": df[df["peer"] == rank]}[rule["where"]]
-        done = done[(done["kind"] == rule["kind"]) & (done["tile"] >= 0)]
+        done = done[((done["kind"] == rule["kind"]) | (rule["kind"] is None)) & (done["tile"] >= 0)]
         for _, e in done.iterrows():
             cur = finish[e["pid_m"], e["pid_n"]]
             finish[e["pid_m"], e["pid_n"]] = e["end_us"] if np.isnan(cur) else max(cur, e["end_us"])
@@ -313,7 +333,8 @@ def tile_grid(trace, iteration=-1, path=None):
         im0 = axes[0, c].imshow(program, cmap=cmap, norm=norm)
         axes[0, c].set_title(f"rank {rank}: program per tile", fontsize=9)
         im1 = axes[1, c].imshow(finish / scale, cmap="viridis")
-        axes[1, c].set_title(f"rank {rank}: tile reduced at ({unit})", fontsize=9)
+        axes[1, c].set_title(f"rank {rank}: tile {'reduced' if trace.protocol['done'] else 'last event'} at "
+                             f"({unit})", fontsize=9)
         if tm * tn <= 64:
             for i in range(tm):
                 for j in range(tn):
@@ -324,7 +345,8 @@ def tile_grid(trace, iteration=-1, path=None):
             ax.set_xlabel("pid_n")
             ax.set_ylabel("pid_m")
     program_colorbar(fig, im0, axes[0, -1], programs_total, label="program")
-    fig.suptitle(f"{m['algorithm']}: tile schedule (GROUP_SIZE_M={m['gsize_m']}, {m['num_sms']} programs)")
+    grouping = f"GROUP_SIZE_M={m['gsize_m']}, " if m.get("gsize_m") else ""   # (an Iris trace has none)
+    fig.suptitle(f"{m['algorithm']}: tile schedule ({grouping}{m['num_sms']} programs)")
     return finish_figure(fig, path)
 
 

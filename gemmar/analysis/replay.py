@@ -12,6 +12,7 @@ The state at time t is computed from the events alone (no cluster needed):
   ``waits_for``).
 """
 
+import re
 import numpy as np
 
 STATE_NAMES = ("not started", "in GEMM", "partial", "reduced")
@@ -27,6 +28,7 @@ class _Timeline:
         self.meta, self.df = m, df
         self.W = int(m["world_size"])
         self.tm, self.tn = trace.tiles
+        trace.check_grid_drawable()   # (the arrays below are ranks x tiles)
         tiles = self.tm * self.tn
         inf = np.inf
         self.gemm_start = np.full((self.W, tiles), inf)
@@ -39,7 +41,7 @@ class _Timeline:
                 self.coords[e.tile] = (e.pid_m, e.pid_n)
             if e.kind == "gemm":
                 self.gemm_start[e.rank, e.tile], self.gemm_end[e.rank, e.tile] = e.start_us, e.end_us
-        done = protocol["done"]
+        done = protocol["done"] or {"kind": None, "where": "rank"}   # (an Iris trace has no done rule)
         finals = df[(df["kind"] == done["kind"]) & (df["tile"] >= 0)]
         if done["where"] == "rank":
             for e in finals.itertuples():
@@ -114,10 +116,9 @@ def wait_explanation(e, world_size, waits_for):
         return f"tile {e.tile}: {e.kind}"
     fields = dict(tile=e.tile, step=e.step, peer=e.peer, pid_m=e.pid_m, pid_n=e.pid_n, rank=e.rank,
                   world_size=world_size)
-    try:
-        return text.format(**fields)
-    except (KeyError, IndexError, ValueError):   # a user's text with other fields: shown as written
-        return f"tile {e.tile}: {e.kind} ({text})"
+    # Only bare {name} fields are filled in: the text comes from a file, and str.format would evaluate
+    # attribute and index look-ups and format specs (a {tile:>900000000} field asks for 900 MB of spaces).
+    return re.sub(r"\{(\w+)\}", lambda found: str(fields[found[1]]) if found[1] in fields else found[0], text)
 
 
 def build_states(trace, iteration=-1):
@@ -151,12 +152,12 @@ class ReplayWidget:
         from matplotlib.colors import ListedColormap
         from IPython.display import display
 
-        from .plots import time_unit
+        from .plots import plain_text, time_unit
 
         state = self.timeline.state_at(step)
         W = self.timeline.W
         self.out.clear_output(wait=True)
-        with self.out:
+        with self.out, plain_text():
             fig, axes = plt.subplots(1, W, figsize=(2.6 * W + 0.5, 2.8), squeeze=False)
             for r in range(W):
                 ax = axes[0, r]

@@ -70,6 +70,33 @@ def protocol(meta):
     return get(meta.get("algorithm")).describe()
 
 
+DONE_WHERE = ("rank", "every_rank", "peer")   # the done rules replay.py and plots.tile_grid know
+
+
+def check_protocol(proto):
+    """A protocol from a file is data: every part the figures and the replay read has the type they read
+    (TypeError naming the first that has not)."""
+    if not isinstance(proto, dict) or not isinstance(proto.get("phases"), list) or not proto["phases"]:
+        raise TypeError("no list of phases")
+    names = set()
+    for phase in proto["phases"]:
+        if not isinstance(phase, dict) or not {"kind_id", "name", "group"} <= set(phase):
+            raise TypeError("a phase without kind_id, name or group")
+        if isinstance(phase["kind_id"], bool) or not isinstance(phase["kind_id"], int) or \
+                not all(isinstance(phase.get(key, ""), str) for key in ("name", "group", "waits_for")):
+            raise TypeError(f"phase {str(phase)[:60]}: kind_id must be a number, name, group and waits_for text")
+        names.add(phase["name"])
+    done = proto.get("done")
+    if done is not None and (not isinstance(done, dict) or done.get("kind") not in names
+                             or done.get("where") not in DONE_WHERE):
+        raise TypeError(f"done rule {str(done)[:50]}: its kind must be a phase, its where one of "
+                        f"{', '.join(DONE_WHERE)}")
+    for part in ("flags", "labels"):
+        value = proto.get(part, {})
+        if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
+            raise TypeError(f"its {part} are not names mapped to text")
+
+
 def _checked_meta(meta):
     """The run description a trace file carries, checked as the run's own settings were (a bad one would
     crash a figure later, after the PNG was half written)."""
@@ -83,12 +110,10 @@ def _checked_meta(meta):
     if missing:
         raise UsageError(f"its meta lacks {', '.join(missing)}")
     try:
-        phases = protocol(meta)["phases"]
-        if not all(isinstance(p, dict) and {"kind_id", "name", "group"} <= set(p) for p in phases):
-            raise TypeError("a phase without kind_id, name or group")
+        check_protocol(protocol(meta))
     except (UsageError, KeyError, TypeError) as e:
-        raise UsageError(f"its meta names algorithm {meta.get('algorithm')!r} and carries no readable protocol "
-                         f"({str(e)[:80]})") from None
+        raise UsageError(f"its meta names algorithm {str(meta.get('algorithm'))[:40]!r} and carries no readable "
+                         f"protocol ({str(e)[:160]})") from None
     comm = meta.get("comm_sms") or 0
     if isinstance(comm, bool) or not isinstance(comm, int) or not 0 <= comm <= 4096:
         raise UsageError(f"its meta's comm_sms is {comm!r}, not a number of programs")
@@ -122,6 +147,10 @@ def _check_events(trace):
             row = int(np.flatnonzero(bad)[0])
             raise UsageError(f"event {row} has {what} ({dict(zip(RAW_COLUMNS, ev[row].tolist()))})")
 
+
+# The most tiles a tile grid or a replay draws (their arrays are ranks x tiles; a 2**20 x 2**20 C in 16 x 16
+# tiles once asked for 32 GiB).
+MAX_GRID_TILES = 1 << 20
 
 # The largest trace file read: 400k events (more than a 2 x H200 run of 8192^3 records) take ~60 MB.
 MAX_TRACE_BYTES = 512 << 20
@@ -240,7 +269,7 @@ class Trace:
             trace = cls(doc["events"], _checked_meta(doc.get("meta")))
             _check_events(trace)
         except (ValueError, TypeError, OverflowError, UsageError) as e:
-            raise UsageError(f"trace file {path} is damaged: {str(e)[:200]}") from None
+            raise UsageError(f"trace file {path} is damaged: {str(e)[:400]}") from None
         return trace
 
     def __repr__(self):
@@ -275,6 +304,13 @@ class Trace:
     def protocol(self):
         """The algorithm's phases, done rule, flags and legend labels (``AlgorithmSpec.describe()``)."""
         return protocol(self.meta)
+
+    def check_grid_drawable(self):
+        """UsageError (one line) when the tile grid is too large to draw or replay."""
+        tm, tn = self.tiles
+        if tm * tn > MAX_GRID_TILES:
+            raise UsageError(f"the tile grid has {tm} x {tn} tiles, too many to draw or replay: at most "
+                             f"{MAX_GRID_TILES} ({int(MAX_GRID_TILES ** 0.5)} x {int(MAX_GRID_TILES ** 0.5)})")
 
     def expected_event_count(self, rank=None):
         """How many events a complete trace of one iteration has: on ``rank``, or on all ranks together
