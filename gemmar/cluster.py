@@ -6,7 +6,6 @@ engine in ``runtime/rank.py``.
 import functools
 from dataclasses import dataclass, field
 
-import psutil
 import torch
 
 from . import algorithms
@@ -39,6 +38,26 @@ def check_memory(config, engines, backend, client_copy=False):
     need = engines * per_engine + (8 * m * n + 8 * (m * k + k * n) if client_copy else 0)
     memory.check_fits(need, f"m x n x k = {m} x {n} x {k} ({engines} ranks, each with the inputs, a float64 "
                             f"reference and C)", "use a smaller problem")
+
+
+def _largest(t):
+    return float(t.abs().max()) if t.numel() else 0.0
+
+
+def check_no_overflow(config, largest, partial_largest):
+    """Refuse inputs whose product (its largest magnitude: ``largest``) does not fit the dtype C is written in,
+    or, for an algorithm whose partials travel in a wire dtype, whose per-rank partial products
+    (``partial_largest``) do not fit that: the kernel would write inf, and the check would call a right
+    kernel wrong."""
+    checks = [("A @ B", largest, config.c_dtype, "C")]
+    if config.spec.wire_dtype:
+        checks += [(f"rank {r}'s partial product", value, config.wire_torch_dtype, "the partials on the wire")
+                   for r, value in enumerate(partial_largest)]
+    for what, value, dtype, where in checks:
+        top = torch.finfo(dtype).max
+        if value > top:
+            raise UsageError(f"the inputs overflow: |{what}| reaches {value:.3g}, above {str(dtype)[6:]}'s largest "
+                             f"{top:.6g} ({where}); scale A or B down, or use a wider dtype (bf16, fp32)")
 
 
 @dataclass
@@ -115,6 +134,10 @@ class Cluster(EngineCluster):
         ``on_progress(rank, {"iteration", "max_abs_diff", "seconds"})`` is called as ranks finish iterations.
         ``parts``: {name: @triton.jit function} run in place of the kernel's own (``runtime/parts.py``).
         """
+        if config is not None and not isinstance(config, RunConfig):
+            raise UsageError(f"config={config!r} is not allowed: give a RunConfig (or leave it out and pass settings, "
+                             f"e.g. bench(algorithm={config!r}) for an algorithm)" if isinstance(config, str) else
+                             f"config={type(config).__name__} is not allowed: give a RunConfig, or settings by name")
         base = (config or RunConfig()).to_dict()
         if "algorithm" in settings:
             settings["algorithm"] = algorithms.get(settings["algorithm"]).name
@@ -137,16 +160,20 @@ class Cluster(EngineCluster):
         (a launch that waits on no flag never meets the watchdog; default ``2 x timeout_s + 10``).
         Returns a Result whose ``C`` is rank 0's copy (and every rank's is in ``ranks[r].C``).
         """
+        # Cheap checks of what the tensors are first; their values are read only once the sizes are known to
+        # fit (a 2**20 x 2**20 expanded view of one number is 8 bytes until something scans it).
         for name, t in (("A", A), ("B", B)):
-            if not isinstance(t, torch.Tensor) or t.dim() != 2:
+            if not isinstance(t, torch.Tensor):
                 raise UsageError(f"{name} must be a 2-D torch tensor, got {type(t).__name__}")
+            if t.layout != torch.strided or t.is_quantized or getattr(t, "is_nested", False):
+                what = "nested" if getattr(t, "is_nested", False) else "quantized" if t.is_quantized else t.layout
+                raise UsageError(f"{name} is a {what} tensor: give a dense one "
+                                 f"({name}.{'dequantize' if t.is_quantized else 'to_dense'}())")
+            if t.dim() != 2:
+                raise UsageError(f"{name} must be a 2-D torch tensor, got {t.dim()} dimension(s) {tuple(t.shape)}")
             if t.device.type not in ("cpu", "cuda"):
                 raise UsageError(f"{name} is on device {t.device.type!r}, which holds no values: give a cpu or "
                                  f"cuda tensor")
-            if t.is_floating_point() and not bool(torch.isfinite(t).all()):
-                bad = int((~torch.isfinite(t)).sum())
-                raise UsageError(f"{name} holds {bad} NaN or infinite value(s): C could not be checked against "
-                                 f"the reference; give finite inputs")
         if launch_deadline_s is not None and (isinstance(launch_deadline_s, bool) or not isinstance(
                 launch_deadline_s, (int, float)) or not 1 <= launch_deadline_s <= 86400):
             raise UsageError(f"launch_deadline_s={launch_deadline_s!r} is not allowed: use seconds from 1 to 86400, "
@@ -164,9 +191,19 @@ class Cluster(EngineCluster):
                              f"world_size from the cluster); leave them out")
         config = RunConfig.from_settings({"timeout_s": self.timeout_s, **settings}, **fixed)
         check_memory(config, self.world_size, self.backend, client_copy=True)
+        for name, t in (("A", A), ("B", B)):
+            if not bool(torch.isfinite(t).all()):
+                bad = int((~torch.isfinite(t)).sum())
+                raise UsageError(f"{name} holds {bad} NaN or infinite value(s): C could not be checked against "
+                                 f"the reference; give finite inputs")
         A, B = A.detach().cpu(), B.detach().cpu()
-        reference = A.double() @ B.double()
         slices = [k_bounds(config.k, self.world_size, r) for r in range(self.world_size)]
+        reference, partial_largest = torch.zeros(config.m, config.n, dtype=torch.float64), []
+        for s, e in slices:   # (one partial at a time: the reference's memory, not world_size times it)
+            partial = A[:, s:e].double() @ B[s:e, :].double()
+            partial_largest.append(_largest(partial))
+            reference += partial
+        check_no_overflow(config, _largest(reference), partial_largest)
         inputs = [(A[:, s:e].contiguous(), B[s:e, :].contiguous()) for s, e in slices]
         return self._run(config, (inputs, reference, input_scale(A, B)), validate, verbose, mistake,
                          True, parts=parts, launch_deadline_s=launch_deadline_s)

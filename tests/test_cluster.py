@@ -95,6 +95,22 @@ def test_bad_inputs_through_the_python_api(clusters):
         cluster.gemm_all_reduce(A, B.to("meta"))
     with pytest.raises(gemmar.UsageError, match="setting 'block' is not known"):
         cluster.gemm_all_reduce(A, B, block=None)
+    # An attacker's third round (issue 51, attack 6): a sparse A, a product that overflows C's dtype (a right
+    # kernel writes inf: "the inputs overflow", not a mismatch), a huge expanded view (refused by its shape
+    # or size before any value is read), a config that is not a RunConfig.
+    with pytest.raises(gemmar.UsageError, match=r"A is a torch.sparse_coo tensor: give a dense one \(A.to_dense\(\)\)"):
+        cluster.gemm_all_reduce(A.to_sparse(), B)
+    with pytest.raises(gemmar.UsageError, match="the inputs overflow: .A @ B. reaches .* above float16's largest 65504"):
+        cluster.gemm_all_reduce(A * 300, B * 300, algorithm="two_shot")
+    with pytest.raises(gemmar.UsageError, match=r"\|rank 1's partial product\| reaches .* \(the partials on the wire\)"):
+        lopsided = B.float()
+        lopsided[16:] *= 1e4   # rank 1's half of K: its partial overflows the fp16 wire, C in fp32 would not
+        cluster.gemm_all_reduce(A.float(), lopsided, algorithm="two_shot", wire_dtype="fp16")
+    huge = torch.zeros(1, dtype=torch.float16).expand(1 << 20, 1 << 20)
+    with pytest.raises(gemmar.UsageError, match="needs about .* of memory"):
+        cluster.gemm_all_reduce(huge, huge)
+    with pytest.raises(gemmar.UsageError, match=r"config='ring' is not allowed: .*bench\(algorithm='ring'\)"):
+        cluster.bench(config="ring")
     # Large inputs give large rounding errors; the tolerance scales with |a| |b|, so a right C passes.
     big_A, big_B = (A.float() * 100).half(), (B.float() * 100).half()
     assert cluster.gemm_all_reduce(big_A, big_B, BLK_M=16, BLK_N=16, BLK_K=16).ok
