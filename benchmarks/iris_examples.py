@@ -1,8 +1,8 @@
 """Every example program of an Iris checkout, run unchanged under ``gemmar run``, with its outcome in a table.
 
 Not a benchmark: a compatibility sweep. Iris is not part of gemmar; fetch a checkout yourself (the table in
-README.md used ROCm/iris's PRs up to #533, commit abd3f2a of 2026-05-12, through the fork
-github.com/ryanswann-amd/iris). Then, from anywhere:
+docs/iris.md used ROCm/iris's PRs up to #533, commit abd3f2a of 2026-05-12, through the fork
+github.com/ryanswann-amd/iris; the table is in docs/iris.md). Then, from anywhere:
 
     python3 benchmarks/iris_examples.py IRIS_CHECKOUT [--ranks 2] [--backend cpu] [--only 04 24] [--json OUT]
 
