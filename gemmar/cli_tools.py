@@ -6,12 +6,12 @@ import argparse
 import math
 import sys
 
-import psutil
-
 from .config import BACKENDS, DTYPES
 from .errors import UsageError
 from .outputs import check_output_path, write_report, written_to
+from .progress import ProgressBar
 from .report import log
+from .runtime import memory
 from .runtime.allreduce import SCHEMES
 from .runtime.backends import check_heap_fits, check_world_size, gpu_count, resolve_backend, shares_gpu
 from .runtime.heap import size_text
@@ -33,7 +33,7 @@ def _allreduce_parser(sub):
     p.add_argument("--backend", choices=BACKENDS, default="auto", help="cpu (interpreter), cuda, iris, auto")
     p.add_argument("--datatype", choices=list(DTYPES), default="bf16", help="dtype of the values (default %(default)s)")
     p.add_argument("--sizes", type=float, nargs="+", help="message sizes in MiB per rank (default: cpu 0.0625 "
-                                                          "0.25 1; GPU 1 4 16 64 256)")
+                                                          "0.25, seconds under the interpreter; GPU 1 4 16 64 256)")
     p.add_argument("--comm_sms", type=int, help="programs per rank (default: cpu 2; GPU one per SM, the SMs shared "
                                                 "among ranks sharing the GPU)")
     p.add_argument("--schemes", nargs="+", choices=(*SCHEMES, "auto"), default=list(SCHEMES),
@@ -56,7 +56,7 @@ def cmd_allreduce(args):
         check_output_path("--output_file", args.output_file)
     check_world_size(args.num_ranks)
     backend = resolve_backend(args.backend, args.num_ranks)
-    sizes = args.sizes or ([1, 4, 16, 64, 256] if backend == "cuda" else [0.0625, 0.25, 1])
+    sizes = args.sizes or ([1, 4, 16, 64, 256] if backend == "cuda" else [0.0625, 0.25])   # (cpu: seconds)
     itemsize = DTYPES[args.datatype].itemsize
     numels = []
     for mib in sizes:
@@ -81,10 +81,19 @@ def cmd_allreduce(args):
     timed = backend == "cuda"
     rows = []
     log("-", W, starting_line(backend, W))
+    runs = [(size, scheme) for size in zip(sizes, numels) for scheme in args.schemes]
+    bar = ProgressBar(len(runs) * args.iterations, label="checked launches ")
     with Cluster(world_size=W, backend=backend, heap_size=heap_size, timeout_s=args.timeout) as cluster:
-        for (mib, numel), scheme in ((size, scheme) for size in zip(sizes, numels) for scheme in args.schemes):
+        for i, ((mib, numel), scheme) in enumerate(runs):
+            def progress(rank, data, i=i, what=f"{mib:g} MiB, {scheme}"):
+                if rank == 0:
+                    bar.update(i * args.iterations + data["iteration"], what)
+
+            bar.update(i * args.iterations, f"{mib:g} MiB, {scheme}")
             f = cluster.all_reduce(numel, args.datatype, args.comm_sms, args.iterations, reps=args.reps if timed else 0,
-                                   baseline=args.baseline and scheme == args.schemes[0], scheme=scheme)
+                                   baseline=args.baseline and scheme == args.schemes[0], scheme=scheme,
+                                   on_progress=progress)
+            bar.clear()
             ran = f["scheme"] if scheme != "auto" else f"{f['scheme']} (auto)"
             line = (f"{mib:g} MiB {args.datatype} x {W} ranks, {ran}: {'PASSED' if f['ok'] else 'FAILED'} max|out - sum| "
                     f"{f['max_abs_diff']:.3g} (tolerance {f['tolerance']:.3g}), same bits on every rank: "

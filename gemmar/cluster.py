@@ -19,7 +19,6 @@ from .runtime.timing import benchmark_rank
 from .iris import runner as programs
 from .runtime import memory
 from .runtime.engines import EngineCluster
-from .runtime.heap import size_text
 from .runtime.launch import heap_bytes_needed
 from .runtime.parts import part_sources
 from .runtime.results import RankFailure
@@ -236,7 +235,7 @@ class Cluster(EngineCluster):
         return figures
 
     def all_reduce(self, numel, datatype="bf16", comm_sms=None, iterations=3, seed=0, reps=0, baseline=False,
-                   scheme="auto", on_heap=False, sanitize=False):
+                   scheme="auto", on_heap=False, sanitize=False, on_progress=None):
         """The standalone all-reduce on the symmetric heap (``scheme`` two_shot: by tile owner; one_shot:
         every rank sums everything; auto: one_shot below ``ONE_SHOT_BELOW_BYTES`` with a GPU per rank, else
         two_shot, the one it ran is the dict's ``scheme``; ``runtime/allreduce.py``) of ``numel`` seeded
@@ -247,6 +246,7 @@ class Cluster(EngineCluster):
         copies them in. On GPUs, ``reps`` >
         0 times it, and ``baseline`` times NCCL (and torch's symmetric-memory two-shot) on the same values.
         ``sanitize`` (cpu): record the launches' heap accesses; the dict's ``sanitizer`` is the SanitizerReport.
+        ``on_progress(rank, {"iteration", "of"})`` is called as ranks finish checked launches.
         Returns a dict: ``max_abs_diff``, ``tolerance``, ``identical`` (every rank the same bits),
         ``checked_launches`` and the times in ms."""
         from .config import DTYPES, dtype_name
@@ -259,7 +259,7 @@ class Cluster(EngineCluster):
                              f"kernels under the Triton interpreter, so use backend='cpu'")
         check_all_reduce_fits(numel, DTYPES[dtype_name(datatype)], self.backend, self.world_size, self.heap_size)
         outs = self.run_ranks(run_all_reduce, numel, datatype, comm_sms, iterations, seed, self.timeout_s,
-                              reps, baseline, scheme, bool(on_heap), bool(sanitize))
+                              reps, baseline, scheme, bool(on_heap), bool(sanitize), on_progress=on_progress)
         RankFailure.raise_first(outs)
         figures = dict(numel=numel, datatype=datatype, scheme=outs[0]["scheme"], on_heap=bool(on_heap),
                        comm_sms=outs[0]["comm_sms"],

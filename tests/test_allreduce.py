@@ -98,3 +98,6 @@ def test_the_allreduce_command(tmp_path):
     assert len(lines) == 6 and all("PASSED" in line and "same bits on every rank: yes" in line for line in lines)
     assert sum("two_shot (auto)" in line for line in lines) == 2   # (cpu: two_shot)
     assert (tmp_path / "ar.json").exists()
+    # A progress bar on stderr (issue 52: no surprise waits), ending at every launch of every size and scheme.
+    bars = [line for line in p.stderr.splitlines() if line.startswith("[gemmar] checked launches [")]
+    assert bars and "] 18/18 " in bars[-1] and "0.02 MiB, auto" in bars[-1], p.stderr[-2000:]

@@ -5,7 +5,6 @@ cause and what to change, a non-zero exit, and nothing left behind."""
 import os
 import subprocess
 import sys
-import textwrap
 import time
 
 import psutil

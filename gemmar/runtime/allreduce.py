@@ -24,7 +24,7 @@ from ..kernels.device import FLAG_WORDS, WATCHDOG_WORDS
 from .compiled_launch import PreparedLaunch
 from .heap import barrier_all
 from .problem import EPSILON, scale_inputs
-from .rank import check_all, errors_as_results, local_ranks
+from .rank import _publish, check_all, errors_as_results, local_ranks
 from .timing import median_ms, symm_mem_two_shot_ms
 
 SCHEMES = ("two_shot", "one_shot")
@@ -297,6 +297,7 @@ def run_all_reduce(numel, datatype, comm_sms, iterations, seed=0, timeout_s=60.0
                 out["max_abs_diff"].append(float((result.double().cpu() - times * reference).abs().max()) / abs(times))
                 raw = result.detach().cpu().contiguous().reshape(-1).view(torch.uint8)
                 out["digest"] = hashlib.sha1(raw.numpy().tobytes()).hexdigest()   # the bits, to compare ranks
+            _publish({ctx.rank: {"iteration": iteration + 1, "of": iterations} for ctx in group})   # (progress bars)
         if timed:
             _time_launches(launch_all, ops, heaps, outs, reps, one_process=len(group) > 1)
         barrier_all(heaps, timeout_s)
