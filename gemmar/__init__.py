@@ -15,7 +15,7 @@ when a Cluster, a RunConfig or a Trace is first touched), so a Ctrl-C during the
 
 import importlib
 
-from .errors import ClusterError, DeadlockError, GemmarError, RankDiedError, UsageError
+from .errors import ClusterError, DeadlockError, GemmarError, HeapBoundsError, RankDiedError, UsageError
 
 __version__ = "0.1.0"
 
@@ -24,7 +24,7 @@ _LAZY = {"Cluster": ".cluster", "Result": ".cluster", "RunConfig": ".config", "k
          **{name: ".kernels.spec" for name in ("AlgorithmSpec", "Phase", "Done", "Launch", "Part")}}
 
 __all__ = ["Cluster", "Result", "RunConfig", "k_bounds", "GemmarError", "UsageError", "DeadlockError",
-           "RankDiedError", "ClusterError", "Trace", "AlgorithmSpec", "Phase", "Done", "Launch", "Part",
+           "RankDiedError", "ClusterError", "HeapBoundsError", "Trace", "AlgorithmSpec", "Phase", "Done", "Launch", "Part",
            "register_algorithm", "__version__"]
 
 

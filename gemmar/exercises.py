@@ -38,8 +38,10 @@ def _say(message, result=None):
     return verdict
 
 
-# Seconds a check's launch may run before its ranks are stopped (a check's launch takes a second or two).
+# Seconds a check's launch may run before its ranks are stopped (a check's launch takes a second or two), and
+# a wait on a flag before it is named (a DeadlockError): a participant's wrong wait is told within 15 s.
 CHECK_LAUNCH_DEADLINE_S = 10
+CHECK_WAIT_S = 10
 
 
 def _run_part(cluster, algorithm, parts, A, B, **settings):
@@ -55,7 +57,7 @@ def _run_part(cluster, algorithm, parts, A, B, **settings):
         # cpu: with the sanitizer, so that an access outside its buffer or to a rank that does not exist is
         # named (rank, line, buffer) instead of crashing the ranks, and a race that gave the right sum is told.
         # A check's launch takes a second or two: one still running after CHECK_LAUNCH_DEADLINE_S loops.
-        result = cluster.gemm_all_reduce(A, B, algorithm=algorithm, parts=parts, trace=True, timeout_s=20,
+        result = cluster.gemm_all_reduce(A, B, algorithm=algorithm, parts=parts, trace=True, timeout_s=CHECK_WAIT_S,
                                          sanitize=cluster.backend == "cpu", launch_deadline_s=CHECK_LAUNCH_DEADLINE_S,
                                          **settings)
         return result, None

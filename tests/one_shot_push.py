@@ -20,6 +20,7 @@ Under the interpreter each rank runs its programs one after another, in the same
 and every rank pushes a tile before it waits for it: no wait can close a circle.
 """
 
+import dataclasses
 import types
 
 import torch
@@ -49,13 +50,28 @@ def inbox_slot(inbox, half, source, total_tiles, tile_id, BLOCK_M: tl.constexpr,
     return inbox + first + tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
 
 
+@triton.jit
+def store_tile(C, total, pid_m, pid_n, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    offsets, mask = tile_offsets(pid_m, pid_n, M, N, N, 1, BLOCK_M, BLOCK_N)
+    tl.store(C + offsets, total, mask=mask)
+
+
+@triton.jit
+def store_tile_rows_masked_by_columns(C, total, pid_m, pid_n, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """A participant's mistake (workshop dry run 3): the row mask built from the column offsets, so an edge tile
+    writes its rows past C's last one into whatever the heap holds next."""
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    tl.store(C + rm[:, None] * N + rn[None, :], total, mask=(rn[None, :] < M) & (rn[None, :] < N))
+
+
 @triton.jit(do_not_specialize=["rank", "epoch", "timeout_ns"])
 def one_shot_push_kernel(
         A, B, C, inbox, arrived, watchdog, heap_bases, rank, world_size, epoch, M, N, K,
         stride_am, stride_ak, stride_bk, stride_bn, timeout_ns, trace, trace_counts,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_SIZE_M: tl.constexpr,
         NUM_SMS: tl.constexpr, DOT_PRECISION: tl.constexpr, TRACE_CAPACITY: tl.constexpr, EVEN_K: tl.constexpr,
-        TMA: tl.constexpr):
+        TMA: tl.constexpr, STORE_C: tl.constexpr, EXTRA_ARRIVALS: tl.constexpr):
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
     total_tiles = num_pid_m * num_pid_n
@@ -77,8 +93,8 @@ def one_shot_push_kernel(
                               scope="sys")
         n_events, t = event(trace, n_events, t, PUSH, tile_id, pid_m, pid_n, 0, -1, TRACE_CAPACITY)
         # 3. Every rank's partial of this launch is in our inbox.
-        device.wait_at_least(arrived + tile_id, world_size * (epoch + 1), timeout_ns, watchdog, rank, tile_id,
-                             ARRIVED_FLAG, tile_id)
+        device.wait_at_least(arrived + tile_id, world_size * (epoch + 1) + EXTRA_ARRIVALS, timeout_ns, watchdog, rank,
+                             tile_id, ARRIVED_FLAG, tile_id)
         tl.debug_barrier()
         n_events, t = event(trace, n_events, t, ARRIVAL_WAIT, tile_id, pid_m, pid_n, 0, -1, TRACE_CAPACITY)
         # 4. Their sum, in rank order.
@@ -87,8 +103,7 @@ def one_shot_push_kernel(
             total += tl.load(inbox_slot(inbox, half, source, total_tiles, tile_id, BLOCK_M, BLOCK_N))
         n_events, t = event(trace, n_events, t, SUM, tile_id, pid_m, pid_n, 0, -1, TRACE_CAPACITY)
         # 5. Into our C.
-        offsets, mask = tile_offsets(pid_m, pid_n, M, N, N, 1, BLOCK_M, BLOCK_N)
-        tl.store(C + offsets, total, mask=mask)
+        STORE_C(C, total, pid_m, pid_n, M, N, BLOCK_M, BLOCK_N)
         n_events, t = event(trace, n_events, t, STORE, tile_id, pid_m, pid_n, 0, rank, TRACE_CAPACITY)
     finish_trace(trace_counts, n_events, TRACE_CAPACITY)
 
@@ -101,12 +116,24 @@ def buffers(alloc, config, world_size):
 
 
 def launches(ctx):
+    return launches_storing_with(ctx, store_tile)
+
+
+def launches_waiting_for_one_too_many(ctx):
+    return launches_storing_with(ctx, store_tile, extra_arrivals=1)
+
+
+def launches_storing_with(ctx, store_c, extra_arrivals=0):
     cfg, buf = ctx.config, ctx.buffers
     return [Launch(one_shot_push_kernel, (cfg.num_sms,), ctx.tuning(
         A=ctx.A, B=ctx.B, C=buf.C, inbox=buf.inbox, arrived=buf.arrived, watchdog=ctx.watchdog,
         heap_bases=ctx.heap.heap_bases, rank=ctx.rank, world_size=ctx.world_size, epoch=0, M=cfg.m, N=cfg.n,
         K=ctx.K, **ctx.strides, timeout_ns=ctx.timeout_ns, trace=ctx.trace, trace_counts=ctx.trace_counts,
-        **ctx.gemm), per_launch=("epoch",))]
+        STORE_C=store_c, EXTRA_ARRIVALS=extra_arrivals, **ctx.gemm), per_launch=("epoch",))]
+
+
+def launches_with_rows_masked_by_columns(ctx):
+    return launches_storing_with(ctx, store_tile_rows_masked_by_columns)
 
 
 def output(buffers, epoch):
@@ -125,3 +152,10 @@ SPEC = AlgorithmSpec(
     name="one_shot_push", summary="every rank pushes each partial tile to every rank, and every rank sums them",
     buffers=buffers, launches=launches, output=output, phases=PHASES, done=Done("store"),
     events_per_program=events_per_program, events_per_launch=events_per_launch, wait_flags=WAIT_FLAGS)
+
+# The same algorithm with a participant's wrong store mask (tests/test_user_algorithm.py).
+SPEC_ROWS_MASKED_BY_COLUMNS = dataclasses.replace(SPEC, name="one_shot_push_rows_masked_by_columns",
+                                                  launches=launches_with_rows_masked_by_columns)
+# ... and with a wait for one arrival more than there will ever be (a participant's wrong count).
+SPEC_WAITING_FOR_ONE_TOO_MANY = dataclasses.replace(SPEC, name="one_shot_push_waiting_for_one_too_many",
+                                                    launches=launches_waiting_for_one_too_many)

@@ -53,3 +53,39 @@ def test_a_users_algorithm_is_checked_like_the_built_in_ones(clusters):
     with pytest.raises(gemmar.UsageError, match="output is a lambda; define it with def"):
         cluster.gemm_all_reduce(A, B, algorithm=gemmar.AlgorithmSpec(**{**vars(one_shot_push.SPEC), "name": "lam",
                                                                         "output": lambda b, e: b.C}))
+
+
+def test_a_store_past_cs_edge_is_named_by_default_on_cpu_ranks(clusters):
+    """Workshop dry run 3: a store whose row mask is built from the column offsets writes an edge tile's rows
+    past C (50 x 40) into the next heap buffer; C comes out right, so only the bounds check sees it. A user's
+    algorithm on cpu ranks runs with it by default; sanitize=False turns it off (and then C is 'right')."""
+    import re
+    import time
+
+    cluster = clusters(2)
+    A, B = random_inputs(50, 40, 64, torch.bfloat16, seed=3)
+    started = time.monotonic()
+    with pytest.raises(gemmar.HeapBoundsError) as found:
+        cluster.gemm_all_reduce(A, B, algorithm=one_shot_push.SPEC_ROWS_MASKED_BY_COLUMNS, BLK_M=16, BLK_N=16,
+                                BLK_K=16, num_sms=2)
+    assert time.monotonic() - started < 15
+    assert re.search(r"a write at .*:\d+ reaches element 2000 \(row 50, column 0; rows are 0 to 49\) of C "
+                     r"\(float32\[50, 40\], 2000 elements\) on rank \d's heap, past its end", str(found.value)), found.value
+    unchecked = cluster.gemm_all_reduce(A, B, algorithm=one_shot_push.SPEC_ROWS_MASKED_BY_COLUMNS, BLK_M=16,
+                                        BLK_N=16, BLK_K=16, num_sms=2, sanitize=False)
+    assert unchecked.ok   # (why the check must be on: the values alone say nothing is wrong)
+
+
+def test_a_wrong_wait_in_a_users_algorithm_is_named_within_15_s():
+    """Workshop dry run 3: notebook 7's cluster (timeout_s=10) names a wait for an arrival that never comes, with
+    rank, tile and flag, within 15 s (the default 60 s was a minute of silence)."""
+    import time
+
+    with gemmar.Cluster(world_size=2, backend="cpu", timeout_s=10) as cluster:
+        A, B = random_inputs(32, 32, 32, torch.bfloat16, seed=4)
+        started = time.monotonic()
+        with pytest.raises(gemmar.DeadlockError, match=r"rank \d \(program \d\) waited on tile \d+ for flag arrived\[\d+\] >= 3 but saw 2") \
+                as found:
+            cluster.gemm_all_reduce(A, B, algorithm=one_shot_push.SPEC_WAITING_FOR_ONE_TOO_MANY, BLK_M=16, BLK_N=16,
+                                    BLK_K=16, num_sms=2)
+        assert time.monotonic() - started < 15, found.value

@@ -247,8 +247,11 @@ class Recorder:
             name = _argument_named(int(self.bases[self.rank]) + int(starts[i])) or name
         element = (stray - int(starts[i])) // size
         count = (int(ends[i]) - int(starts[i])) // size
+        # For a matrix, the row and column too: a row past the last one is an edge tile's mask (rows or columns).
+        where_in = (f" (row {element // shape[1]}, column {element % shape[1]}; rows are 0 to {shape[0] - 1})"
+                    if len(shape) == 2 and shape[1] and element >= 0 else "")
         return (f"rank {self.rank}, program {program}: {ARTICLED[kind]} at {os.path.basename(file)}:{line} reaches element "
-                f"{element} of {name} ({dtype}{list(shape)}, {count} elements) on rank {owner}'s heap, "
+                f"{element}{where_in} of {name} ({dtype}{list(shape)}, {count} elements) on rank {owner}'s heap, "
                 f"{'past its end' if element >= count else 'before its start' if element < 0 else 'inside it'}: "
                 f"byte {stray} is {problem}")
 
