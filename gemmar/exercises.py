@@ -174,10 +174,43 @@ def _pushes_of(result, rank, tile):
 
 def check_push_partial(cluster, my_push_partial):
     """Notebook 2's puzzle: push step ``step`` of a partial tile into one rank's C with an atomic add and
-    return that rank; run in the atomics kernel."""
-    return _partials_puzzle(cluster, "atomics", "push_partial", my_push_partial, (40, 44, 64), 2, 2,
-                            "with one, every push lands in its own C", _pushes_of,
-                            f"every rank's C holds each of the {cluster.world_size} partials once")
+    return that rank; run in the atomics kernel. C right is not enough: the rank returned must be the rank
+    pushed to (the trace, and the replay's done rule, record each push by what the part returns)."""
+    said, result = _partials_verdict(cluster, "atomics", "push_partial", my_push_partial, (40, 44, 64), 2, 2,
+                                     "with one, every push lands in its own C", _pushes_of,
+                                     f"every rank's C holds each of the {cluster.world_size} partials once")
+    if said.startswith("right!"):
+        said = _returned_rank_verdict(result) or said
+    return _say(said, result)
+
+
+def _returned_rank_verdict(result):
+    """None when every push's returned rank is the rank whose C its atomic add went to (the sanitizer's record
+    of the last launch, cpu ranks), else what to say. Not judged where there is no record (GPU ranks)."""
+    events = result.trace.iteration(-1)
+    pushes = events[events.kind == "push"].sort_values(["rank", "program", "start_us"])
+    for record in (r.sanitizer for r in result.ranks):
+        if not record:
+            return None
+        rank = record["rank"]
+        kernels = [e[2] for e in record["events"] if e[0] == "start" and e[3] == "gemm_all_reduce_atomics"]
+        if not kernels:
+            return None
+        went = {}   # program -> ranks its adds into C went to, in order
+        for e in record["events"]:
+            if e[0] == "access" and e[2] == kernels[-1] and e[4] == "rmw" and e[12] and e[12][0] == "C_pair":
+                went.setdefault(e[3], []).append(int(e[13]))
+        for program, said in pushes[pushes["rank"] == rank].groupby("program"):
+            targets = went.get(program, [])
+            if len(targets) != len(said):   # (a part that adds in pieces: nothing to pair up)
+                continue
+            for (_, push), target in zip(said.iterrows(), targets):
+                if int(push.peer) != target:
+                    return (f"not quite: every rank's C is right, but your push_partial returned rank {int(push.peer)} "
+                            f"for a push that went to rank {target} (rank {rank}, tile ({int(push.pid_m)}, "
+                            f"{int(push.pid_n)}), step {int(push.step)}): return the rank whose C you added into, "
+                            f"the kernel records each push (and when a tile is done) by it")
+    return None
 
 
 def check_reduce_step(cluster, my_reduce_step):

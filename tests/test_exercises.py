@@ -415,6 +415,33 @@ def test_a_push_without_its_mask_or_its_modulo_is_told_its_own_cause(clusters, t
     assert re.search(r"asked for rank -\d at .*: ranks are 0 to 2 \(world_size=3\)\. \(In Triton, as in C, % keeps "
                      r"the sign of its left side", said), said
 
+RETURNS_ANOTHER_RANK = '''
+import triton
+import triton.language as tl
+
+from gemmar.kernels import device
+
+
+@triton.jit
+def returns_the_step(C_tile, acc, mask, step, rank, world_size, heap_bases):
+    peer = (rank + step) % world_size
+    device.atomic_add(C_tile, acc, rank, peer, heap_bases, mask=mask, sem="relaxed", scope="sys")
+    return step   # every C right, but the trace and the done rule would say the push went to rank `step`
+'''
+
+
+def test_a_push_that_returns_another_rank_than_it_pushed_to_is_wrong(clusters, tmp_path):
+    """Workshop dry run 3: C is right, so the values alone passed it; the returned rank is what the trace and the
+    replay's done rule record, so it is checked against where the sanitizer saw the atomic add land."""
+    if os.environ.get("GEMMAR_TEST_BACKEND", "cpu") != "cpu":
+        pytest.skip("the sanitizer's record of where each add went (cpu ranks) decides this")
+    wrong = _module_from(tmp_path / "returns.py", RETURNS_ANOTHER_RANK)
+    said = exercises.check_push_partial(clusters(3), wrong.returns_the_step)
+    assert re.fullmatch(r"not quite: every rank's C is right, but your push_partial returned rank \d for a push that "
+                        r"went to rank \d \(rank \d, tile \(\d+, \d+\), step \d\): return the rank whose C you "
+                        r"added into, .*", said), said
+
+
 ENDLESS = '''
 import triton
 import triton.language as tl
