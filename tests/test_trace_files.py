@@ -213,3 +213,9 @@ def test_a_replay_of_a_huge_grid_is_refused_as_drawing_is(tmp_path):
     trace = Trace.load(written(tmp_path, doc))
     with pytest.raises(UsageError, match="65536 x 65536 tiles, too many to draw or replay"):
         build_states(trace)
+
+
+def test_a_traces_repr_says_k_global_and_per_rank():
+    """Workshop dry run 3: notebook 5's keys (files named by K per rank) and the traces (K global) disagreed."""
+    trace = Trace.load(os.path.join(DATA, "h200-atomics-8192x8192x8192.trace.json.gz"))
+    assert "8192x8192x16384 (K 8192 per rank)" in repr(trace)

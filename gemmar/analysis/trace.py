@@ -277,7 +277,10 @@ class Trace:
         if m.get("source") == "iris":
             return f"Trace({m['algorithm']}, {plural(m['world_size'], 'rank')} x {plural(m['num_sms'], 'program')}, {len(self.events)} events)"
         comm = f" + {m['comm_sms']} communication" if m.get("comm_sms") else ""
-        return (f"Trace({m.get('algorithm')}, {m.get('m')}x{m.get('n')}x{m.get('k')}, "
+        from .plots import _k_per_rank
+
+        split = f" (K {_k_per_rank(m['k'], m['world_size'])})" if isinstance(m.get("k"), int) and m.get("world_size") else ""
+        return (f"Trace({m.get('algorithm')}, {m.get('m')}x{m.get('n')}x{m.get('k')}{split}, "
                 f"{plural(m.get('world_size'), 'rank')} x {m.get('num_sms')}{comm} programs, {len(self.events)} events)")
 
     # -- selections and figures -----------------------------------------------------------------------
