@@ -14,8 +14,18 @@ def show_source(fn, once=None):
     (which holds the puzzle's answer) is shown only when that check said right!, and a note otherwise."""
     from IPython.display import Code, Markdown
 
+    plain = getattr(fn, "fn", fn)
+    name = getattr(plain, "__name__", "it")
+    if is_answer(fn) and not getattr(once, "right", False):
+        # A puzzle's answer (kernels/answers.py) is shown only with the verdict of its check, once right.
+        return Markdown(f"*The package's own `{name}` is the answer to a puzzle: it is shown here once the puzzle's "
+                        f"check says right! (pass the check's verdict: `show_source({name}, once=verdict)`).*")
     if once is not None and not getattr(once, "right", False):
-        name = getattr(getattr(fn, "fn", fn), "__name__", "it")
         return Markdown(f"*The package's own `{name}` is shown here once the check above says right!: solve the "
                         f"puzzle, run the check, then this cell again.*")
     return Code(source(fn), language="python")
+
+
+def is_answer(fn):
+    """Whether ``fn`` is one of the package's answers to the notebooks' puzzles (``kernels/answers.py``)."""
+    return getattr(getattr(fn, "fn", fn), "__module__", None) == "gemmar.kernels.answers"

@@ -29,7 +29,8 @@ import triton.language as tl
 
 from . import device
 from .gemm import tile_rows_offsets
-from .owner_reduce import PARTIAL_READY_FLAG, reduce_owned_tiles, slot_rows, sum_partials
+from .answers import sum_partials
+from .owner_reduce import PARTIAL_READY_FLAG, reduce_owned_tiles, slot_rows
 from .owner_reduce import WAIT_FLAGS as OWNER_WAIT_FLAGS
 
 WAIT_FLAGS = {**OWNER_WAIT_FLAGS, "partials_read": 3}   # the ids its waits pass to wait_at_least

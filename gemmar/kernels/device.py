@@ -72,10 +72,11 @@ _host_pause.__triton_builtin__ = True
 
 _TRITON_DIR = os.path.dirname(os.path.dirname(os.path.abspath(triton.__file__)))
 _GEMMAR_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# Frames in these files are the device API, not the kernel: a report names the line that called them.
+# Frames in these files are the device API, not the kernel: a report names the line that called them. The
+# puzzles' answers too: a report names the kernel line that calls the part, not the file with the answer.
 PASS_THROUGH = (os.path.join(_TRITON_DIR, "triton") + os.sep, os.path.join(_GEMMAR_DIR, "sanitizer") + os.sep,
                 os.path.join(_GEMMAR_DIR, "kernels", "device.py"), os.path.join(_GEMMAR_DIR, "iris", "device.py"),
-                os.path.join(_GEMMAR_DIR, "iris", "tiles.py"))
+                os.path.join(_GEMMAR_DIR, "iris", "tiles.py"), os.path.join(_GEMMAR_DIR, "kernels", "answers.py"))
 
 
 def kernel_line():

@@ -55,16 +55,6 @@ def slot_rows(partials, tile_id, first, ROWS: tl.constexpr, BLOCK_M: tl.constexp
     return partials + rows[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
 
 
-@triton.jit
-def sum_partials(slot, rank, world_size, heap_bases, PEER_CACHE: tl.constexpr):
-    """Step 5: the owner's fp32 sum of every rank's partial of one tile (``slot``: the tile's slot in this
-    rank's heap), read in rank order, so that the same inputs always give the same bits."""
-    total = tl.zeros(slot.shape, tl.float32)
-    for source in range(world_size):
-        total += tl.load(device.translate(slot, rank, source, heap_bases), cache_modifier=PEER_CACHE).to(tl.float32)
-    return total
-
-
 @triton.jit(do_not_specialize=["rank", "epoch", "timeout_ns"])
 def two_shot_reduce(
         C, partials, partial_ready, results_in, taken, watchdog, heap_bases, rank, world_size, epoch, M, N,

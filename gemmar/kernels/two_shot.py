@@ -92,10 +92,11 @@ import triton.language as tl
 from . import device
 from .device import FLAG_WORDS
 from .events import event, finish_trace
+from .answers import sum_partials
 from .gemm import GEMM_PHASE, tile_coords, tile_offsets, traced_gemm_tile
 from .owner_reduce import (BROADCAST, COMM_WARPS, MISTAKES, REDUCE, REDUCE_ROWS, REDUCTION_PHASES, TAKE, WAIT_FLAGS,
                            count_in_at_peers, help_reduce, owned_count_on_host, reduce_events, slot_pointers,
-                           sum_partials, two_shot_reduce)
+                           two_shot_reduce)
 from .spec import AlgorithmSpec, Done, Launch, Part, Phase
 
 PUBLISH_PHASE = Phase(9, "publish", "store")   # a GEMM program stores its partial and tells the owner
