@@ -4,7 +4,7 @@ predictions for two_shot at W = 2 and W = 8; no GPU needed.
     python3 benchmarks/model.py [--two_gpu FILE] [--one_gpu FILE]   (default: the runs in gemmar/analysis/measured/)
                                 [--two_shot_from LATER_RUN.json] [--link_gb_s 450] [--nccl_bus_gb_s 270]
 
-``--two_shot_from``: two_shot's world-size-1 ratios from a later one-GPU run (``h200_bench.py --world_size 1
+``--two_shot_from``: two_shot's world-size-1 ratios from a later one-GPU run (``fused_vs_unfused.py --world_size 1
 --algorithms two_shot``), atomics' and ring's still from ``--one_gpu``. Only runs from before 2026-12-03
 evening stand for a rank at W >= 2: since then a world-size-1 launch writes each tile straight into C and
 skips the partials' trip through memory, which every tile makes at W >= 2 (``two_shot.write_alone_tile``).

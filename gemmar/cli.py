@@ -79,8 +79,8 @@ def _bench_parser(sub):
     p.add_argument("--datatype", choices=list(DTYPES), default=d.datatype,
                    help="(Iris) input dtype; accumulation is fp32")
     p.add_argument("--algorithm", choices=builtin_names() + ("auto",), default=d.algorithm,
-                   help="how partial tiles are reduced (default %(default)s); auto: chosen by the rule in "
-                        "BENCHMARKS.md (a fused kernel, or cuBLAS + NCCL where those measured faster), saying which "
+                   help="how partial tiles are reduced (default %(default)s); auto: chosen by the measured "
+                        "rule in docs/decisions.md (a fused kernel, or cuBLAS + NCCL where those measured faster), saying which "
                         "and why")
     p.add_argument("--BLK_M", type=int, help="(Iris) rows of a tile: a power of two from 16 to 256; " + tuned)
     p.add_argument("--BLK_N", type=int, help="(Iris) columns of a tile, as BLK_M")

@@ -39,6 +39,21 @@ def check_memory(config, engines, backend, client_copy=False):
                             f"reference and C)", "use a smaller problem")
 
 
+def check_matrix(name, t):
+    """What a tensor is, checked before any of its values is read (once the sizes are known to fit: a 2**20 x
+    2**20 expanded view of one number is 8 bytes until something scans it)."""
+    if not isinstance(t, torch.Tensor):
+        raise UsageError(f"{name} must be a 2-D torch tensor, got {type(t).__name__}")
+    if t.layout != torch.strided or t.is_quantized or getattr(t, "is_nested", False):
+        what = "nested" if getattr(t, "is_nested", False) else "quantized" if t.is_quantized else t.layout
+        raise UsageError(f"{name} is a {what} tensor: give a dense one "
+                         f"({name}.{'dequantize' if t.is_quantized else 'to_dense'}())")
+    if t.dim() != 2:
+        raise UsageError(f"{name} must be a 2-D torch tensor, got {t.dim()} dimension(s) {tuple(t.shape)}")
+    if t.device.type not in ("cpu", "cuda"):
+        raise UsageError(f"{name} is on device {t.device.type!r}, which holds no values: give a cpu or cuda tensor")
+
+
 def _largest(t):
     return float(t.abs().max()) if t.numel() else 0.0
 
@@ -161,20 +176,8 @@ class Cluster(EngineCluster):
         (a launch that waits on no flag never meets the watchdog; default ``2 x timeout_s + 10``).
         Returns a Result whose ``C`` is rank 0's copy (and every rank's is in ``ranks[r].C``).
         """
-        # Cheap checks of what the tensors are first; their values are read only once the sizes are known to
-        # fit (a 2**20 x 2**20 expanded view of one number is 8 bytes until something scans it).
-        for name, t in (("A", A), ("B", B)):
-            if not isinstance(t, torch.Tensor):
-                raise UsageError(f"{name} must be a 2-D torch tensor, got {type(t).__name__}")
-            if t.layout != torch.strided or t.is_quantized or getattr(t, "is_nested", False):
-                what = "nested" if getattr(t, "is_nested", False) else "quantized" if t.is_quantized else t.layout
-                raise UsageError(f"{name} is a {what} tensor: give a dense one "
-                                 f"({name}.{'dequantize' if t.is_quantized else 'to_dense'}())")
-            if t.dim() != 2:
-                raise UsageError(f"{name} must be a 2-D torch tensor, got {t.dim()} dimension(s) {tuple(t.shape)}")
-            if t.device.type not in ("cpu", "cuda"):
-                raise UsageError(f"{name} is on device {t.device.type!r}, which holds no values: give a cpu or "
-                                 f"cuda tensor")
+        check_matrix("A", A)
+        check_matrix("B", B)
         if launch_deadline_s is not None and (isinstance(launch_deadline_s, bool) or not isinstance(
                 launch_deadline_s, (int, float)) or not 1 <= launch_deadline_s <= 86400):
             raise UsageError(f"launch_deadline_s={launch_deadline_s!r} is not allowed: use seconds from 1 to 86400, "

@@ -1,29 +1,21 @@
 """GPU tuning: the settings a run takes on a GPU for every knob the user did not set (tiles per GPU family and
 per algorithm, programs per SM, the split between GEMM and communication programs, the few-rows tiles),
-from the figures in BENCHMARKS.md. On the cpu backend a run takes RunConfig's own defaults."""
+from measured figures (docs/decisions.md). On the cpu backend a run takes RunConfig's own defaults."""
 
 from .config import DTYPES, RunConfig, dtype_name, k_bounds
 
 # Per-GPU starting points: (BLK_M, BLK_N, BLK_K, num_warps, num_stages, gsize_m). An algorithm's spec may
-# give its own (AlgorithmSpec.gpu_tuning, measured: BENCHMARKS.md); these are for the others.
+# give its own (AlgorithmSpec.gpu_tuning, measured: docs/decisions.md); these are for the others.
 GPU_TUNING = {"hopper": (128, 128, 64, 8, 4, 8), "default": (128, 128, 32, 4, 3, 8)}
 # Communication programs on GPUs, for an algorithm that has them (the rest of the SMs run the GEMM), when
 # the problem's shape is not known; with it, split_programs chooses.
 GPU_COMM_SMS = 16
-# How many of 132 SMs the reduction needs to keep up with the GEMM at K_r = 2048: measured on one H200,
-# world size 1, 8192 x 8192 C in 128 x 256 tiles (benchmarks/comm_programs.py, BENCHMARKS.md): 4, 8, 16, 24
-# communication programs ran 3.56, 1.93, 1.27, 1.34 x torch.matmul (fewer cannot keep up; more take SMs from
-# the GEMM). The reduction's work per rank is ~2 tile transfers per tile whatever W (reduce-scatter +
-# all-gather), the GEMM's is K_r per tile: the need scales with 1 / K_r (at K_r 8192, 4 programs ran 1.037x,
-# 16 ran 1.080x; at 14336, 4 ran 0.992x, 16 ran 1.107x). With W ranks an owner's program also waits for the
-# slowest rank's partial of each tile, so more programs must be in flight: x (W + 1) / 2 (ranks sharing one
-# H200, K_r 4096: W = 4 with 2 programs per rank ended 12 % of each launch after the last GEMM tile, with 3
-# 0.5 %; W = 2 with 5, 1.6 %, with 7, 1.0-1.3 %).
+# Communication programs the reduction needs to keep up with the GEMM at K_r = 2048 (fewer cannot keep up, more
+# take SMs from the GEMM); the need scales with 1 / K_r and with (W + 1) / 2 (docs/decisions.md, COMM_SMS_AT_K2048).
 COMM_SMS_AT_K2048 = 16
 # Up to this many rows per rank a GEMM is "few rows": its tile comes from the algorithm's few-rows table
 # (few_rows_tile) when its usual tile leaves SMs idle, and at world size 1 it reads A and B through plain pointers
-# (launch.gemm_operands). Measured at M = 16, 64, 256 on one H200 (benchmarks/inference_sweep.py), the tiles
-# also on 2 x H200.
+# (launch.gemm_operands). Chosen from measured few-rows shapes (docs/decisions.md, FEW_ROWS).
 FEW_ROWS = 512
 TUNED_KNOBS = ("BLK_M", "BLK_N", "BLK_K", "num_warps", "num_stages", "gsize_m", "num_sms", "comm_sms")
 
@@ -54,10 +46,9 @@ def tuned_defaults(backend, algorithm, capability=(0, 0), multiprocessors=0, sha
     family = "hopper" if tuple(capability) >= (9, 0) else "default"
     tile = {**GPU_TUNING, **spec.gpu_tuning}[family]
     if shape is not None and (shape[3] == 1 or not shared):
-        # At world size 1 (two_shot's launch is then the GEMM alone) and with a GPU per rank (on 2 x H200 the
-        # few-rows tiles took two_shot from 1.21-1.34x cuBLAS then NCCL's time to 0.79-0.81x at 64 and 256
-        # rows). Not for ranks sharing a GPU: unmeasured, and there every rank's programs must fit on it at
-        # once (an 8-warp 128 x 128 tile was refused for 2 ranks at M = 300).
+        # At world size 1 (two_shot's launch is then the GEMM alone) and with a GPU per rank, where they were
+        # measured faster (docs/decisions.md, few-rows tiles). Not for ranks sharing a GPU: unmeasured, and there
+        # every rank's programs must fit on it at once.
         tile = few_rows_tile(spec, family, tile, shape[0], shape[1], multiprocessors or 108)
     knobs = dict(zip(TUNED_KNOBS[:6], tile), **given)
     sms = multiprocessors or 108
@@ -67,11 +58,8 @@ def tuned_defaults(backend, algorithm, capability=(0, 0), multiprocessors=0, sha
         comm = given["comm_sms"]
     elif family == "hopper" and spec.comm_beside_gemm and tma and not (trace or given.get("trace")):
         # One communication program beside each GEMM program, on its SM (launch.share_sms): the GEMM keeps
-        # every SM. On an H200 that took two_shot from 1.04-1.29x torch.matmul to 0.93-1.19x (BENCHMARKS.md).
-        # Not when traced: recording events takes registers, and the traced pair did not fit on one SM
-        # (76800 registers of 65536), so a traced run keeps the split below. Nor when the GEMM reads through
-        # plain pointers (odd N or K-slices, fp32): that GEMM takes more registers, and 2 ranks sharing an
-        # H200 at 1000 x 777 x 1999 needed 86016 of 65536 a SM (refused before launch; 2026-12-04).
+        # every SM (measured faster: docs/decisions.md, communication beside the GEMM). Not when traced, nor
+        # when the GEMM reads through plain pointers: the pair then needs more registers than an SM has.
         gemm = given.get("num_sms", sms)
         return {**knobs, "num_sms": gemm, "comm_sms": gemm}
     elif shape is not None:

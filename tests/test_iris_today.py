@@ -23,7 +23,7 @@ PROGRAMS = os.path.join(ROOT, "tests", "iris_programs")
 def run(cluster, path, *args, timeout=180):
     if len(cluster.engine_ids) < cluster.world_size:   # GEMMAR_TEST_BACKEND=cuda with fewer GPUs than ranks
         pytest.skip("Iris programs need one process per rank, and this test cluster's ranks share an engine: on "
-                    "GPUs run them with `gemmar run --backend cuda` (benchmarks/h200_iris_programs.sh)")
+                    "GPUs run them with `gemmar run --backend cuda` (benchmarks/iris_programs_gpu.sh)")
     out, err = io.StringIO(), io.StringIO()
     result = cluster.run_script(path, *args, timeout=timeout, out=out, err=err)
     return result, out.getvalue(), err.getvalue()

@@ -41,14 +41,14 @@ def test_no_prediction_from_a_model_that_misses_a_measured_figure():
 
 
 def test_the_saved_figures_load():
-    measured, machine, one = model.load_inputs(os.path.join(model.MEASURED, "h200-bench.json"),
-                                                os.path.join(model.MEASURED, "h200x1-bench-2026-12-02.json"))
+    measured, machine, one = model.load_inputs(os.path.join(model.MEASURED, "two-gpus-large-shapes.json"),
+                                                os.path.join(model.MEASURED, "one-gpu-large-shapes.json"))
     assert set(measured) == set(machine.matmul_ms) == set(one.ratio["two_shot"])
     assert set(measured[SHAPE]) == {"atomics", "ring", "sequential"}
 
 
 def test_a_one_gpu_run_without_every_algorithm_is_refused_in_one_line():
-    two, later = os.path.join(model.MEASURED, "h200-bench.json"), os.path.join(DATA, "h200x1-bench-2026-12-03.json")
+    two, later = os.path.join(model.MEASURED, "two-gpus-large-shapes.json"), os.path.join(DATA, "h200x1-bench-2026-12-03.json")
     with pytest.raises(model.UsageError, match=r"has no world-size-1 figure for atomics at 8192 x 8192 x 8192, .*"
                                                r"needs atomics, ring, two_shot at every shape"):
         model.load_inputs(two, later)
@@ -84,8 +84,8 @@ def test_the_predicted_timeline_is_drawn_and_labelled(tmp_path):
     import matplotlib
 
     matplotlib.use("Agg")
-    measured, machine, one = model.load_inputs(os.path.join(model.MEASURED, "h200-bench.json"),
-                                                os.path.join(model.MEASURED, "h200x1-bench-2026-12-02.json"))
+    measured, machine, one = model.load_inputs(os.path.join(model.MEASURED, "two-gpus-large-shapes.json"),
+                                                os.path.join(model.MEASURED, "one-gpu-large-shapes.json"))
     ax = model.draw(SHAPE, 8, machine, one)
     assert ax.get_title().startswith("PREDICTED, not measured: 8192 x 8192 x 8192 per rank on 8 GPUs")
     assert [t.get_text() for t in ax.get_yticklabels()] == ["matmul, then NCCL", "two_shot: GEMM programs",

@@ -1,7 +1,7 @@
 """A performance model of the fused kernels on W GPUs, from what one GPU can measure.
 
 What one GPU measures (``OneGpu``): each kernel's launch time at world size 1 as a ratio to torch.matmul
-in the same run - the kernel's own structure around the GEMM (``benchmarks/h200_bench.py --world_size 1``) -
+in the same run - the kernel's own structure around the GEMM (``benchmarks/fused_vs_unfused.py --world_size 1``) -
 and two_shot's tail after its last GEMM tile (``benchmarks/two_shot_tail.py``). What the target machine
 gives (``Machine``): torch.matmul's time per shape there, the link's bandwidth per direction and NCCL's bus
 bandwidth. Both are inputs; the defaults are stated where they are defined.
@@ -19,7 +19,7 @@ Per rank, a launch moves these bytes over the links (C is M x N):
 and a launch takes ``t_local + exposure * t_link`` (atomics, ring) or ``max(t_local, t_link) + tail``
 (two_shot), with ``t_local = ratio_at_W1 * t_matmul`` and ``t_link = bytes / link bandwidth``. The exposure
 is 1 for the ring (it blocks on every send, by construction) and 0.5 for atomics: that one number was
-chosen by looking at the 2 x H200 figures this model is checked against, so its fit there is no test.
+chosen by looking at the two-GPU figures this model is checked against, so its fit there is no test.
 
 :func:`check` compares the model with measured figures; :func:`predict` speaks for two_shot only when
 every check is within ``TOLERANCE``.
@@ -48,8 +48,8 @@ class Machine:
     """The target: torch.matmul's time per per-rank shape (ms), and its links."""
 
     matmul_ms: dict                    # {(M, N, K_r): ms}
-    link_gb_s: float = 450.0           # NVLink 4 on H100/H200: 900 GB/s both ways, so 450 per direction
-    nccl_bus_gb_s: float = 270.0       # NCCL's all-reduce measured on the 2 x H200 (BENCHMARKS.md, 2026-12-01)
+    link_gb_s: float = 450.0           # NVLink 4 (Hopper), one direction: half its both-ways figure
+    nccl_bus_gb_s: float = 270.0       # NCCL's all-reduce bus bandwidth, measured (docs/decisions.md, Model)
     latency_us: float = 10.0           # a collective's fixed cost
 
 
@@ -58,7 +58,7 @@ class OneGpu:
     """What one GPU measured: kernel time at world size 1 over torch.matmul's, per algorithm and shape."""
 
     ratio: dict                        # {algorithm: {(M, N, K_r): kernel ms / matmul ms}}
-    two_shot_tail_us: float = 16.0     # after the last GEMM tile, ranks sharing one H200 (2026-12-02)
+    two_shot_tail_us: float = 16.0     # after the last GEMM tile, measured (docs/decisions.md, Model)
 
 
 def read_run(path):
@@ -120,10 +120,10 @@ def predict(algorithm, shapes, world_sizes, machine, one_gpu, checked_rows):
 
 
 def load_inputs(two_gpu_json, one_gpu_json, algorithms=("atomics", "ring", "two_shot"), two_shot_from=None):
-    """(measured {shape: {alg: ms}}, Machine, OneGpu) from h200_bench.py's JSON files: the 2-GPU run gives
+    """(measured {shape: {alg: ms}}, Machine, OneGpu) from fused_vs_unfused.py's JSON files: the 2-GPU run gives
     the figures to check and the target's matmul times; the 1-GPU run the ratios of ``algorithms``, which it
     must hold at every shape of the 2-GPU run. ``two_shot_from``: a later 1-GPU run to take two_shot's
-    ratios from (``h200_bench.py --world_size 1 --algorithms two_shot``)."""
+    ratios from (``fused_vs_unfused.py --world_size 1 --algorithms two_shot``)."""
     if two_shot_from:
         measured, machine, one = load_inputs(two_gpu_json, one_gpu_json, [a for a in algorithms if a != "two_shot"])
         one.ratio["two_shot"] = load_inputs(two_gpu_json, two_shot_from, ("two_shot",))[2].ratio["two_shot"]
@@ -137,7 +137,7 @@ def load_inputs(two_gpu_json, one_gpu_json, algorithms=("atomics", "ring", "two_
     missing = [f"{a} at {' x '.join(map(str, shape))}" for a in ratio for shape in measured if shape not in ratio[a]]
     if missing:
         raise UsageError(f"{one_gpu_json} has no world-size-1 figure for {', '.join(missing)}: the model needs "
-                         f"{', '.join(algorithms)} at every shape of {two_gpu_json} (h200_bench.py --world_size 1)")
+                         f"{', '.join(algorithms)} at every shape of {two_gpu_json} (fused_vs_unfused.py --world_size 1)")
     return measured, machine, OneGpu(ratio=ratio)
 
 
@@ -149,20 +149,21 @@ TWO_SHOT_TILE = (128, 256)            # two_shot's tile on Hopper (kernels/two_s
 # through memory at world size 1, as every tile's do at W >= 2; since then (two_shot.write_alone_tile) a
 # world-size-1 run skips that trip, so it is no longer a rank's one-GPU cost at W >= 2 and is not used here.
 MEASURED = os.path.join(os.path.dirname(os.path.abspath(__file__)), "measured")
-CHECKED_AGAINST = ("h200-bench.json", "h200x1-bench-2026-12-02.json", "h200x1-bench-beside-2026-12-03.json")
-# Inference shapes (16-4096 rows per rank) on 2 x H200, two_shot and matmul then NCCL: the model misses them
+CHECKED_AGAINST = ("two-gpus-large-shapes.json", "one-gpu-large-shapes.json", "one-gpu-large-shapes-comm-beside.json")
+# Inference shapes (16-4096 rows per rank) on two GPUs, two_shot and matmul then NCCL: the model misses them
 # where a launch's fixed costs (NCCL's small-message latency, two_shot's flags and two kernels) are most of
 # it, so it speaks for a shape only where the nearest measured shape was reproduced (``nearest_reproduced``).
-FEW_ROWS_RUN = "h200x2-inference-shapes-2026-12-04.json"
+FEW_ROWS_RUN = "two-gpus-inference-shapes.json"
 
 
 @dataclasses.dataclass
 class Gpu:
-    """One GPU, for two_shot's one-GPU time at shapes that were not measured. Defaults: one H200."""
+    """One GPU, for two_shot's one-GPU time at shapes that were not measured. Defaults: the GPU the model was
+    checked on (docs/decisions.md, Model)."""
 
     sms: int = 132
-    hbm_gb_s: float = 4000.0          # what a streaming kernel reaches of the H200's 4.8 TB/s (an assumption)
-    matmul_tflops: float = 705.0      # torch.matmul, bf16, 8192^3 on one H200: 1.559 ms (BENCHMARKS.md, 2026-12-03)
+    hbm_gb_s: float = 4000.0          # what a streaming kernel reaches of HBM's peak (an assumption)
+    matmul_tflops: float = 705.0      # torch.matmul, bf16, 8192^3, measured (docs/decisions.md, Model)
     comm_beside_gemm: bool = True     # two_shot's communication programs share the GEMM's SMs (Hopper's default)
 
 
@@ -228,7 +229,7 @@ def nearest_reproduced(shape, measured, few_rows):
 def predict_unmeasured(shape, W, machine=None, gpu=None, data=MEASURED):
     """(two_shot ms, matmul then NCCL ms) predicted for the per-rank shape (M, N, K_r) on W GPUs, two_shot's
     one-GPU time estimated (``two_shot_local_ms``). The model speaks only after it reproduces the measured
-    figures in ``data`` (the 2 x H200 run, and two_shot at world size 1) within TOLERANCE, and the measured
+    figures in ``data`` (the two-GPU run, and two_shot at world size 1) within TOLERANCE, and the measured
     shape nearest this one too (``nearest_reproduced``); where it cannot (the files are not there, or it misses
     one), None. ``machine``: the target's links (default: those the
     checks ran with) and matmul times (default: ``gpu.matmul_tflops``)."""
@@ -323,10 +324,10 @@ def choose(shape, W, machine=None, gpu=None, data=MEASURED):
     m, n, k = shape
     pick = "two_shot" if fused < sequential else "unfused"
     return pick, (f"the performance model (gemmar/analysis/model.py, within {100 * TOLERANCE:.0f} % of every figure "
-                  f"measured on 2 x H200 and one H200 at the large shapes, and at the measured shape nearest this "
+                  f"measured on two GPUs and on one at the large shapes, and at the measured shape nearest this "
                   f"one) predicts two_shot {fused:.3f} ms against cuBLAS then NCCL {sequential:.3f} ms for {m} x {n} "
-                  f"x {k} per rank on {W} GPUs; a prediction (on 2 x H200 two_shot won where the model said, at "
-                  f"the three large shapes; at 16-4096 rows per rank it does not speak: BENCHMARKS.md)")
+                  f"x {k} per rank on {W} GPUs; a prediction (on two GPUs two_shot won where the model said, at "
+                  f"the three large shapes; at 16-4096 rows per rank it does not speak: docs/decisions.md, Model)")
 
 
 def draw(shape, W, machine, one_gpu, ax=None, gpu=None):

@@ -40,20 +40,17 @@ def program_colorbar(fig, image, ax, num_programs, **kw):
 
 
 def plain_text():
-    """Text drawn as written: names and labels come from trace files (an algorithm named "$\\frac{"), and
-    matplotlib would read a $ as the start of a formula, and fail on a bad one."""
+    """Text drawn as written: trace files' names and labels are data, not matplotlib formulas ($...$)."""
     import matplotlib
 
     return matplotlib.rc_context({"text.parse_math": False})
 
 
 def _drawn_as_written(draw):
-    @functools.wraps(draw)
     def wrapper(*args, **kwargs):
         with plain_text():
             return draw(*args, **kwargs)
-
-    return wrapper
+    return functools.wraps(draw)(wrapper)
 
 
 def finish_figure(fig, path=None):

@@ -10,10 +10,9 @@ Two schemes, both summing in rank order in fp32 (so every rank gets the same bit
   peer's copy of every tile and sums it itself). Each value crosses the links ``W - 1`` times, but there is
   one exchange instead of two: the scheme for small buffers, where latency, not bytes, decides.
 
-One launch, not a copy and two kernels: at 1 MiB on an H200 the three cost 55 us of host time per
-all-reduce for 7 us of GPU work. Large buffers (``COPY_IN`` False) are copied in by torch first, on every
-SM, rather than by the few communication programs: at 16-256 MiB on one rank that copy was 20-35 % of the
-time. The launch number each program's flags count to (its ``epoch``) is read from the device, from the
+One launch, not a copy and two kernels: for small buffers host time, not GPU work, decides. Large buffers
+(``COPY_IN`` False) are copied in by torch first, on every SM, rather than by the few communication programs,
+which were slower at it (docs/decisions.md, the all-reduce's copy-in). The launch number each program's flags count to (its ``epoch``) is read from the device, from the
 program's own slot of ``launch_counts``, which the program moves on by one as its last act: a launch's
 arguments are then the same every time, so the host can capture it once in a CUDA graph and replay it
 (host time, not bytes, decides at 1-4 MiB). Program ``c`` of every rank has run the same number of launches
@@ -89,8 +88,8 @@ def one_shot_all_reduce(x, numel, out, partials, partial_ready, partials_read, w
     rank); 1. wait until all W copies are published; 2. sum them in rank order into this rank's ``out``;
     tell each peer its copy was read. 3. Each program then waits until every rank has read this rank's
     copies of its own tiles, so that the launch ends only when ``partials`` may be overwritten. (Shared out
-    over the programs: one program waiting for every tile, one flag after another, made one-shot 2.8x slower
-    than two-shot at 64-256 MiB on one H200. Program ``c`` of every rank publishes the tiles program ``c``
+    over the programs: one program waiting for every tile, one flag after another, made one-shot several times
+    slower than two-shot at large sizes; docs/decisions.md, one-shot's waits. Program ``c`` of every rank publishes the tiles program ``c``
     sums before any wait, so under the interpreter the ranks never wait on each other in a circle.)"""
     c = tl.program_id(0)
     epoch = tl.load(launch_counts + c)

@@ -99,6 +99,6 @@ SPEC = AlgorithmSpec(
     events_per_launch=lambda cfg, W, rank: cfg.tile_count * events_per_tile(W),
     parts={"tile_coords": TILE_COORDS_PART, "push_partial": Part(push_partial, "the rank pushed to")},
     barrier_after_launch=True,
-    # measured on 2 x H200 at 8192 x 8192 x 8192 per rank (BENCHMARKS.md, sweep)
+    # the fastest of a measured sweep at the large shapes (docs/decisions.md, atomics' tile)
     gpu_tuning={"hopper": (128, 128, 64, 8, 4, 8)},
     builtin=True)

@@ -341,8 +341,8 @@ def wait_at_least(flag, target, timeout_ns, watchdog, rank, tile_id, flag_kind, 
 
     ``flag`` must be in the caller's own heap: peers signal into it, the caller polls it locally. The
     polls are plain volatile loads with a pause between them; only the read that ends the wait is an
-    acquire. (Polling with acquire atomics made a GEMM running beside 16 waiting programs three times
-    slower on an H200: every one of them orders memory system-wide.)
+    acquire. (Polling with acquire atomics slowed a GEMM running beside waiting programs several times over:
+    every one of them orders memory system-wide; docs/decisions.md, polling.)
     Returns the value last seen. When the wait expires, the first expiry of this launch is written to
     ``watchdog`` (rank, tile, flag kind and index, target, seen) and the host raises DeadlockError.
     The watchdog must be zero before the launch (the launcher clears it only after reporting an expiry).

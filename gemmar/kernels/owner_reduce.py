@@ -31,9 +31,9 @@ PARTIAL_WAIT, REDUCE, BROADCAST, RESULT_WAIT, TAKE = (tl.constexpr(p.kind_id) fo
 WAIT_FLAGS = {"partial_ready": 1, "results_in": 2}   # the ids its waits pass to wait_at_least
 PARTIAL_READY_FLAG, RESULTS_IN_FLAG = tl.constexpr(WAIT_FLAGS["partial_ready"]), tl.constexpr(WAIT_FLAGS["results_in"])
 
-# A communication program sums a tile REDUCE_ROWS rows at a time, with COMM_WARPS warps: 63 registers a
-# thread on an H200, small enough to share an SM with a GEMM program of the 128 x 256 tile (189 registers at
-# 8 warps), so that the GEMM keeps every SM (BENCHMARKS.md, 2026-12-03 evening).
+# A communication program sums a tile REDUCE_ROWS rows at a time, with COMM_WARPS warps: few enough registers
+# to share an SM with a GEMM program of the 128 x 256 tile, so that the GEMM keeps every SM (docs/decisions.md,
+# REDUCE_ROWS and COMM_WARPS).
 REDUCE_ROWS, COMM_WARPS = 32, 4
 MISTAKES = ("none", "skip_partial_wait")
 SKIP_PARTIAL_WAIT = tl.constexpr(MISTAKES.index("skip_partial_wait"))
@@ -44,7 +44,7 @@ def slot_pointers(partials, tile_id, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexp
     """Where tile ``tile_id``'s partial lives: a dense BLOCK_M x BLOCK_N slot (edge tiles carry padding that
     is never stored in C). Built from the tile id each time, like C's offsets: a 2-D offset tensor made once
     outside the tile loop would stay live in registers beside the accumulator and push the GEMM into
-    spilling (that measured three times slower on an H200)."""
+    spilling (measured several times slower: docs/decisions.md, slot pointers)."""
     return slot_rows(partials, tile_id, 0, BLOCK_M, BLOCK_M, BLOCK_N)
 
 
@@ -150,8 +150,8 @@ def reduce_and_broadcast(C, partials, heap_bases, rank, world_size, M, N, stride
 def count_in_at_peers(results_in, broadcast, rank, world_size, heap_bases):
     """The end of step 6 for one program: the ``broadcast`` tiles it wrote counted in at each peer (one-shot:
     the tiles whose partials it has read from every peer), once, after its last one. (A release per tile and
-    peer waited each time for the tile's stores to land: 3.4 us a tile at W = 2 on an H200, more than the
-    stores. Nobody needs the count sooner: only step 7 reads it.)"""
+    peer waited each time for the tile's stores to land, longer than the stores took (docs/decisions.md, one
+    count per program). Nobody needs the count sooner: only step 7 reads it.)"""
     if broadcast > 0:
         tl.debug_barrier()   # every thread's stores are in before the one thread that releases them
         for step in range(1, world_size):

@@ -163,5 +163,5 @@ SPEC = AlgorithmSpec(
     events_per_launch=lambda cfg, W, rank: cfg.tile_count * events_per_tile(W),
     parts={"tile_coords": TILE_COORDS_PART, "reduce_step": Part(reduce_step, "(total, payload)")},
     mistakes=MISTAKES, mistake_parts={"forward_accumulator": {"reduce_step": forward_running_sum}},
-    gpu_tuning={"hopper": (128, 128, 64, 8, 4, 8)},   # measured as atomics' (BENCHMARKS.md, sweep)
+    gpu_tuning={"hopper": (128, 128, 64, 8, 4, 8)},   # measured as atomics' (docs/decisions.md, atomics' tile)
     builtin=True)

@@ -177,7 +177,7 @@ class AlgorithmSpec:
     wire_dtype: bool = False           # partials travel in a dtype of their own (RunConfig.wire_dtype)
     barrier_after_launch: bool = False  # remote writes may be in flight until every rank has finished
     gpu_tuning: dict = field(default_factory=dict)  # GPU family ("hopper", "default") -> (BLK_M, BLK_N, BLK_K,
-    #                                                 num_warps, num_stages, gsize_m), measured (BENCHMARKS.md)
+    #                                                 num_warps, num_stages, gsize_m), measured (docs/decisions.md)
     helpers: tuple = ()                # a user's spec: other functions its kernels call (shipped with it)
     builtin: bool = False
 

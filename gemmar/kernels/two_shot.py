@@ -32,8 +32,8 @@ beside each: the GEMM keeps every SM, and the reduction streams alongside it (``
   At world size 1 a tile's one partial is its sum: the GEMM program writes it straight into C
   (:func:`write_alone_tile`, steps 2-6 at once) and the launch is the GEMM kernel alone, with no flags and
   no communication programs. The partial's trip through memory (written, read back, written again as C)
-  cost 1-13 % of the launch on an H200, the most at K 2048; the second kernel, whose programs found every
-  tile taken, cost a launch and a join of two streams (BENCHMARKS.md).
+  and the second kernel, whose programs found every tile taken, each cost a measurable share of the launch
+  (docs/decisions.md, two_shot at world size 1).
 
 - **communication programs** (``two_shot_reduce``, ``COMM_SMS`` of them), for the tiles this rank owns
   (``c, c + COMM_SMS, ...``):
@@ -52,8 +52,8 @@ beside each: the GEMM keeps every SM, and the reduction streams alongside it (``
 
   7. acquire-wait until ``results_in[q] >= owned(q) * (epoch + 1)``: every tile ``q`` owns has reached
      this rank's C, so the launch ends only when C is complete. That is ``W - 1`` waits, not one per tile:
-     waiting for each tile's flag in turn, one program took 647 us (25 % of the launch) at W = 2 on an
-     H200, ~0.63 us per flag, for flags set long before.
+     waiting for each tile's flag in turn took a quarter of a launch, for flags set long before
+     (docs/decisions.md, step 7's waits).
 
 Why back-to-back launches are safe without a barrier: a rank's GEMM of launch ``e + 1`` starts only after
 its reduction of launch ``e`` has ended (the launcher orders the two streams so), i.e. after every owner
@@ -120,9 +120,9 @@ def two_shot_gemm(
     the next tile's first loads start while this one's C is stored) only at world size 1 with tensor
     descriptors: with the publishing epilogue (a block barrier and an atomic) inside a flattened loop, Triton
     3.6-3.9 gives up software-pipelining the K loop altogether (one shared-memory stage instead of three;
-    ``tests/test_compile.py`` checks), and the GEMM ran three times slower on an H200. Alone, flattened, the
-    4096 x 8192 x 1024 GEMM took 1.05-1.06x torch.matmul's time instead of 1.12-1.15x (BENCHMARKS.md); with
-    plain pointers (few rows) it did not help."""
+    ``tests/test_compile.py`` checks), and the GEMM ran several times slower. Alone, flattened, the GEMM
+    came closer to torch.matmul's time; with plain pointers (few rows) it did not help (docs/decisions.md,
+    the flattened loop)."""
     pid = tl.program_id(0)
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
@@ -166,9 +166,9 @@ def two_shot_gemm(
 def write_alone_tile(acc, C, partials, M, N, stride_cm, stride_cn, trace, n_events, t, tile_id, pid_m, pid_n,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TRACE_CAPACITY: tl.constexpr):
     """Steps 2-6 for a tile at world size 1, in the GEMM program: the tile's one partial is its sum, so it
-    goes straight into C instead of through ``partials`` (written, read back and written again as C: at
-    8192 x 8192 x 2048 on an H200 that round trip cost 0.07 ms on a 0.39 ms GEMM). Same bits as the
-    communication programs' sum (rounded to the wire dtype, then 0 + it in fp32, then to C's dtype). Nobody
+    goes straight into C instead of through ``partials`` (written, read back and written again as C: at the
+    large shapes that round trip cost a sixth of the GEMM's time; docs/decisions.md, two_shot at world size 1).
+    Same bits as the communication programs' sum (rounded to the wire dtype, then 0 + it in fp32, then to C's dtype). Nobody
     else reads the tile, so no flag is set.
 
     Why not for every tile a rank owns at any world size: the GEMM program would then also read the W - 1
@@ -278,10 +278,9 @@ SPEC = AlgorithmSpec(
     events_per_launch=events_per_launch,
     parts={"sum_partials": Part(sum_partials, "the tile's fp32 sum")}, mistakes=MISTAKES,
     comm_programs=True, comm_beside_gemm=True, wire_dtype=True, wait_flags=WAIT_FLAGS,
-    # The TMA GEMM core's tile on 1 x H200; for few rows at world size 1 (fewer tiles than SMs; the GEMM then
-    # reads through plain pointers), by the most rows each suits: the fastest in a user's loop of
-    # benchmarks/inference_sweep.py --no_tma at M = 16, 64 and 256 (BENCHMARKS.md). (The last bound is
-    # tuning.FEW_ROWS.)
+    # The TMA GEMM core's measured tile; for few rows at world size 1 (fewer tiles than SMs; the GEMM then reads
+    # through plain pointers), by the most rows each suits, the fastest measured (docs/decisions.md, two_shot's
+    # tiles). (The last bound is tuning.FEW_ROWS.)
     gpu_tuning={"hopper": (128, 256, 64, 8, 3, 8),
                 "hopper_few_rows": {16: (16, 64, 128, 4, 4, 8), 64: (64, 64, 128, 4, 4, 8),
                                     512: (128, 128, 64, 4, 4, 8)}},

@@ -29,11 +29,9 @@ from .timing import median_ms, symm_mem_two_shot_ms
 
 SCHEMES = ("two_shot", "one_shot")
 
-# ``scheme="auto"``: one-shot below this size with a GPU per rank and more than one rank, else two-shot. At
-# two ranks on 2 x H200 (2026-12-04, 17:27 UTC, data/h200x2-defaults-2026-12-04.log) one-shot's one exchange
-# beat two-shot's two at 1 MiB (0.022 against 0.025 ms) and lost from 4 MiB (0.035 against 0.026); the line
-# is drawn between them. At one rank the two do the same work; ranks sharing a GPU were measured with
-# two-shot only.
+# ``scheme="auto"``: one-shot below this size with a GPU per rank and more than one rank, else two-shot: the line
+# lies between the measured sizes where one-shot's one exchange won and where it lost (docs/decisions.md,
+# ONE_SHOT_BELOW_BYTES). At one rank the two do the same work; ranks sharing a GPU ran two-shot only.
 ONE_SHOT_BELOW_BYTES = 2 << 20
 
 
@@ -43,15 +41,14 @@ def default_scheme(nbytes, device_type, world_size, ranks_on_device):
     return "one_shot" if one_gpu_each and world_size > 1 and nbytes < ONE_SHOT_BELOW_BYTES else "two_shot"
 
 # Buffers from this size up are copied into the heap by torch (every SM) before the launch, by a rank alone
-# on its GPU; smaller ones by the kernel itself (one launch: at 1 MiB host time, not bytes, decides). One
-# rank on an H200: 16 MiB 0.129 ms with the kernel's copy, 0.090 with torch's; 256 MiB 2.29 vs 1.80 ms.
+# on its GPU; smaller ones by the kernel itself (one launch: at 1 MiB host time, not bytes, decides); the line
+# lies below the smallest size where torch's copy measured faster (docs/decisions.md, COPY_IN_KERNEL_BELOW_BYTES).
 COPY_IN_KERNEL_BELOW_BYTES = 8 << 20
 
 # (BLOCK_M, BLOCK_N) of a tile: big on GPUs (wide vector loads, few flags), small under the interpreter.
 BLOCKS = {"cuda": (64, 256), "cpu": (16, 64)}
-# From this size up, tiles of 256 rows on GPUs: one rank on an H200 (2026-12-05, bf16, CUDA graphs), 64 / 128 /
-# 256 rows took 10.0 / 9.4 / 9.3 us at 16 MiB, 45.6 / 41.3 / 39.5 at 64 and 171 / 156 / 148 us at 256 MiB
-# (BENCHMARKS.md): fewer tiles, fewer flags and longer runs of each program's loads. Below it, not measured.
+# From this size up, tiles of 256 rows on GPUs: fewer tiles, fewer flags and longer runs of each program's loads,
+# measured faster from here up; below it, not measured (docs/decisions.md, LARGE_TILES_FROM_BYTES).
 LARGE_TILES_FROM_BYTES, LARGE_TILE_ROWS = 16 << 20, 256
 # A tile of more rows is copied and summed this many rows at a time: a 64 x 256 fp32 sum is 64 registers a
 # thread at 8 warps; a whole 256-row one would spill. (On cpu half a tile: the tests run the chunked code.)
@@ -102,9 +99,8 @@ def check_all_reduce_fits(numel, dtype, backend, world_size, heap_size):
 
 def default_programs(heap):
     """Programs per rank when none are given. On a GPU of its own, two per SM: each program has one tile in
-    flight at a time, so the bytes in flight, not the programs' work, set the speed (one rank on an H200,
-    2026-12-04, benchmarks/inference_sweep.py: at 64 MiB 32, 66, 132 and 264 programs took 148, 79, 53 and
-    46 us; at 1-4 MiB the host's time decides). Ranks that share a GPU: one per SM of the rank's share
+    flight at a time, so the bytes in flight, not the programs' work, set the speed (docs/decisions.md,
+    programs per rank). Ranks that share a GPU: one per SM of the rank's share
     (its SMs divided among them), so that every rank's programs are on the GPU at once (they wait for each
     other's). On cpu 2: the interpreter runs a launch's programs one after another."""
     if heap.device.type != "cuda":
@@ -147,7 +143,7 @@ class SymmetricAllReduce:
         self.timeout_ns = int(timeout_s * 1e9)
         self.launches = 0
         # (Ranks sharing a GPU always copy in the kernel: one rank's copy on every SM held back the other
-        # ranks' reductions, 2.28 -> 3.13 ms at 256 MiB with 2 ranks on one H200.)
+        # ranks' reductions; docs/decisions.md, COPY_IN_KERNEL_BELOW_BYTES.)
         self.copy_in = (numel * self.partials.element_size() < COPY_IN_KERNEL_BELOW_BYTES
                         or heap.ranks_on_device > 1)
         self.prepared = {}     # copy_in -> the PreparedLaunch of the kernel

@@ -2,8 +2,8 @@
 
 Ranks that share one GPU are launched one after another by one process, so the host time of a launch is
 how far apart they start. Through Triton's dispatcher and torch's stream contexts a two_shot launch (two
-kernels) cost 250-400 us of host time on an H200's host, and skipping only the dispatcher saved little:
-the cost was spread over ~800 Python calls per launch (binding ~30 arguments, building the argument
+kernels) cost hundreds of us of host time (docs/decisions.md, PreparedLaunch), and skipping only the
+dispatcher saved little: the cost was spread over ~800 Python calls per launch (binding ~30 arguments, building the argument
 tuples and tensor descriptors again, entering streams). :class:`PreparedLaunch` does all of that once, for
 one kernel with fixed arguments; a later launch changes only the arguments the kernel does not specialise
 on (``epoch``, ``parity``: Triton compiles those as plain integers, so any value runs the same compiled
@@ -135,10 +135,8 @@ def _same_specialisation(old, new):
         old.device == new.device and (old.data_ptr() % 16 == 0) == (new.data_ptr() % 16 == 0)
 
 
-# Whether PreparedLaunch.replay may use CUDA graphs (GEMMAR_CUDA_GRAPHS=0: never). On one H200 (2026-12-05,
-# benchmarks/host_time.py, both ways alternated in one process) a 1 MiB all-reduce took 5.5-5.7 us of host
-# time as a graph against 13.7-14.5 through Triton's launcher, and 1-4 MiB went from 0.68-0.77x torch
-# symmetric memory's speed to 1.44-1.90x (BENCHMARKS.md).
+# Whether PreparedLaunch.replay may use CUDA graphs (GEMMAR_CUDA_GRAPHS=0: never): a graph's launch costs a
+# fraction of Triton's launcher's host time, which decides small all-reduces (docs/decisions.md, CUDA graphs).
 USE_GRAPHS = os.environ.get("GEMMAR_CUDA_GRAPHS", "1") != "0"
 
 _DRIVER = []   # [the CUDA driver library with the few calls used here, or None where there is none]

@@ -16,7 +16,7 @@ from ..kernels.device import WATCHDOG_WORDS
 from ..kernels.spec import LaunchContext
 from .launch import gemm_constexprs
 
-TARGET = ("cuda", 90, 32)   # Hopper (H100 / H200): backend, compute capability, warp size
+TARGET = ("cuda", 90, 32)   # Hopper (sm_90): backend, compute capability, warp size
 _TRITON_TYPES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32", torch.float64: "fp64",
                  torch.int8: "i8", torch.int16: "i16", torch.int32: "i32", torch.int64: "i64", torch.uint8: "u8"}
 

@@ -36,9 +36,8 @@ def gemm_operands(A, B, config, device):
     K-slice), tensor descriptors that the tensor-memory accelerator loads tiles from; otherwise (the
     interpreter, older GPUs, fp32, odd strides) the plain pointers. Also the plain pointers for few rows at
     world size 1 (``tuning.FEW_ROWS``): there the GEMM waits on memory either way, and Triton encodes both
-    descriptors again on every launch, host time that a short launch cannot hide (one H200, 2026-12-04: at
-    M = 16, 64, 256 the pointer GEMM ran 1.15, 1.01, 1.04x torch.matmul in a user's loop, with descriptors
-    1.45, 2.00, 1.07x; BENCHMARKS.md).
+    descriptors again on every launch, host time that a short launch cannot hide (measured:
+    docs/decisions.md, plain pointers for few rows).
     """
     if device.type != "cuda" or torch.cuda.get_device_capability(device) < (9, 0):
         return A, B, False
@@ -69,7 +68,7 @@ def check_co_resident(kernels, heap):
     the GPU beside them: two_shot's communication programs wait for the GEMM's (of every rank, when ranks
     share the GPU). When there are no more programs than SMs, each can have an SM of its own; with more,
     they must share SMs, and the check assumes the GPU deals each kernel's programs out evenly over its SMs
-    (what an H200 did), so each SM must hold its share of every kernel at once. Residency per SM is limited
+    (what the Hopper GPUs it ran on did), so each SM must hold its share of every kernel at once. Residency per SM is limited
     by threads, registers and shared memory, read from the loaded kernels (``prepare`` has filled in their
     register counts)."""
     props = torch.cuda.get_device_properties(heap.device)
@@ -105,8 +104,8 @@ def share_sms(compiled):
     An SM splits its on-chip memory between L1 and shared memory one way at a time, and runs programs only
     of kernels that agree with the split. Triton asks for the largest shared part only for kernels that
     use more than 48 KiB of it, so two_shot's communication programs (a few KiB) could not share an SM with
-    the GEMM's: on an H200, 132 of them beside 132 GEMM programs took every SM first and the GEMM never
-    started (the watchdog's deadlock), and 66 made the launch 1.5-2x slower. Every kernel asks for the
+    the GEMM's: they took every SM first and the GEMM never started (the watchdog's deadlock), or slowed the
+    launch (docs/decisions.md, one shared-memory split). Every kernel asks for the
     largest shared part here, so all of them agree. (NVIDIA only: nothing to do on ROCm.)"""
     if torch.version.hip:
         return

@@ -1,7 +1,7 @@
 """Fused GEMM + all-reduce against cuBLAS + NCCL (sequential, and overlapped in row blocks), one GPU per
 rank, in one run; writes JSON figures and traces.
 
-    python3 benchmarks/h200_bench.py OUTDIR [--world_size W] [--sweep] [--algorithms A ...] [--no_traces]
+    python3 benchmarks/fused_vs_unfused.py OUTDIR [--world_size W] [--sweep] [--algorithms A ...] [--no_traces]
 
 Per-rank shapes M x N x K_r (the global K is K_r * world size), bf16, every algorithm, median of 5 trials
 of 20 back-to-back launches each, every kernel validated against an fp32 torch reference before and after

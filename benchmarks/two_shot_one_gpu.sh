@@ -4,7 +4,7 @@
 # rank against torch.matmul, the standalone all-reduce at 1-256 MiB, then the compiled correctness tests.
 # Run from the repository root with ipyparallel importable. Writes traces and logs to $1.
 set -uo pipefail
-OUTDIR=${1:?usage: benchmarks/h200_two_shot.sh OUTDIR}
+OUTDIR=${1:?usage: benchmarks/two_shot_one_gpu.sh OUTDIR}
 mkdir -p "$OUTDIR"
 export TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
@@ -14,7 +14,7 @@ python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", tr
 step tail; timeout 240 python3 benchmarks/two_shot_tail.py "$OUTDIR" --world_sizes 2 4
 for w in 1 2 4; do step launch $w; timeout 120 python3 benchmarks/launch_cost.py --world_size $w; done
 step profile; timeout 120 python3 benchmarks/launch_cost.py --world_size 2 --profile | head -60
-step bench; timeout 300 python3 benchmarks/h200_bench.py "$OUTDIR/bench" --world_size 1 --algorithms two_shot --no_traces
+step bench; timeout 300 python3 benchmarks/fused_vs_unfused.py "$OUTDIR/bench" --world_size 1 --algorithms two_shot --no_traces
 step allreduce 1; timeout 200 python3 -m gemmar.cli allreduce --backend cuda -r 1 --baseline --sizes 1 4 16 64 256
 for r in 2 4; do step allreduce $r; timeout 200 python3 -m gemmar.cli allreduce --backend cuda -r $r --sizes 1 4 16 64 256; done
 step tests; GEMMAR_TEST_BACKEND=cuda timeout 400 python3 -m pytest -q -p no:cacheprovider tests/test_allreduce.py \

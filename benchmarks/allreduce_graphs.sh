@@ -6,7 +6,7 @@
 # parts that fit the lent machine's 10 minutes a command: part 1 (tests, host time, 1-4 MiB) about 6 minutes,
 # part 2 (tile rows, every inference shape) about 6.
 set -uo pipefail
-OUTDIR=${1:?usage: benchmarks/h200_graphs.sh OUTDIR [1|2]}
+OUTDIR=${1:?usage: benchmarks/allreduce_graphs.sh OUTDIR [1|2]}
 PART=${2:-1}
 mkdir -p "$OUTDIR"
 exec > >(tee -a "$OUTDIR/log-part$PART.txt") 2>&1

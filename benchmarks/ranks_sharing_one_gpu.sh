@@ -3,7 +3,7 @@
 # 2-4 ranks sharing the GPU (validated), and traced two_shot runs. Run from the repository root with
 # ipyparallel importable (on the lent H200, carried as wheels in .whl/). Writes figures and traces to $1.
 set -euo pipefail
-OUTDIR=${1:?usage: benchmarks/h200_one_gpu.sh OUTDIR}
+OUTDIR=${1:?usage: benchmarks/ranks_sharing_one_gpu.sh OUTDIR}
 mkdir -p "$OUTDIR"
 export TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
