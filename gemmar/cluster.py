@@ -20,9 +20,8 @@ from .iris import runner as programs
 from .runtime import memory
 from .runtime.engines import EngineCluster
 from .runtime.launch import heap_bytes_needed
-from .runtime.parts import part_sources
 from .runtime.results import RankFailure
-from .runtime.shipping import ship
+from .runtime.shipping import ship, ship_parts
 
 
 def check_memory(config, engines, backend, client_copy=False):
@@ -146,7 +145,7 @@ class Cluster(EngineCluster):
         ``algorithm`` (a setting) may be a registered name or an AlgorithmSpec (a user's own algorithm).
 
         ``on_progress(rank, {"iteration", "max_abs_diff", "seconds"})`` is called as ranks finish iterations.
-        ``parts``: {name: @triton.jit function} run in place of the kernel's own (``runtime/parts.py``).
+        ``parts``: {name: @triton.jit function} run in place of the kernel's own (``runtime/shipping.py``).
         """
         if config is not None and not isinstance(config, RunConfig):
             raise UsageError(f"config={config!r} is not allowed: give a RunConfig (or leave it out and pass settings, "
@@ -169,7 +168,7 @@ class Cluster(EngineCluster):
         iteration. ``settings`` are RunConfig fields (``BLK_M``, ``BLK_N``, ``BLK_K``, ``gsize_m``,
         ``num_sms``, ``iterations``, ``trace``, ``timeout_s``, ...); unset ones keep RunConfig's defaults.
         ``parts`` ({name: @triton.jit function}) runs a participant's own kernel parts in place of the
-        kernel's (``runtime/parts.py``: tile_coords, push_partial, reduce_step, sum_partials).
+        kernel's (``runtime/shipping.py``: tile_coords, push_partial, reduce_step, sum_partials).
         A user's own algorithm on cpu ranks runs with ``sanitize=True`` unless told otherwise (an access outside
         its buffer or a race is named, though C may come out right).
         ``launch_deadline_s``: how long a rank may go without finishing a launch before every rank is stopped
@@ -290,7 +289,7 @@ class Cluster(EngineCluster):
     def _run(self, config, data, validate, verbose, mistake, return_c, on_progress=None, parts=None,
              launch_deadline_s=None):
         W, n = self.world_size, config.iterations
-        sources = part_sources(parts, config.spec)
+        sources = ship_parts(parts, config.spec)
         shipped = ship(config.spec)
 
         def progress(r, d):

@@ -6,7 +6,7 @@ Each check returns the message it prints: "right! ..." or "not quite: ..." (or w
 
 The puzzles (``check_tile_coords``, ``check_push_partial``, ``check_reduce_step``, ``check_sum_partials``)
 take a participant's ``@triton.jit`` function and run it for real inside the package's kernel on the
-notebook's cluster (``runtime/parts.py``), then judge the result against a torch reference: they say which
+notebook's cluster (``runtime/shipping.py``), then judge the result against a torch reference: they say which
 rank and tile went wrong and how, and return the run (``verdict.result``) for a closer look. Solutions:
 ``instructors/solutions.py`` (out of the notebooks' folder, so out of a participant's file browser).
 """

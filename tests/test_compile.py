@@ -15,12 +15,14 @@ SCRIPT = textwrap.dedent('''
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
-    from gemmar.kernels import allreduce, atomics, barrier, gemm, ring, two_shot
-    from gemmar.runtime.parts import load_parts
+    from gemmar.kernels import allreduce, atomics, barrier, device, gemm, mistakes, ring, two_shot
+    from gemmar.runtime.shipping import load_parts
 
-    # A participant's kernel part (the notebooks' puzzles) compiles into the kernel like the package's own.
-    mine = load_parts({"reduce_step": ("mine", "@triton.jit\\ndef mine(total, received):\\n"
-                                               "    return total + received, received\\n")})["reduce_step"]
+    # A participant's kernel part (the notebooks' puzzles) and a teaching mistake's compile into the kernel
+    # like the package's own.
+    mine = load_parts({"reduce_step": dict(
+        function="mine", sources={"mine": "@triton.jit\\ndef mine(total, received):\\n    return total + received, received\\n"},
+        imports={"triton": ("triton", None)}, values={}, digest="a-hand-made-part")})["reduce_step"]
 
     target = GPUTarget("cuda", 90, 32)
     ints = ["M", "N", "K", "stride_am", "stride_ak", "stride_bk", "stride_bn", "stride_cm", "stride_cn"]
@@ -44,8 +46,10 @@ SCRIPT = textwrap.dedent('''
                {"A": "*" + dtype, "B": "*" + dtype, "C": "*fp32", "ring_buffer": "*fp32", "data_ready": "*i32",
                 "slot_free": "*i32", "watchdog": "*i64", "heap_bases": "*i64", "rank": "i32", "world_size": "i32",
                 "epoch": "i32", **{k: "i32" for k in ints}, "timeout_ns": "i64", "trace": "*i64",
-                "trace_counts": "*i64"}, dict(tiles, MISTAKE=0, SLOT_CACHE=".cg", TMA=False, TILE_COORDS=gemm.tile_coords,
-                                             REDUCE_STEP=mine if cap else ring.reduce_step))
+                "trace_counts": "*i64"}, dict(tiles, SLOT_CACHE=".cg", TMA=False, TILE_COORDS=gemm.tile_coords,
+                                             REDUCE_STEP=mine if cap else ring.reduce_step,
+                                             SLOT_FREE_WAIT=mistakes.skip_the_wait if cap else device.wait_for_tile,
+                                             DATA_READY_WAIT=mistakes.wait_one_too_many if cap else device.wait_for_tile))
         yield (atomics.gemm_all_reduce_atomics,
                {"A": "*" + dtype, "B": "*" + dtype, "C_pair": "*fp32", "heap_bases": "*i64", "rank": "i32",
                 "world_size": "i32", "parity": "i32", **{k: "i32" for k in ints}, "trace": "*i64",
@@ -72,8 +76,8 @@ SCRIPT = textwrap.dedent('''
                     "taken": "*i32", "watchdog": "*i64", "heap_bases": "*i64", "rank": "i32", "world_size": "i32",
                     "epoch": "i32", "M": "i32", "N": "i32", "stride_cm": "i32", "stride_cn": "i32", "timeout_ns": "i64",
                     "trace": "*i64", "trace_counts": "*i64"},
-                   dict(BLOCK_M=128, BLOCK_N=256, GROUP_SIZE_M=8, COMM_SMS=16, TRACE_CAPACITY=cap, MISTAKE=0,
-                        PEER_CACHE=".cg", SUM_PARTIALS=two_shot.sum_partials, CLAIM=True, REDUCE_ROWS=32,
+                   dict(BLOCK_M=128, BLOCK_N=256, GROUP_SIZE_M=8, COMM_SMS=16, TRACE_CAPACITY=cap,
+                        WAIT_FOR_PARTIALS=device.wait_for_tile, PEER_CACHE=".cg", SUM_PARTIALS=two_shot.sum_partials, CLAIM=True, REDUCE_ROWS=32,
                         ONE_SHOT=one_shot))
 
     for dtype in ("bf16", "fp16"):

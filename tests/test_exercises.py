@@ -270,7 +270,7 @@ def test_parts_are_checked_before_anything_runs():
     from gemmar.algorithms import get
     from gemmar.errors import UsageError
     from gemmar.kernels.ring import reduce_step
-    from gemmar.runtime.parts import part_sources
+    from gemmar.runtime.shipping import ship_parts as part_sources
 
     with pytest.raises(UsageError, match="the ring kernel has no part 'swizzle': its parts are tile_coords, reduce_step"):
         part_sources({"swizzle": reduce_step}, get("ring"))
@@ -279,8 +279,9 @@ def test_parts_are_checked_before_anything_runs():
         part_sources({"reduce_step": reduce_step}, get("atomics"))
     with pytest.raises(UsageError, match="parts must be a dict"):
         part_sources([reduce_step], get("ring"))
-    name, source = part_sources({"reduce_step": reduce_step}, get("ring"))["reduce_step"]
-    assert name == "reduce_step" and source.startswith("@triton.jit\ndef reduce_step(total, received):")
+    # gemmar's own function travels as an import, not as source
+    shipped = part_sources({"reduce_step": reduce_step}, get("ring"))["reduce_step"]
+    assert shipped["function"] == ("gemmar.kernels.answers", "reduce_step") and shipped["sources"] == {}
 
 
 HELPER = '''

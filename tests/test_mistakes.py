@@ -61,3 +61,34 @@ def test_a_mistake_of_another_kernel_is_refused(clusters):
     A, B = random_inputs(32, 32, 48, torch.float16, seed=7)
     with pytest.raises(gemmar.UsageError, match="does not exist in 'two_shot'"):
         clusters(2).gemm_all_reduce(A, B, algorithm="two_shot", mistake="forward_accumulator")
+
+
+def test_a_mistake_is_a_part_swapped_never_a_branch_of_a_kernel():
+    """One mechanism for teaching mistakes and puzzles' answers: a mistake names functions that take some of
+    the kernel's parts' places (kernels/mistakes.py); no kernel file holds a branch for one."""
+    import pathlib
+
+    from gemmar.algorithms import get
+    from gemmar.kernels import mistakes
+    from gemmar.kernels.spec import AlgorithmSpec, Done, Phase
+
+    kernels = pathlib.Path(gemmar.__file__).parent / "kernels"
+    for path in kernels.glob("*.py"):
+        text = path.read_text()
+        assert "MISTAKE" not in text and "mistake_index" not in text, path.name
+    for name, swaps in {"ring": {"forward_accumulator": "reduce_step", "skip_slot_free_wait": "slot_free_wait",
+                                 "wait_for_missing_message": "data_ready_wait"},
+                        "two_shot": {"skip_partial_wait": "partial_wait"},
+                        "one_shot": {"skip_partial_wait": "partial_wait"}}.items():
+        spec = get(name)
+        assert spec.mistakes == ("none",) + tuple(swaps)
+        for mistake, part in swaps.items():
+            parts = spec.parts_for(mistake, None)
+            assert parts[part] is spec.mistake_parts[mistake][part] is not spec.parts[part].reference
+            assert parts[part].fn.__module__ == mistakes.__name__
+            # every other part stays the kernel's own
+            assert all(parts[p] is spec.parts[p].reference for p in spec.parts if p != part)
+    # A spec's mistake must swap parts it has.
+    with pytest.raises(gemmar.UsageError, match="mistake_parts must map each mistake's name"):
+        AlgorithmSpec(name="x", summary="", buffers=len, launches=len, output=len, phases=(Phase(1, "a", "gemm"),),
+                      done=Done("a"), mistake_parts={"skip": {"no_such_part": mistakes.skip_the_wait}})

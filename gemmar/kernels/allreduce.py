@@ -75,8 +75,8 @@ def two_shot_all_reduce(x, numel, out, partials, partial_ready, results_in, watc
                 copy_in_and_publish(x, numel, partials, partial_ready, heap_bases, rank, world_size, tile_id,
                                     BLOCK_M, BLOCK_N, False, COPY_IN, ROWS * BLOCK_N)
     reduce_owned_tiles(out, partials, partial_ready, results_in, partial_ready, watchdog, heap_bases, rank, world_size,
-                       epoch, M, N, N, 1, timeout_ns, no_trace, c, BLOCK_M, BLOCK_N, 1, COMM_SMS, 0, 0, PEER_CACHE,
-                       sum_partials, False, ROWS, False)   # no CLAIM: nothing is taken, so any pointer does for taken
+                       epoch, M, N, N, 1, timeout_ns, no_trace, c, BLOCK_M, BLOCK_N, 1, COMM_SMS, 0, device.wait_for_tile,
+                       PEER_CACHE, sum_partials, False, ROWS, False)   # no CLAIM: nothing is taken, so any pointer does for taken
     tl.store(launch_counts + c, epoch + 1)
 
 

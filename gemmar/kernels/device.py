@@ -373,6 +373,14 @@ def wait_at_least(flag, target, timeout_ns, watchdog, rank, tile_id, flag_kind, 
 
 
 @triton.jit
+def wait_for_tile(flag, target, timeout_ns, watchdog, rank, tile_id, FLAG_KIND: tl.constexpr):
+    """:func:`wait_at_least` on tile ``tile_id``'s own flag: the wait a kernel takes as a part (ring's
+    ``slot_free_wait`` and ``data_ready_wait``, two_shot's ``partial_wait``), so that a teaching mistake is
+    that part swapped (``kernels/mistakes.py``), like a puzzle's answer, and no branch of the kernel."""
+    wait_at_least(flag, target, timeout_ns, watchdog, rank, tile_id, FLAG_KIND, tile_id)
+
+
+@triton.jit
 def signal(flag, value, from_rank, to_rank, heap_bases):
     """Publish ``value`` in ``to_rank``'s ``flag`` with release semantics.
 

@@ -35,8 +35,6 @@ PARTIAL_READY_FLAG, RESULTS_IN_FLAG = tl.constexpr(WAIT_FLAGS["partial_ready"]),
 # to share an SM with a GEMM program of the 128 x 256 tile, so that the GEMM keeps every SM (docs/decisions.md,
 # REDUCE_ROWS and COMM_WARPS).
 REDUCE_ROWS, COMM_WARPS = 32, 4
-MISTAKES = ("none", "skip_partial_wait")
-SKIP_PARTIAL_WAIT = tl.constexpr(MISTAKES.index("skip_partial_wait"))
 
 
 @triton.jit
@@ -60,7 +58,7 @@ def two_shot_reduce(
         C, partials, partial_ready, results_in, taken, watchdog, heap_bases, rank, world_size, epoch, M, N,
         stride_cm, stride_cn, timeout_ns, trace, trace_counts,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_SIZE_M: tl.constexpr, COMM_SMS: tl.constexpr,
-        TRACE_CAPACITY: tl.constexpr, MISTAKE: tl.constexpr, PEER_CACHE: tl.constexpr,
+        TRACE_CAPACITY: tl.constexpr, WAIT_FOR_PARTIALS: tl.constexpr, PEER_CACHE: tl.constexpr,
         SUM_PARTIALS: tl.constexpr, CLAIM: tl.constexpr, REDUCE_ROWS: tl.constexpr, ONE_SHOT: tl.constexpr):
     """The communication programs: reduce the tiles this rank owns that no GEMM program took (``CLAIM``: GEMM
     programs may take tiles), then wait for the others (steps 4-7). ``trace`` and ``trace_counts`` start at
@@ -69,7 +67,7 @@ def two_shot_reduce(
     n_events = reduce_owned_tiles(
         C, partials, partial_ready, results_in, taken, watchdog, heap_bases, rank, world_size, epoch, M, N,
         stride_cm, stride_cn, timeout_ns, trace, tl.program_id(0), BLOCK_M, BLOCK_N, GROUP_SIZE_M, COMM_SMS,
-        TRACE_CAPACITY, MISTAKE, PEER_CACHE, SUM_PARTIALS, CLAIM, REDUCE_ROWS, ONE_SHOT)
+        TRACE_CAPACITY, WAIT_FOR_PARTIALS, PEER_CACHE, SUM_PARTIALS, CLAIM, REDUCE_ROWS, ONE_SHOT)
     finish_trace(trace_counts, n_events, TRACE_CAPACITY)
 
 
@@ -178,11 +176,12 @@ def reduce_owned_tiles(
         C, partials, partial_ready, results_in, taken, watchdog, heap_bases, rank, world_size, epoch, M, N,
         stride_cm, stride_cn, timeout_ns, trace, c,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_SIZE_M: tl.constexpr, COMM_SMS: tl.constexpr,
-        TRACE_CAPACITY: tl.constexpr, MISTAKE: tl.constexpr, PEER_CACHE: tl.constexpr,
+        TRACE_CAPACITY: tl.constexpr, WAIT_FOR_PARTIALS: tl.constexpr, PEER_CACHE: tl.constexpr,
         SUM_PARTIALS: tl.constexpr, CLAIM: tl.constexpr, REDUCE_ROWS: tl.constexpr, ONE_SHOT: tl.constexpr):
     """Steps 4-7 for communication program ``c``: owned tiles ``c, c + COMM_SMS, ...`` (in the order this rank
     owns them), less those a GEMM program has taken (``CLAIM``); returns the number of events it recorded.
-    Also the standalone all-reduce's reduction (no ``CLAIM``)."""
+    Also the standalone all-reduce's reduction (no ``CLAIM``). ``WAIT_FOR_PARTIALS`` is step 4's wait, a part
+    (``device.wait_for_tile``, or a mistake's function in its place)."""
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
     total_tiles = num_pid_m * num_pid_n
@@ -195,9 +194,8 @@ def reduce_owned_tiles(
         # taken it (it takes only complete tiles, so waiting first costs nothing; taking first would take
         # tiles from under their owner's GEMM program, which sums its own tiles before counting itself in).
         t = stamp(TRACE_CAPACITY)
-        if MISTAKE != SKIP_PARTIAL_WAIT:
-            device.wait_at_least(partial_ready + tile_id, world_size * (epoch + 1), timeout_ns, watchdog,
-                                 rank, tile_id, PARTIAL_READY_FLAG, tile_id)
+        WAIT_FOR_PARTIALS(partial_ready + tile_id, world_size * (epoch + 1), timeout_ns, watchdog, rank, tile_id,
+                          PARTIAL_READY_FLAG)
         if take_tile(taken, tile_id, epoch, CLAIM):
             # 5 and 6.
             n_events = reduce_and_broadcast(C, partials, heap_bases, rank, world_size, M, N, stride_cm, stride_cn,

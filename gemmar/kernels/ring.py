@@ -27,11 +27,11 @@ larger numbers than launch ``epoch - 1``. Every wait has a watchdog (``timeout_n
 reported to the host, which raises DeadlockError naming rank, tile and flag.
 
 Step 5 is :func:`reduce_step`, passed to the kernel as ``REDUCE_STEP`` (and the tile order as
-``TILE_COORDS``), so that the notebooks' puzzles can run a participant's own version inside this kernel.
-
-``MISTAKE`` turns on one of the classic bugs for teaching (0 = none): 1 forwards the running sum (the
-launcher passes :func:`forward_running_sum` as ``REDUCE_STEP``), 2 skips the slot-free wait, 3 waits for a
-message that is never sent (a hang, caught by the watchdog).
+``TILE_COORDS``), so that the notebooks' puzzles can run a participant's own version inside this kernel. The
+waits of steps 1 and 4 are parts too (``SLOT_FREE_WAIT``, ``DATA_READY_WAIT``): the classic bugs for teaching
+are these parts swapped (``kernels/mistakes.py``): ``forward_accumulator`` forwards the running sum,
+``skip_slot_free_wait`` skips step 1, ``wait_for_missing_message`` waits in step 4 for a message that is never
+sent (a hang, caught by the watchdog).
 """
 
 from dataclasses import dataclass
@@ -43,8 +43,9 @@ import triton.language as tl
 from . import device
 from .events import event, finish_trace
 from .gemm import GEMM_PHASE, STORE, STORE_PHASE, TILE_COORDS_PART, tile_offsets, traced_gemm_tile
-from .spec import AlgorithmSpec, Done, Launch, Part, Phase
+from .spec import WAIT_PART, AlgorithmSpec, Done, Launch, Part, Phase
 from .answers import reduce_step   # (a puzzle's answer: kept out of this file, see answers.py)
+from .mistakes import forward_running_sum, skip_the_wait, wait_one_too_many
 
 PHASES = (GEMM_PHASE,
           Phase(2, "slot_wait", "wait", "tile {tile} step {step} waits for slot_free (rank {peer} must read its slot)"),
@@ -55,15 +56,6 @@ SLOT_WAIT, SEND, SIGNAL, RECV_WAIT, REDUCE = (tl.constexpr(p.kind_id) for p in P
 WAIT_FLAGS = {"slot_free": 1, "data_ready": 2}   # the ids its waits pass to wait_at_least
 SLOT_FREE_FLAG, DATA_READY_FLAG = tl.constexpr(WAIT_FLAGS["slot_free"]), tl.constexpr(WAIT_FLAGS["data_ready"])
 
-MISTAKES = ("none", "forward_accumulator", "skip_slot_free_wait", "wait_for_missing_message")
-SKIP_SLOT_FREE_WAIT, WAIT_FOR_MISSING_MESSAGE = tl.constexpr(2), tl.constexpr(3)   # (indices into MISTAKES)
-
-
-@triton.jit
-def forward_running_sum(total, received):
-    """Mistake 1: pass on the running sum. From three ranks on, partials are counted several times."""
-    total = total + received
-    return total, total
 
 
 @triton.jit(do_not_specialize=["rank", "epoch", "timeout_ns"])
@@ -73,8 +65,8 @@ def gemm_all_reduce_ring(
         trace, trace_counts,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_SIZE_M: tl.constexpr,
         NUM_SMS: tl.constexpr, DOT_PRECISION: tl.constexpr, TRACE_CAPACITY: tl.constexpr,
-        MISTAKE: tl.constexpr, SLOT_CACHE: tl.constexpr, EVEN_K: tl.constexpr,
-        TMA: tl.constexpr, TILE_COORDS: tl.constexpr, REDUCE_STEP: tl.constexpr):
+        SLOT_CACHE: tl.constexpr, EVEN_K: tl.constexpr, TMA: tl.constexpr, TILE_COORDS: tl.constexpr,
+        REDUCE_STEP: tl.constexpr, SLOT_FREE_WAIT: tl.constexpr, DATA_READY_WAIT: tl.constexpr):
     pid = tl.program_id(0)
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
@@ -94,9 +86,7 @@ def gemm_all_reduce_ring(
         for step in range(world_size - 1):
             msg = epoch * (world_size - 1) + step
             # 1. Wait until the next rank has emptied its slot of the previous message.
-            if MISTAKE != SKIP_SLOT_FREE_WAIT:
-                device.wait_at_least(slot_free + tile_id, msg, timeout_ns, watchdog, rank, tile_id,
-                                     SLOT_FREE_FLAG, tile_id)
+            SLOT_FREE_WAIT(slot_free + tile_id, msg, timeout_ns, watchdog, rank, tile_id, SLOT_FREE_FLAG)
             n_events, t = event(trace, n_events, t, SLOT_WAIT, tile_id, pid_m, pid_n, step, next_rank, TRACE_CAPACITY)
             # 2. Put the payload in the next rank's slot.
             device.store(slot, payload, rank, next_rank, heap_bases)
@@ -105,11 +95,7 @@ def gemm_all_reduce_ring(
             device.signal(data_ready + tile_id, msg + 1, rank, next_rank, heap_bases)
             n_events, t = event(trace, n_events, t, SIGNAL, tile_id, pid_m, pid_n, step, next_rank, TRACE_CAPACITY)
             # 4. Acquire-wait for the previous rank's message, read it, hand the slot back.
-            expected = msg + 1
-            if MISTAKE == WAIT_FOR_MISSING_MESSAGE:
-                expected = msg + 2
-            device.wait_at_least(data_ready + tile_id, expected, timeout_ns, watchdog, rank, tile_id,
-                                 DATA_READY_FLAG, tile_id)
+            DATA_READY_WAIT(data_ready + tile_id, msg + 1, timeout_ns, watchdog, rank, tile_id, DATA_READY_FLAG)
             tl.debug_barrier()  # every thread reads the slot only after the acquire above
             n_events, t = event(trace, n_events, t, RECV_WAIT, tile_id, pid_m, pid_n, step, prev_rank, TRACE_CAPACITY)
             received = tl.load(slot, cache_modifier=SLOT_CACHE)
@@ -146,8 +132,10 @@ def launches(ctx):
         A=ctx.A, B=ctx.B, C=buf.C, ring_buffer=buf.ring_buffer, data_ready=buf.data_ready, slot_free=buf.slot_free,
         watchdog=ctx.watchdog, heap_bases=ctx.heap.heap_bases, rank=ctx.rank, world_size=ctx.world_size, epoch=0,
         M=cfg.m, N=cfg.n, K=ctx.K, **ctx.strides, stride_cm=cfg.n, stride_cn=1, timeout_ns=ctx.timeout_ns,
-        trace=ctx.trace, trace_counts=ctx.trace_counts, **ctx.gemm, MISTAKE=ctx.mistake_index, SLOT_CACHE=ctx.peer_cache,
-        TILE_COORDS=ctx.parts["tile_coords"], REDUCE_STEP=ctx.parts["reduce_step"]), per_launch=("epoch",))]
+        trace=ctx.trace, trace_counts=ctx.trace_counts, **ctx.gemm, SLOT_CACHE=ctx.peer_cache,
+        TILE_COORDS=ctx.parts["tile_coords"], REDUCE_STEP=ctx.parts["reduce_step"],
+        SLOT_FREE_WAIT=ctx.parts["slot_free_wait"], DATA_READY_WAIT=ctx.parts["data_ready_wait"]),
+        per_launch=("epoch",))]
 
 
 def events_per_tile(world_size):
@@ -161,7 +149,10 @@ SPEC = AlgorithmSpec(
     done=Done("store"), flags={"data_ready": "signal", "slot_free": "reduce"}, wait_flags=WAIT_FLAGS,
     events_per_program=lambda cfg, W: -(-cfg.tile_count // cfg.num_sms) * events_per_tile(W),
     events_per_launch=lambda cfg, W, rank: cfg.tile_count * events_per_tile(W),
-    parts={"tile_coords": TILE_COORDS_PART, "reduce_step": Part(reduce_step, "(total, payload)")},
-    mistakes=MISTAKES, mistake_parts={"forward_accumulator": {"reduce_step": forward_running_sum}},
+    parts={"tile_coords": TILE_COORDS_PART, "reduce_step": Part(reduce_step, "(total, payload)"),
+           "slot_free_wait": WAIT_PART, "data_ready_wait": WAIT_PART},
+    mistake_parts={"forward_accumulator": {"reduce_step": forward_running_sum},
+                   "skip_slot_free_wait": {"slot_free_wait": skip_the_wait},
+                   "wait_for_missing_message": {"data_ready_wait": wait_one_too_many}},
     gpu_tuning={"hopper": (128, 128, 64, 8, 4, 8)},   # measured as atomics' (docs/decisions.md, atomics' tile)
     builtin=True)

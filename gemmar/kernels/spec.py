@@ -10,7 +10,7 @@ new algorithm (a user's own, in a notebook cell or a file) is one spec and its k
   is found by calling the same function with an allocator that only counts.
 - **launches**: ``launches(ctx) -> [Launch]``: the kernels of one launch with their grids, streams and
   keyword arguments (``ctx`` is a :class:`LaunchContext`: the config, the heap, the buffers, A and B, the
-  trace buffers, the parts, the mistake). Arguments named in ``Launch.per_launch`` change every launch
+  trace buffers, the parts). Arguments named in ``Launch.per_launch`` change every launch
   (``epoch``: how many launches came before; ``parity``: epoch % 2).
 - **output**: ``output(buffers, epoch) -> C``: where launch ``epoch``'s all-reduced C is.
 - **phases**: the events its kernels record (:class:`Phase`): kind id, name, colour group (gemm, wait,
@@ -22,11 +22,12 @@ new algorithm (a user's own, in a notebook cell or a file) is one spec and its k
 - **wait_flags**: the flags its kernels wait on (a flag name -> the id each wait passes to
   ``device.wait_at_least``), so that a wait that expires is reported as a DeadlockError naming the flag.
 - **parts**: the @triton.jit functions a puzzle may replace (:class:`Part`: the reference function itself;
-  a participant's signature is checked against it), and **mistakes**: the teaching bugs, by name.
+  a participant's signature is checked against it), and **mistake_parts**: the teaching bugs, by name, each
+  some of those parts swapped (``kernels/mistakes.py``); a kernel holds no branch for a mistake.
 - **c_dtype**: the dtype of the all-reduced C for a config.
 
 A spec's functions and kernels are plain Python and Triton: to run a user's spec on the ranks its source
-travels there (``runtime/shipping.py``), the way puzzle parts do.
+travels there (``runtime/shipping.py``), as a puzzle's parts do.
 """
 
 import dataclasses
@@ -37,6 +38,7 @@ from typing import Callable
 import torch
 
 from ..errors import UsageError
+from .device import wait_for_tile
 
 PHASE_GROUPS = ("gemm", "wait", "comm", "reduce", "store")
 
@@ -77,6 +79,10 @@ class Part:
         return tuple(inspect.signature(self.reference.fn).parameters)
 
 
+# The waits a kernel takes as parts (so that a mistake can swap one): every one is device.wait_for_tile.
+WAIT_PART = Part(wait_for_tile, "nothing: it returns once *flag >= target")
+
+
 @dataclass
 class Launch:
     """One kernel of a launch: ``kernel[grid](**kwargs)`` on ``stream`` (None: the rank's stream; "side":
@@ -104,7 +110,6 @@ class LaunchContext:
     trace: object               # this rank's trace buffer and per-program counts
     trace_counts: object
     parts: dict                 # part name -> @triton.jit function (the kernel's own, a mistake's, a participant's)
-    mistake_index: int          # index into the spec's mistakes (0: none)
     watchdog: object            # int64 words the waits report an expired wait in
     gpu: bool
 
@@ -169,8 +174,7 @@ class AlgorithmSpec:
     wait_flags: dict = field(default_factory=dict)  # flag name -> the id its waits pass to wait_at_least
     #                                                 (flag_kind), named in a DeadlockError
     parts: dict = field(default_factory=dict)    # name -> Part
-    mistakes: tuple = ("none",)
-    mistake_parts: dict = field(default_factory=dict)  # mistake -> {part name: function}
+    mistake_parts: dict = field(default_factory=dict)  # mistake name -> {part name: function in its place}
     comm_programs: bool = False        # launches comm_sms communication programs besides the GEMM's
     comm_beside_gemm: bool = False     # they are small enough to share an SM with a GEMM program: on Hopper
     #                                    GPUs the default is then one beside each (tuning.tuned_defaults)
@@ -206,8 +210,17 @@ class AlgorithmSpec:
         if not all(isinstance(i, int) and 0 < i < 2 ** 31 for i in flag_ids) or len(set(flag_ids)) != len(flag_ids):
             raise UsageError(f"algorithm {self.name}: wait_flags must give each flag name its own id from 1 to "
                              f"2**31 - 1, got {self.wait_flags}")
-        if self.mistakes[:1] != ("none",):
-            raise UsageError(f"algorithm {self.name}: mistakes must start with 'none'")
+        for mistake, swaps in self.mistake_parts.items():
+            if mistake == "none" or not isinstance(mistake, str) or not isinstance(swaps, dict) or not swaps or \
+                    not set(swaps) <= set(self.parts):
+                raise UsageError(f"algorithm {self.name}: mistake_parts must map each mistake's name (not 'none') to "
+                                 f"{{part name: function}} over its parts ({', '.join(self.parts) or 'none'}); got "
+                                 f"{mistake!r}: {swaps!r}")
+
+    @property
+    def mistakes(self):
+        """The teaching mistakes' names, "none" first."""
+        return ("none",) + tuple(self.mistake_parts)
 
     # -- what the rest of gemmar asks of an algorithm --------------------------------------------------
     def trace_room(self, config, world_size):
@@ -244,14 +257,18 @@ class AlgorithmSpec:
 
     def parts_for(self, mistake, given):
         """The parts a launch uses: the kernel's own, a mistake's, then ``given`` (a participant's)."""
+        self.check_mistake(mistake)
         own = {name: part.reference for name, part in self.parts.items()}
         return {**own, **self.mistake_parts.get(mistake, {}), **(given or {})}
 
-    def mistake_index(self, mistake):
+    def check_mistake(self, mistake):
         if mistake not in self.mistakes:
             raise UsageError(f"mistake {mistake!r} does not exist in {self.name!r}: use one of "
                              f"{', '.join(self.mistakes)}")
-        return self.mistakes.index(mistake)
+
+    def runs_its_own_parts(self, parts):
+        """Whether a launch's ``parts`` are all this algorithm's own (no mistake's, no participant's)."""
+        return all(parts[name] is part.reference for name, part in self.parts.items())
 
 
 class CountingAllocator:

@@ -76,9 +76,10 @@ waits until every peer has read all of this rank's partials (the counts of step 
 is what makes the next launch's overwriting of ``partials`` safe. One exchange instead of two, for W - 1
 copies of each partial on the links: the path for small C, where each exchange's latency decides.
 
-``MISTAKE`` turns on a teaching bug: 1 reads the partials without waiting for ``partial_ready``, so a
-late rank's partial is read before it is written. Step 5 is :func:`sum_partials`, passed to both kernels
-as ``SUM_PARTIALS`` so that notebook 6's puzzle can run a participant's own version of it.
+Step 5 is :func:`sum_partials`, passed to both kernels as ``SUM_PARTIALS`` so that notebook 6's puzzle can
+run a participant's own version of it. Step 4's wait is a part too (``WAIT_FOR_PARTIALS``): the teaching mistake
+``skip_partial_wait`` runs the kernels with it swapped for ``kernels/mistakes.py``'s ``skip_the_wait``, so a
+late rank's partial is read before it is written.
 """
 
 import dataclasses
@@ -94,10 +95,11 @@ from .device import FLAG_WORDS
 from .events import event, finish_trace
 from .answers import sum_partials
 from .gemm import GEMM_PHASE, tile_coords, tile_offsets, traced_gemm_tile
-from .owner_reduce import (BROADCAST, COMM_WARPS, MISTAKES, REDUCE, REDUCE_ROWS, REDUCTION_PHASES, TAKE, WAIT_FLAGS,
+from .mistakes import skip_the_wait
+from .owner_reduce import (BROADCAST, COMM_WARPS, REDUCE, REDUCE_ROWS, REDUCTION_PHASES, TAKE, WAIT_FLAGS,
                            count_in_at_peers, help_reduce, owned_count_on_host, reduce_events, slot_pointers,
                            two_shot_reduce)
-from .spec import AlgorithmSpec, Done, Launch, Part, Phase
+from .spec import WAIT_PART, AlgorithmSpec, Done, Launch, Part, Phase
 
 PUBLISH_PHASE = Phase(9, "publish", "store")   # a GEMM program stores its partial and tells the owner
 PHASES = (GEMM_PHASE, PUBLISH_PHASE) + REDUCTION_PHASES
@@ -224,7 +226,7 @@ def launches(ctx, one_shot=False):
     # At world size 1 the GEMM programs write each tile into C themselves (write_alone_tile), and the
     # launch is their kernel alone; with the package's own sum only: a participant's sum_partials
     # (notebook 6) or a teaching mistake must see every tile, so then the communication programs sum them all.
-    alone = ctx.world_size == 1 and ctx.mistake_index == 0 and ctx.parts["sum_partials"] is sum_partials
+    alone = ctx.world_size == 1 and SPEC.runs_its_own_parts(ctx.parts)
     help = help and not alone
     gemm = Launch(two_shot_gemm, (cfg.num_sms,), ctx.tuning(
         A=ctx.A, B=ctx.B, C=buf.C, partials=buf.partials, partial_ready=buf.partial_ready,
@@ -241,7 +243,7 @@ def launches(ctx, one_shot=False):
         world_size=ctx.world_size, epoch=0,
         M=cfg.m, N=cfg.n, stride_cm=cfg.n, stride_cn=1, timeout_ns=ctx.timeout_ns, trace=trace,
         trace_counts=trace_counts, BLOCK_M=cfg.BLK_M, BLOCK_N=cfg.BLK_N, GROUP_SIZE_M=cfg.gsize_m,
-        COMM_SMS=cfg.comm_sms, TRACE_CAPACITY=ctx.gemm["TRACE_CAPACITY"], MISTAKE=ctx.mistake_index,
+        COMM_SMS=cfg.comm_sms, TRACE_CAPACITY=ctx.gemm["TRACE_CAPACITY"], WAIT_FOR_PARTIALS=ctx.parts["partial_wait"],
         PEER_CACHE=ctx.peer_cache, SUM_PARTIALS=ctx.parts["sum_partials"], CLAIM=help,
         REDUCE_ROWS=reduce_rows, ONE_SHOT=one_shot,
         num_stages=1, num_warps=comm_warps),
@@ -276,7 +278,8 @@ SPEC = AlgorithmSpec(
     labels={"store": "storing a partial, counting it in"}, done=Done("broadcast", where="every_rank"),
     c_dtype=lambda config: config.torch_dtype, events_per_program=events_per_program,
     events_per_launch=events_per_launch,
-    parts={"sum_partials": Part(sum_partials, "the tile's fp32 sum")}, mistakes=MISTAKES,
+    parts={"sum_partials": Part(sum_partials, "the tile's fp32 sum"), "partial_wait": WAIT_PART},
+    mistake_parts={"skip_partial_wait": {"partial_wait": skip_the_wait}},
     comm_programs=True, comm_beside_gemm=True, wire_dtype=True, wait_flags=WAIT_FLAGS,
     # The TMA GEMM core's measured tile; for few rows at world size 1 (fewer tiles than SMs; the GEMM then reads
     # through plain pointers), by the most rows each suits, the fastest measured (docs/decisions.md, two_shot's
@@ -304,5 +307,5 @@ ONE_SHOT_SPEC = AlgorithmSpec(
     done=Done("broadcast"), c_dtype=SPEC.c_dtype,
     events_per_program=functools.partial(events_per_program, one_shot=True),
     events_per_launch=functools.partial(events_per_launch, one_shot=True),
-    parts=SPEC.parts, mistakes=MISTAKES, comm_programs=True, comm_beside_gemm=True, wire_dtype=True,
+    parts=SPEC.parts, mistake_parts=SPEC.mistake_parts, comm_programs=True, comm_beside_gemm=True, wire_dtype=True,
     wait_flags=WAIT_FLAGS, gpu_tuning=SPEC.gpu_tuning, builtin=True)

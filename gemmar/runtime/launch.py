@@ -121,13 +121,13 @@ def share_sms(compiled):
 
 class FusedGemmAllReduce:
     def __init__(self, heap, config: RunConfig, mistake="none", parts=None):
-        """``parts``: {name: @triton.jit function} that replace the kernel's own (``runtime/parts.py``)."""
+        """``parts``: {name: @triton.jit function} that replace the kernel's own (``runtime/shipping.py``)."""
         config.validate()
         if config.world_size != heap.world_size:
             raise UsageError(f"world_size={config.world_size} does not match the heap's {heap.world_size} ranks")
         self.spec = spec = config.spec
-        self.heap, self.config, self.mistake_index = heap, config, spec.mistake_index(mistake)
-        # The kernel's swappable functions: its own, a mistake's, or a participant's (runtime/parts.py).
+        self.heap, self.config = heap, config
+        # The kernel's swappable functions: its own, a mistake's (kernels/mistakes.py), or a participant's.
         self.parts = spec.parts_for(mistake, parts)
         self.launches = 0   # launches so far: the next one's epoch
         self.buffers = spec.buffers(heap.zeros, config, heap.world_size)
@@ -248,7 +248,7 @@ class FusedGemmAllReduce:
                        stride_bn=B_ptr.stride(1))
         ctx = LaunchContext(config=cfg, heap=heap, buffers=self.buffers, A=A, B=B, K=K_r, strides=strides, gemm=gemm,
                             trace=self.trace, trace_counts=self.trace_counts, parts=self.parts,
-                            mistake_index=self.mistake_index, watchdog=self.watchdog, gpu=heap.device.type == "cuda")
+                            watchdog=self.watchdog, gpu=heap.device.type == "cuda")
         return self.spec.launches(ctx)
 
     def check(self):

@@ -22,9 +22,8 @@ from ..errors import DeadlockError, GemmarError, HeapBoundsError, UsageError, ge
 from .heap import barrier_all, create_heap
 from .. import sanitizer
 from .launch import FusedGemmAllReduce, launch_ranks
-from .parts import failure_text, load_parts
 from .problem import rank_slice, scale_inputs, seeded_problem, tolerance
-from .shipping import unship
+from .shipping import failure_text, load_parts, unship
 from .results import RankFailure, RankResult
 
 _ranks = []   # the RankContexts this engine hosts: one, or every rank when they share a GPU
@@ -190,7 +189,7 @@ def run_gemm_all_reduce(config, inputs=None, reference=None, scale=None, mistake
     (every rank builds the same global matrices and keeps its own K-slice), so a benchmark ships no data
     between client and engines. All hosted ranks launch before any of them is waited for.
 
-    ``parts``: a participant's kernel parts as source (``runtime/parts.py``); an error raised while they
+    ``parts``: a participant's kernel parts as shipped (``runtime/shipping.py``); an error raised while they
     compile or run comes back as a one-line UsageError that points into their code. ``algorithm``: a
     user's algorithm as shipped (``runtime/shipping.py``), defined here before the config is checked.
     """
