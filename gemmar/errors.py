@@ -4,6 +4,11 @@
 class GemmarError(Exception):
     """Base class for every error gemmar raises on purpose."""
 
+    def _render_traceback_(self):
+        """What IPython (a notebook) shows for it: its one line, not a traceback through gemmar's code, which
+        says nothing the line does not (the line names the bad value and what is allowed)."""
+        return [f"\x1b[0;31m{type(self).__name__}\x1b[0m: {self}"]
+
 
 class UsageError(GemmarError, ValueError):
     """Bad input: a shape, block size, dtype, algorithm, world size or file that gemmar cannot use."""

@@ -4,7 +4,9 @@ Notebook 1: run all cells, write a wrong swizzle into the puzzle cell and see th
 then a right one and see it pass. Notebooks 2 and 6: a part with from_rank and to_rank (or translate's
 ranks) swapped, which crashes the ranks, then the right one, which passes with no manual restart. Notebook 4: run all cells, change a widget, press Run, check that the Gantt
 chart changed; start a long run, stop it with the explorer's Stop button, and see the next Run start at once
-and finish. Saves
+and finish. Notebook 7: the participant's own kernel stores C with the row mask built from the column offsets,
+on a C with edge tiles: the run cell says the write past C in one line (row, column, the line of their
+kernel), where the values alone would have passed. Saves
 screenshots (out/browser-*.png).
 
 Needs Debian's chromium (/usr/bin/chromium; .ci/run installs it) and Playwright for Python (which drives
@@ -13,6 +15,7 @@ loud reason rather than passing quietly."""
 
 import contextlib
 import inspect
+import json
 import os
 import re
 import secrets
@@ -41,7 +44,7 @@ def _free_port():
 def jupyterlab(tmp_path):
     # Copies of the notebooks: JupyterLab saves outputs into the file it has open.
     for name in ("01_persistent_gemm.ipynb", "02_atomic_accumulation.ipynb", "04_tile_explorer.ipynb",
-                 "06_two_shot.ipynb"):
+                 "06_two_shot.ipynb", "07_your_own_algorithm.ipynb"):
         shutil.copy(ROOT / "notebooks" / name, tmp_path)
     port, token = _free_port(), secrets.token_hex(16)
     log = open(tmp_path / "jupyterlab.log", "w")
@@ -69,8 +72,8 @@ def jupyterlab(tmp_path):
 
 
 @contextlib.contextmanager
-def notebook_page(jupyterlab, notebook):
-    """A headless Chromium page with ``notebook`` open in JupyterLab and all its cells run."""
+def notebook_page(jupyterlab, notebook, run_all=True):
+    """A headless Chromium page with ``notebook`` open in JupyterLab and (``run_all``) all its cells run."""
     if not os.path.exists(CHROMIUM):
         pytest.skip("!!! BROWSER TEST NOT RUN: no Chromium at /usr/bin/chromium (apt-get install chromium) !!!")
     try:
@@ -88,7 +91,7 @@ def notebook_page(jupyterlab, notebook):
         page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=120_000)
         # The kernel must be up before Run All; on a cold start (fresh venv) that takes a while.
         page.get_by_text("| Idle").first.wait_for(timeout=180_000)
-        for attempt in range(2):
+        for attempt in range(2 if run_all else 0):
             page.locator(".jp-Notebook").first.click()   # focus the notebook, so Run All applies to it
             menu(page, "Run", "Run All Cells")
             try:   # the first cell shows an execution count once Run All took effect
@@ -239,6 +242,59 @@ def test_participant_crashes_the_ranks_then_solves_the_puzzle(jupyterlab, notebo
         if "killed by" in wrong:   # the ranks crashed: the right answer ran on fresh ones, and said so
             assert "the last check's ranks crashed: starting" in said, said
         page.screenshot(path=str(SHOTS / f"browser-{notebook[:2]}-right.png"), full_page=True)
+
+
+def run_cell(page, holding, source=None):
+    """Run the code cell that holds ``holding`` (with ``source`` typed in its place first, as a participant
+    edits it); return its output's text and the seconds it ran."""
+    cell = page.locator(".jp-CodeCell", has=page.locator(".cm-content", has_text=holding)).first
+    cell.locator(".cm-content").click()
+    if source is not None:
+        page.keyboard.press("Control+a")
+        page.keyboard.insert_text(source)
+    prompt = cell.locator(".jp-InputPrompt").first
+    before = prompt.inner_text()
+    started = time.monotonic()
+    page.keyboard.press("Shift+Enter")
+    while True:   # the prompt goes [ ] -> [*] -> [n]
+        now = prompt.inner_text()
+        if now != before and "*" not in now:
+            break
+        assert time.monotonic() - started < 240, f"the cell holding {holding!r} did not run (prompt {now!r})"
+        time.sleep(0.2)
+    return cell.locator(".jp-OutputArea").first.inner_text(), time.monotonic() - started
+
+
+def test_participant_writes_past_c_in_their_own_algorithm_and_is_told_where(jupyterlab):
+    """Workshop dry run 3, item 1: notebook 7's kernel with the row mask built from the column offsets, run on a
+    C of 50 x 40 (edge tiles). C comes out right (rows 50-63 land past C, in the heap), so only the bounds check
+    can tell: it is on for a new algorithm on cpu ranks, and the run cell says it in one line."""
+    cells = ["".join(c["source"]) for c in json.loads((ROOT / "notebooks" / "07_your_own_algorithm.ipynb").read_text())["cells"]]
+    kernel = next(c for c in cells if "def one_shot_pull(" in c)
+    run = next(c for c in cells if "cluster = gemmar.Cluster(" in c)
+    store = "offsets, mask = tile_offsets(pid_m, pid_n, M, N, N, 1, BLOCK_M, BLOCK_N)"
+    assert store in kernel and "torch.randn(48, 90" in run and "torch.randn(90, 32" in run
+    rows_masked_by_columns = kernel.replace(store, "rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)\n"
+                                            "        rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)\n"
+                                            "        offsets, mask = rm[:, None] * N + rn[None, :], "
+                                            "(rn[None, :] < M) & (rn[None, :] < N)")
+    edge_tiles = run.replace("torch.randn(48, 90", "torch.randn(50, 90").replace("torch.randn(90, 32",
+                                                                                 "torch.randn(90, 40")
+    with notebook_page(jupyterlab, "07_your_own_algorithm.ipynb", run_all=False) as page:
+        run_cell(page, "grouped_order = TILE_COORDS_PART.reference")
+        run_cell(page, "def one_shot_pull(", rows_masked_by_columns)
+        run_cell(page, "def buffers(alloc")
+        said, seconds = run_cell(page, "cluster = gemmar.Cluster(", edge_tiles)
+        page.screenshot(path=str(SHOTS / "browser-07-past-c.png"), full_page=True)
+        lines = [line for line in said.splitlines() if line.startswith("HeapBoundsError")]
+        assert len(lines) == 1 and "Traceback" not in said and 'File "' not in said, said
+        assert re.fullmatch(r"HeapBoundsError: rank \d, program \d: a write at `tl\.store\(C \+ offsets, total, "
+                            r"mask=mask\)` \(one_shot_pull\) reaches element \d+ \(row 5\d, column \d+; rows are 0 to "
+                            r"49\) of C \(float32\[50, 40\], 2000 elements\) on rank \d's heap, past its end: .*",
+                            lines[0]), said
+        # (the cell starts 3 ranks, then runs: the error itself comes within seconds of the launch)
+        assert seconds < 60, f"the run cell took {seconds:.0f} s to say it"
+        run_cell(page, "cluster.stop()")
 
 
 def knob(page, name):

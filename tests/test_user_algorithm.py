@@ -69,7 +69,7 @@ def test_a_store_past_cs_edge_is_named_by_default_on_cpu_ranks(clusters):
         cluster.gemm_all_reduce(A, B, algorithm=one_shot_push.SPEC_ROWS_MASKED_BY_COLUMNS, BLK_M=16, BLK_N=16,
                                 BLK_K=16, num_sms=2)
     assert time.monotonic() - started < 15
-    assert re.search(r"a write at .*:\d+ reaches element 2000 \(row 50, column 0; rows are 0 to 49\) of C "
+    assert re.search(r"a write at `tl\.store\(.*\)` \(store_tile_rows_masked_by_columns\) reaches element 2000 \(row 50, column 0; rows are 0 to 49\) of C "
                      r"\(float32\[50, 40\], 2000 elements\) on rank \d's heap, past its end", str(found.value)), found.value
     unchecked = cluster.gemm_all_reduce(A, B, algorithm=one_shot_push.SPEC_ROWS_MASKED_BY_COLUMNS, BLK_M=16,
                                         BLK_N=16, BLK_K=16, num_sms=2, sanitize=False)

@@ -27,6 +27,7 @@ constexpr ``INTERPRETER``: the clock (:func:`now`) and a short sleep while spinn
 leave the cores to the ranks they wait for.
 """
 
+import linecache
 import os
 import sys
 import time
@@ -77,6 +78,17 @@ _GEMMAR_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PASS_THROUGH = (os.path.join(_TRITON_DIR, "triton") + os.sep, os.path.join(_GEMMAR_DIR, "sanitizer") + os.sep,
                 os.path.join(_GEMMAR_DIR, "kernels", "device.py"), os.path.join(_GEMMAR_DIR, "iris", "device.py"),
                 os.path.join(_GEMMAR_DIR, "iris", "tiles.py"), os.path.join(_GEMMAR_DIR, "kernels", "answers.py"))
+
+
+def place(where):
+    """Where a report points, from ``kernel_line()``'s (file, line, function): ``file.py:line``; for user code
+    defined from shipped source (``<gemmar ...>``, whose line numbers count in the shipped text, not in the
+    user's cell or file), the line itself and its function."""
+    file, line, function = where
+    if file.startswith("<gemmar "):
+        text = linecache.getline(file, line).strip()
+        return f"`{text}` ({function})" if text else f"line {line} of {function}"
+    return f"{os.path.basename(file)}:{line}"
 
 
 def kernel_line():
@@ -130,12 +142,12 @@ def _check_ranks(heap_bases, from_rank, to_rank):
                 if bad.size:
                     from triton.runtime.interpreter import interpreter_builder
 
-                    file, line, _ = kernel_line()
+                    where = place(kernel_line())
                     x, y, z = interpreter_builder.grid_idx
                     gx, gy, _ = interpreter_builder.grid_dim
                     raise HeapBoundsError(
                         f"rank {rank}, program {x + gx * (y + gy * z)} asked for rank {int(bad[0])} at "
-                        f"{os.path.basename(file)}:{line}: ranks are 0 to {world_size - 1} (world_size={world_size})")
+                        f"{where}: ranks are 0 to {world_size - 1} (world_size={world_size})")
             return
 
 

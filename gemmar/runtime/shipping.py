@@ -151,13 +151,20 @@ class _Collector:
         return shipped
 
 
+def _register(shipped, filename):
+    """The shipped sources as one text under ``filename`` in ``linecache`` (where Triton and a report's
+    line read them: on the ranks, and on the client too, where the sanitizer's race report is written)."""
+    text = "\n\n".join(shipped["sources"].values()) + "\n"
+    linecache.cache[filename] = (len(text), None, text.splitlines(True), filename)
+    return text
+
+
 def _define(shipped, filename, whose):
     """Rank side: a namespace with the shipped imports and values, and the sources defined in it."""
     namespace = {"__name__": f"gemmar_user_code_{shipped['digest']}"}
     namespace.update({alias: _imported(module, qualname) for alias, (module, qualname) in shipped["imports"].items()})
     namespace.update({alias: pickle.loads(blob) for alias, blob in shipped["values"].items()})
-    text = "\n\n".join(shipped["sources"].values()) + "\n"
-    linecache.cache[filename] = (len(text), None, text.splitlines(True), filename)
+    text = _register(shipped, filename)
     try:
         exec(compile(text, filename, "exec"), namespace)
     except Exception as e:  # noqa: BLE001 - the user's code: one line that says what broke
@@ -184,6 +191,7 @@ def ship_parts(parts, spec):
         if not isinstance(function, tuple):
             collect.add_function(fn)
         shipped[name] = collect.shipped(function=function)
+        _register(shipped[name], f"{PART_PREFIX}{name} {shipped[name]['digest']}>")
     return shipped
 
 
@@ -225,6 +233,8 @@ def failure_text(error, shipped_parts):
     innermost = next((link for link in reversed(chain) if str(link).strip()), error)   # (not a bare StopIteration)
     lines = [line.strip() for line in str(innermost).strip().splitlines() if line.strip()]
     what = f"{type(innermost).__name__}: {lines[-1]}" if lines else type(innermost).__name__
+    if where and where[where.index("`"):] in what:   # (a sanitizer's report names the line itself)
+        where = where[:where.index(" at `")]
     return f"{where or 'the kernel with your ' + ' and '.join(shipped_parts) + ' did not run'}: {what}"
 
 
@@ -247,7 +257,9 @@ def ship(spec):
             collect.add_function(collect.user_function("a helper", root))
     data = {f.name: getattr(spec, f.name) for f in dataclasses.fields(spec)
             if f.name not in FUNCTION_FIELDS + ("parts", "mistake_parts", "helpers")}
-    return collect.shipped(data=data, functions=functions, parts=parts, mistake_parts=mistake_parts)
+    shipped = collect.shipped(data=data, functions=functions, parts=parts, mistake_parts=mistake_parts)
+    _register(shipped, f"{ALGORITHM_PREFIX}{spec.name} {shipped['digest']}>")
+    return shipped
 
 
 _unshipped = {}   # digest -> spec, so a repeated run defines (and compiles) nothing again

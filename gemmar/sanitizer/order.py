@@ -21,8 +21,8 @@ writes.)
 """
 
 import dataclasses
-import os
 
+from ..kernels.device import place
 from .record import OWNER_SHIFT, element_text
 
 ACQUIRES, RELEASES = ("acquire", "acq_rel"), ("release", "acq_rel")
@@ -55,7 +55,7 @@ class Access:
 
     @property
     def line(self):
-        return f"{os.path.basename(self.where[0])}:{self.where[1]}"
+        return place(self.where)
 
     def who(self):
         return f"rank {self.rank} program {self.program} ({self.kernel})"

@@ -26,7 +26,7 @@ import time
 import numpy as np
 
 from ..errors import HeapBoundsError
-from ..kernels.device import PASS_THROUGH, kernel_line
+from ..kernels.device import PASS_THROUGH, kernel_line, place
 
 UNNAMED = "heap tensor at byte"   # (the heap's name for an allocation nobody named)
 ARTICLED = {"read": "a read", "write": "a write", "rmw": "an atomic", "access": "an access"}
@@ -169,10 +169,9 @@ class Recorder:
             return None
         bad = near & ((index < 0) | (index >= self.world_size))
         if bad.any():
-            file, line, _ = kernel_line()
             raise HeapBoundsError(
                 f"rank {self.rank}, program {self._program(_builder())} asked for rank {int(index[bad][0])} at "
-                f"{os.path.basename(file)}:{line}: ranks are 0 to {self.world_size - 1} (world_size={self.world_size})")
+                f"{place(kernel_line())}: ranks are 0 to {self.world_size - 1} (world_size={self.world_size})")
         return int(index[0]) if near.all() and addresses.size == 1 else None
 
     def _wild(self, addresses, kind, program, translation):
@@ -180,17 +179,17 @@ class Recorder:
         rank it was translated from (from_rank and to_rank swapped, or a pointer that is not a heap tensor).
         Stopped here: the write would land in whatever memory is there, or crash the process."""
         from_rank, to_rank = translation
-        file, line, _ = kernel_line()
+        where = place(kernel_line())
         original = int(addresses[0]) - int(self.bases[to_rank] - self.bases[from_rank])
         offsets = original - self.bases
         inside = np.flatnonzero((offsets >= 0) & (offsets < self.heap_size))
-        where = f"in rank {int(inside[0])}'s heap" if inside.size else "on no rank's heap"
+        heap = f"in rank {int(inside[0])}'s heap" if inside.size else "on no rank's heap"
         hint = (f": the caller is rank {self.rank}, so from_rank must be {self.rank} (data flows from from_rank to "
                 f"to_rank)" if inside.size and int(inside[0]) == self.rank != from_rank else
                 ": translate a pointer into a tensor of the symmetric heap")
         raise HeapBoundsError(
-            f"rank {self.rank}, program {program}: {ARTICLED[kind]} at {os.path.basename(file)}:{line} translates a "
-            f"pointer from rank {from_rank} to rank {to_rank}, but the pointer is {where}, not rank {from_rank}'s, "
+            f"rank {self.rank}, program {program}: {ARTICLED[kind]} at {where} translates a "
+            f"pointer from rank {from_rank} to rank {to_rank}, but the pointer is {heap}, not rank {from_rank}'s, "
             f"so the address lands on no heap{hint}")
 
     def _owners(self, addresses, kind):
@@ -235,12 +234,12 @@ class Recorder:
 
     def _bounds_text(self, kind, owner, anchor, stray, problem, program=None, where=None, size=1):
         """One line: who (rank, program, line) reached which element past which buffer, and where that is."""
-        file, line, _ = where or kernel_line()
+        at = place(where or kernel_line())
         program = self._program(_builder()) if program is None else program
         starts, ends, labels = self.heap.allocation_table()
         i = int(np.searchsorted(starts, anchor, side="right")) - 1
         if i < 0 or anchor >= ends[i]:
-            return (f"rank {self.rank}, program {program}: {ARTICLED[kind]} at {os.path.basename(file)}:{line} reaches byte "
+            return (f"rank {self.rank}, program {program}: {ARTICLED[kind]} at {at} reaches byte "
                     f"{stray} of rank {owner}'s heap, {problem}")
         name, shape, dtype = labels[i]
         if name.startswith(UNNAMED):
@@ -250,7 +249,7 @@ class Recorder:
         # For a matrix, the row and column too: a row past the last one is an edge tile's mask (rows or columns).
         where_in = (f" (row {element // shape[1]}, column {element % shape[1]}; rows are 0 to {shape[0] - 1})"
                     if len(shape) == 2 and shape[1] and element >= 0 else "")
-        return (f"rank {self.rank}, program {program}: {ARTICLED[kind]} at {os.path.basename(file)}:{line} reaches element "
+        return (f"rank {self.rank}, program {program}: {ARTICLED[kind]} at {at} reaches element "
                 f"{element}{where_in} of {name} ({dtype}{list(shape)}, {count} elements) on rank {owner}'s heap, "
                 f"{'past its end' if element >= count else 'before its start' if element < 0 else 'inside it'}: "
                 f"byte {stray} is {problem}")
