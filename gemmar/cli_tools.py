@@ -94,20 +94,31 @@ def cmd_allreduce(args):
                                    baseline=args.baseline and scheme == args.schemes[0], scheme=scheme,
                                    on_progress=progress)
             bar.clear()
-            ran = f["scheme"] if scheme != "auto" else f"{f['scheme']} (auto)"
-            line = (f"{mib:g} MiB {args.datatype} x {W} ranks, {ran}: {'PASSED' if f['ok'] else 'FAILED'} max|out - sum| "
-                    f"{f['max_abs_diff']:.3g} (tolerance {f['tolerance']:.3g}), same bits on every rank: "
-                    f"{'yes' if f['identical'] else 'NO'}")
-            bus = 2 * (W - 1) / W * numel * itemsize / 1e6   # bus bytes per rank, in MB: GB/s = MB / ms
-            for key, name in (("gemmar_ms", f"gemmar {f['scheme']}"), ("nccl_ms", "NCCL"),
-                              ("torch_symm_mem_ms", "torch symm_mem two-shot")):
-                if key in f:
-                    line += f" | {name} {f[key]:.3f} ms ({bus / f[key]:.0f} GB/s bus)"
+            line = allreduce_line(f, f"{mib:g} MiB {args.datatype} x {W} ranks", scheme, 2 * (W - 1) / W * numel * itemsize)
             log("-", W, line)
             rows.append(dict(mib=mib, **f))
     if args.output_file:
         write_report(args, W, backend=backend, results=rows)
     return 0 if all(r["ok"] for r in rows) else 1
+
+
+def allreduce_line(f, what, scheme, bus_bytes):
+    """One checked (and timed) all-reduce as a line; ``f`` gains ``speed_vs_best_baseline`` where it was timed
+    against baselines (the figure issue 50 asks for: the speed against the best of them)."""
+    ran = f["scheme"] if scheme != "auto" else f"{f['scheme']} (auto)"
+    line = (f"{what}, {ran}: {'PASSED' if f['ok'] else 'FAILED'} max|out - sum| {f['max_abs_diff']:.3g} (tolerance "
+            f"{f['tolerance']:.3g}), same bits on every rank: {'yes' if f['identical'] else 'NO'}")
+    names = {"nccl_ms": "NCCL", "torch_symm_mem_ms": "torch symm_mem two-shot",
+             "torch_symm_mem_one_shot_ms": "torch symm_mem one-shot"}
+    for key, name in {"gemmar_ms": f"gemmar {f['scheme']}", **names}.items():
+        if key in f:   # bus bytes per rank, in MB: GB/s = MB / ms
+            line += f" | {name} {f[key]:.3f} ms ({bus_bytes / 1e6 / f[key]:.0f} GB/s bus)"
+    baselines = {name: f[key] for key, name in names.items() if key in f}
+    if baselines and "gemmar_ms" in f:
+        best = min(baselines, key=baselines.get)
+        f["speed_vs_best_baseline"] = baselines[best] / f["gemmar_ms"]
+        line += f" | {f['speed_vs_best_baseline']:.2f}x the speed of the best baseline ({best})"
+    return line
 
 
 def _gantt_parser(sub):

@@ -275,7 +275,8 @@ class Cluster(EngineCluster):
                        world_size=self.world_size,
                        max_abs_diff=max(d for o in outs for d in o["max_abs_diff"]), tolerance=outs[0]["tolerance"],
                        identical=len({o["digest"] for o in outs}) == 1, checked_launches=len(outs[0]["max_abs_diff"]))
-        for key in ("gemmar_ms", "nccl_ms", "torch_symm_mem_ms", "torch_symm_mem_error"):
+        for key in ("gemmar_ms", "nccl_ms", "torch_symm_mem_ms", "torch_symm_mem_error", "torch_symm_mem_one_shot_ms",
+                    "torch_symm_mem_one_shot_error"):
             values = [o[key] for o in outs if key in o]
             if values:
                 figures[key] = max(values) if key.endswith("_ms") else values[0]

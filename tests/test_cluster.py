@@ -141,3 +141,17 @@ def _cmdline(p):
         return p.cmdline()
     except psutil.Error:
         return []
+
+
+def test_a_gemmar_error_in_a_notebook_is_its_one_line(capsys):
+    """IPython (a notebook cell) shows an error gemmar raises on purpose as its one line, not a traceback
+    through gemmar's code; any other error keeps its traceback."""
+    from IPython.core.interactiveshell import InteractiveShell
+
+    shell = InteractiveShell.instance()
+    shell.run_cell("import gemmar\ngemmar.Cluster(world_size=0)")
+    said = capsys.readouterr().out
+    lines = [line for line in said.splitlines() if line.strip()]
+    assert len(lines) == 1 and "UsageError" in lines[0] and "world_size" in lines[0] and "Traceback" not in said, said
+    shell.run_cell("1 / 0")
+    assert "Traceback" in capsys.readouterr().out

@@ -139,3 +139,29 @@ def test_few_rows_fixed_costs_follow_their_formulas_and_leave_the_checked_shape_
     changed.write_text(json.dumps(run))
     again = model.few_rows_leave_one_out(str(changed), gpu, machine)
     assert again[-1][1] == rows[-1][1] and again[-1][3] == rows[-1][3] and again[-1][2] == 3 * rows[-1][2]
+
+
+def test_the_all_reduce_model_fits_the_measured_two_gpu_run_and_scales_by_its_rules():
+    """Issue 50: the all-reduce model fits the 2-GPU run it is fitted on (within 30 % at every measured size,
+    10 % at 64 MiB and up, where bandwidth decides), and predicts W = 4 and 8 by its stated rules: NCCL's ring
+    latency grows as W - 1, one-shot's bytes as W - 1, two-shot's as 2 (W - 1) / W."""
+    from gemmar.analysis import allreduce_model as model
+
+    fits = model.fit(model.load())
+    assert set(fits) == set(model.IMPLEMENTATIONS)
+    for f in fits.values():
+        assert all(abs(e) < 0.30 for e in f.errors.values()), (f.implementation, f.errors)
+        assert all(abs(e) < 0.10 for mib, e in f.errors.items() if mib >= 64), (f.implementation, f.errors)
+        assert 0 < f.latency_ms < 0.1 and 100 < f.gb_s < 900   # (us-scale latency, NVLink-scale bandwidth)
+    nccl, one, two = fits["nccl"], fits["gemmar_one_shot"], fits["gemmar_two_shot"]
+    assert abs(nccl.ms(2 ** -10, 8) / nccl.ms(2 ** -10, 2) - 7) < 0.01   # latency-bound: 7 ring steps of 1
+    big = 1024
+    assert abs((one.ms(big, 8) - one.latency_ms * model.latency_factor("direct", 8)) /
+               (one.ms(big, 2) - one.latency_ms) - 7) < 1e-6
+    assert abs((two.ms(big, 8) - two.latency_ms * model.latency_factor("direct", 8)) /
+               (two.ms(big, 2) - two.latency_ms) - 1.75) < 1e-6
+    rows = model.predictions(fits, [1, 256], (4, 8))
+    assert [(r["world_size"], r["mib"]) for r in rows] == [(4, 1), (4, 256), (8, 1), (8, 256)]
+    for r in rows:
+        best = min(r[f"{n}_ms"] for n in ("symm_mem_two_shot", "nccl"))
+        assert r["speed_vs_best_baseline"] == best / min(r["gemmar_two_shot_ms"], r["gemmar_one_shot_ms"])

@@ -81,9 +81,7 @@ PASS_THROUGH = (os.path.join(_TRITON_DIR, "triton") + os.sep, os.path.join(_GEMM
 
 
 def place(where):
-    """Where a report points, from ``kernel_line()``'s (file, line, function): ``file.py:line``; for user code
-    defined from shipped source (``<gemmar ...>``, whose line numbers count in the shipped text, not in the
-    user's cell or file), the line itself and its function."""
+    """Where a report points: ``file.py:line``, or for shipped user code (``<gemmar ...>``) its line's text."""
     file, line, function = where
     if file.startswith("<gemmar "):
         text = linecache.getline(file, line).strip()
@@ -386,9 +384,8 @@ def wait_at_least(flag, target, timeout_ns, watchdog, rank, tile_id, flag_kind, 
 
 @triton.jit
 def wait_for_tile(flag, target, timeout_ns, watchdog, rank, tile_id, FLAG_KIND: tl.constexpr):
-    """:func:`wait_at_least` on tile ``tile_id``'s own flag: the wait a kernel takes as a part (ring's
-    ``slot_free_wait`` and ``data_ready_wait``, two_shot's ``partial_wait``), so that a teaching mistake is
-    that part swapped (``kernels/mistakes.py``), like a puzzle's answer, and no branch of the kernel."""
+    """:func:`wait_at_least` on tile ``tile_id``'s own flag, as a kernel part (ring's two waits, two_shot's
+    ``partial_wait``): a teaching mistake swaps it (``kernels/mistakes.py``), no branch in the kernel does."""
     wait_at_least(flag, target, timeout_ns, watchdog, rank, tile_id, FLAG_KIND, tile_id)
 
 

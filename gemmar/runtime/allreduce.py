@@ -25,7 +25,7 @@ from .compiled_launch import PreparedLaunch
 from .heap import barrier_all
 from .problem import EPSILON, scale_inputs
 from .rank import _publish, check_all, errors_as_results, local_ranks
-from .timing import median_ms, symm_mem_two_shot_ms
+from .timing import median_ms, symm_mem_ms
 
 SCHEMES = ("two_shot", "one_shot")
 
@@ -304,7 +304,7 @@ def run_all_reduce(numel, datatype, comm_sms, iterations, seed=0, timeout_s=60.0
 
         y = inputs[0].clone()
         outs[0]["nccl_ms"] = median_ms(lambda: dist.all_reduce(y), reps)
-        outs[0].update(symm_mem_two_shot_ms(inputs[0], reps))
+        outs[0].update(symm_mem_ms(inputs[0], reps))
     return outs
 
 

@@ -145,16 +145,29 @@ def _best_overlap(A, B, C, reference, reps, warmup):
                 overlap_max_abs_diff=float((C.float() - reference).abs().max()))
 
 
-def symm_mem_two_shot_ms(x, reps):
-    """torch's own symmetric-memory two-shot all-reduce of the same values, where this torch has one."""
+def symm_mem_ms(x, reps):
+    """torch's own symmetric-memory all-reduces of the same values, where this torch has them: two-shot
+    (``torch_symm_mem_ms``, in place) and one-shot (``torch_symm_mem_one_shot_ms``); the best of the two is
+    the baseline to beat. A scheme this torch (or dtype) lacks is reported as ``..._error``, not raised."""
+    figures = {}
     try:
         import torch.distributed as dist
         import torch.distributed._symmetric_memory as symm_mem
 
+        group = dist.group.WORLD.group_name
         buffer = symm_mem.empty(x.numel(), dtype=x.dtype, device=x.device)
-        symm_mem.rendezvous(buffer, dist.group.WORLD.group_name)
+        symm_mem.rendezvous(buffer, group)
         buffer.copy_(x)
-        op = torch.ops.symm_mem.two_shot_all_reduce_
-        return {"torch_symm_mem_ms": median_ms(lambda: op(buffer, "sum", dist.group.WORLD.group_name), reps)}
-    except Exception as e:  # noqa: BLE001 - not in this torch, or not for this dtype: reported, not raised
-        return {"torch_symm_mem_error": f"{type(e).__name__}: {str(e).splitlines()[0][:100] if str(e) else ''}"}
+    except Exception as e:  # noqa: BLE001 - no symmetric memory in this torch
+        return {"torch_symm_mem_error": _one_line(e)}
+    for key, op in (("torch_symm_mem", lambda: torch.ops.symm_mem.two_shot_all_reduce_(buffer, "sum", group)),
+                    ("torch_symm_mem_one_shot", lambda: torch.ops.symm_mem.one_shot_all_reduce(buffer, "sum", group))):
+        try:
+            figures[f"{key}_ms"] = median_ms(op, reps)
+        except Exception as e:  # noqa: BLE001 - this scheme not in this torch, or not for this dtype
+            figures[f"{key}_error"] = _one_line(e)
+    return figures
+
+
+def _one_line(error):
+    return f"{type(error).__name__}: {str(error).splitlines()[0][:100] if str(error) else ''}"

@@ -1,0 +1,41 @@
+"""The all-reduce model (gemmar/analysis/allreduce_model.py): its fit on the measured 2-GPU run, then its
+predictions for 4 and 8 GPUs at 1 KiB - 1 GiB, made before any 4- or 8-GPU machine was lent; no GPU needed.
+
+    python3 benchmarks/allreduce_model.py [--run gemmar/analysis/measured/two-gpus-allreduce.json]
+
+Prints, per world size and size, each implementation's predicted time, gemmar's best scheme, and its speed
+against the best baseline (NCCL, torch symmetric memory's two-shot); and the one-shot/two-shot crossover.
+"""
+
+import argparse
+import datetime
+
+from gemmar.analysis import allreduce_model as model
+
+SIZES = [2 ** k / 1024 for k in range(0, 21, 2)]   # 1 KiB .. 1 GiB, x4 steps, in MiB
+
+
+def main(path):
+    run = model.load(path)
+    fits = model.fit(run)
+    print(f"{datetime.date.today()}: fitted on {path} ({run['machine']}, {run['date']}); per-peer latency share "
+          f"{model.PER_PEER_LATENCY} (assumed)")
+    print("| implementation | latency at W = 2 | bus bandwidth | fit error at each measured size (MiB) |\n|---|---|---|---|")
+    for f in fits.values():
+        errors = ", ".join(f"{mib:g}: {100 * e:+.0f} %" for mib, e in f.errors.items())
+        print(f"| {f.implementation} | {1e3 * f.latency_ms:.1f} us | {f.gb_s:.0f} GB/s | {errors} |")
+    print("\n| W | MiB | gemmar two_shot | one_shot | torch symm-mem two-shot | NCCL | gemmar's best / best baseline |"
+          "\n|---|---|---|---|---|---|---|")
+    for r in model.predictions(fits, SIZES, (2, 4, 8)):
+        print(f"| {r['world_size']} | {r['mib']:g} | {1e3 * r['gemmar_two_shot_ms']:.1f} us | "
+              f"{1e3 * r['gemmar_one_shot_ms']:.1f} us | {1e3 * r['symm_mem_two_shot_ms']:.1f} us | "
+              f"{1e3 * r['nccl_ms']:.1f} us | {r['best_scheme']}: {r['speed_vs_best_baseline']:.2f}x "
+              f"{r['best_baseline']}'s speed |")
+    for W in (2, 4, 8):
+        print(f"one_shot predicted faster than two_shot below {model.one_shot_crossover_mib(fits, W):.2f} MiB at W = {W}")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--run", default=model.MEASURED_RUN, help="a measured 2-GPU run (JSON)")
+    main(parser.parse_args().run)
