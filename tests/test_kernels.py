@@ -4,6 +4,7 @@ two_shot's promise that every rank holds the same bits, run after run."""
 
 import pytest
 import torch
+import triton
 
 import gemmar
 from gemmar.algorithms import builtin_names
@@ -114,7 +115,7 @@ def test_two_shot_any_number_of_communication_programs(clusters, comm_sms):
 @pytest.mark.parametrize("out_dtype,wire_dtype", [(None, None), ("fp32", None), ("fp32", "fp32"), (None, "fp32")])
 def test_two_shot_at_one_rank_gemm_programs_write_the_bits_the_reduction_would(clusters, out_dtype, wire_dtype):
     # At world size 1 the GEMM programs write each tile straight into C (two_shot.write_alone_tile); with a
-    # sum_partials given as a part (here the package's own, which travels as source like a participant's) the
+    # sum_partials given as a part (here a copy of the package's own, as a participant's: it travels as source) the
     # communication programs sum every tile (as many as the GEMM's, so no GEMM program helps). The same bits
     # either way, and the trace shows who wrote C: GEMM programs (0 .. 2) or communication programs (3 .. 5).
     A, B = random_inputs(40, 56, 45, torch.bfloat16, seed=11)
@@ -122,7 +123,9 @@ def test_two_shot_at_one_rank_gemm_programs_write_the_bits_the_reduction_would(c
     settings = dict(algorithm="two_shot", BLK_M=16, BLK_N=16, BLK_K=16, num_sms=3, comm_sms=3, iterations=3,
                     out_dtype=out_dtype, wire_dtype=wire_dtype, trace=True)
     direct = cluster.gemm_all_reduce(A, B, **settings)
-    through = cluster.gemm_all_reduce(A, B, parts={"sum_partials": two_shot.sum_partials}, **settings)
+    # (the package's own function object itself would travel as an import and be the kernel's own part again)
+    copy = triton.jit(two_shot.sum_partials.fn)
+    through = cluster.gemm_all_reduce(A, B, parts={"sum_partials": copy}, **settings)
     for result, writers in ((direct, "GEMM"), (through, "communication")):
         check(result, A, B, 1)
         for iteration in range(3):
