@@ -8,12 +8,7 @@
 set -uo pipefail
 OUTDIR=${1:?usage: benchmarks/allreduce_graphs.sh OUTDIR [1|2]}
 PART=${2:-1}
-mkdir -p "$OUTDIR"
-exec > >(tee -a "$OUTDIR/log-part$PART.txt") 2>&1
-export TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-quiet() { grep -v -e Warn -e enable_symm -e warn; }
-date -u; nvidia-smi --query-gpu=name,clocks.max.sm,memory.total --format=csv,noheader
+source benchmarks/gpu_session.sh "$OUTDIR/log-part$PART.txt"
 if [ "$PART" = 1 ]; then
 echo "== compiled all-reduce tests, graphs on"
 GEMMAR_CUDA_GRAPHS=1 GEMMAR_TEST_BACKEND=cuda timeout 150 python3 -m pytest -q -p no:cacheprovider tests/test_allreduce.py 2>&1 | tail -2

@@ -5,7 +5,8 @@
 #     bash benchmarks/multi_gpu.sh OUTDIR W
 # 1. the standalone all-reduce at 1 KiB - 1 GiB (x4 steps), two_shot, one_shot and auto, each checked against
 #    the float64 sum and bit for bit across ranks, against NCCL and torch symmetric memory's one-shot and
-#    two-shot (gemmar allreduce --baseline; the line ends with the speed against the best of them);
+#    two-shot (gemmar allreduce --baseline: timed beside the first scheme, auto, whose line ends with its
+#    speed against the best of them);
 # 2. on 2 GPUs, a copy-engine peer copy, the link's floor (benchmarks/peer_copy.py);
 # 3. two_shot and one_shot against cuBLAS then NCCL (and overlapped) at the five inference shapes and the three
 #    large ones (benchmarks/fused_vs_unfused.py), every kernel checked against torch.
@@ -17,12 +18,7 @@ GPUS=$(nvidia-smi -L 2>/dev/null | wc -l)
 if ! [[ "$W" =~ ^[0-9]+$ ]] || [ "$W" -lt 2 ] || [ "$W" -gt "$GPUS" ]; then
   echo "benchmarks/multi_gpu.sh: W=$W: give a number of GPUs from 2 to this machine's $GPUS" >&2; exit 2
 fi
-mkdir -p "$OUTDIR"
-exec > >(tee -a "$OUTDIR/log.txt") 2>&1
-export TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-quiet() { grep -v -e Warn -e enable_symm -e warn; }
-date -u; nvidia-smi --query-gpu=name,clocks.max.sm,memory.total --format=csv,noheader
+source benchmarks/gpu_session.sh "$OUTDIR/log.txt"
 nvidia-smi topo -m 2>/dev/null | head -n $((W + 1))
 SIZES="0.0009765625 0.00390625 0.015625 0.0625 0.25 1 4 16 64 256 1024"
 echo "== 1. all-reduce, $W ranks, 1 KiB - 1 GiB"; date -u
