@@ -9,6 +9,7 @@ against the best baseline (NCCL, torch symmetric memory's two-shot); and the one
 
 import argparse
 import datetime
+import os
 
 from gemmar.analysis import allreduce_model as model
 
@@ -18,8 +19,8 @@ SIZES = [2 ** k / 1024 for k in range(0, 21, 2)]   # 1 KiB .. 1 GiB, x4 steps, i
 def main(path):
     run = model.load(path)
     fits = model.fit(run)
-    print(f"{datetime.date.today()}: fitted on {path} ({run['machine']}, {run['date']}); per-peer latency share "
-          f"{model.PER_PEER_LATENCY} (assumed)")
+    print(f"{datetime.date.today()}: fitted on {os.path.relpath(path)} (its machine and date: {run['provenance']}); per-peer "
+          f"latency share {model.PER_PEER_LATENCY} (assumed)")
     print("| implementation | latency at W = 2 | bus bandwidth | fit error at each measured size (MiB) |\n|---|---|---|---|")
     for f in fits.values():
         errors = ", ".join(f"{mib:g}: {100 * e:+.0f} %" for mib, e in f.errors.items())

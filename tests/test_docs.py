@@ -3,6 +3,7 @@ linter CI runs."""
 
 import os
 import re
+import subprocess
 
 import pytest
 
@@ -57,7 +58,6 @@ def test_the_data_indexes_list_every_file_and_only_those(folder, least):
 
 def test_the_code_passes_the_linter():
     """ruff, with the rules in pyproject.toml ([tool.ruff]), over the whole repository."""
-    import subprocess
     import sys
 
     p = subprocess.run([sys.executable, "-m", "ruff", "check", "--no-cache", ROOT], capture_output=True, text=True)
@@ -161,6 +161,11 @@ def test_the_package_code_holds_no_figures_dates_or_machines():
     found = [f"{os.path.relpath(path, ROOT)}:{number}: {line.strip()}" for path in package_python()
              for number, line in enumerate(open(path), 1) if FIGURE_MARKS.search(line)]
     assert not found, "measured figures belong in docs/decisions.md:\n" + "\n".join(found)
+    # Issue 52's own check, over every file of the package (its measured runs too: their machine and date are in
+    # docs/decisions.md): grep -rn "H200\|20[0-9][0-9]-" gemmar/
+    grep = subprocess.run(["grep", "-rn", "-I", r"H200\|20[0-9][0-9]-", "gemmar/"], cwd=ROOT, capture_output=True,
+                          text=True)
+    assert grep.returncode == 1 and not grep.stdout, grep.stdout
 
 
 def test_every_pointer_to_docs_decisions_names_one_of_its_sections():

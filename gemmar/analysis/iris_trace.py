@@ -18,8 +18,8 @@ from ..config import MAX_DIM, MAX_WORLD_SIZE
 from ..errors import UsageError
 from ..kernels.events import COLUMNS
 
-# Iris's event ids (its trace schema): name -> id. Ranges: 0-1023 Iris's own operations, 1024-2047 a
-# program's data movement, 2048-3071 its compute, 3072-4095 synchronisation.
+# Iris's event ids (its trace schema): name -> id. Ranges: 0 to 1023 Iris's own operations, 1024 to 2047 a
+# program's data movement, 2048 to 3071 its compute, 3072 to 4095 synchronisation.
 EVENT_IDS = {"load": 0, "store": 1, "get": 2, "put": 3, "copy": 4, "atomic_add": 5, "atomic_sub": 6,
              "atomic_cas": 7, "atomic_xchg": 8, "atomic_xor": 9, "atomic_and": 10, "atomic_or": 11,
              "atomic_min": 12, "atomic_max": 13, "fetch": 1024, "compute": 2048, "reduce": 2049, "wait": 3072,
