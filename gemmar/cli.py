@@ -1,7 +1,7 @@
-"""``gemmar`` command line: ``main`` and ``gemmar bench``, which takes the flags of Iris's GEMM + all-reduce
-benchmark.py where the meaning is the same, plus ``--algorithm``, ``--backend``, ``--iterations`` and
-``-t/--trace_tiles``. ``gemmar allreduce`` and ``gemmar gantt`` are in ``cli_tools.py``, what the commands
-write in ``outputs.py``.
+"""The ``gemmar`` command line's words: ``main``, and each command's arguments (``gemmar bench`` takes the
+flags of Iris's GEMM + all-reduce benchmark.py where the meaning is the same, plus ``--algorithm``,
+``--backend``, ``--iterations`` and ``-t/--trace_tiles``), every refusal one line with exit code 2. What each
+command then does is in ``commands.py``.
 
 Exit codes: 0 success, 1 a check failed (C differs from the reference), 2 bad arguments,
 3 a deadlock or a dead rank.
@@ -10,22 +10,11 @@ Exit codes: 0 success, 1 a check failed (C differs from the reference), 2 bad ar
 import argparse
 import sys
 
-from .algorithms import builtin_names, get as get_algorithm
-from .cli_tools import _allreduce_parser, _gantt_parser, _run_parser, starting_line
-from .analysis.auto_rule import AUTO_RULE, choose_algorithm
+from .algorithms import builtin_names
+from .commands import IRIS_AMD_ONLY, cmd_allreduce, cmd_bench, cmd_gantt, cmd_run
 from .config import BACKENDS, DTYPES, RunConfig
-from .tuning import TUNED_KNOBS, reads_by_tma, tuned_defaults
 from .errors import ClusterError, DeadlockError, GemmarError, RankDiedError, UsageError
-from .outputs import DEFAULT_TRACE_FILE, check_output_path, iris_report, trace_path_for, write_report
-from .analysis.plots import plural
-from .report import log, print_figures
-from .runtime.backends import check_heap_fits, gpu_count, gpu_properties, resolve_backend, shares_gpu
-from .runtime.heap import size_text
-from .runtime.launch import heap_bytes_needed
-
-
-# Iris's benchmark flags that set AMD compiler knobs: accepted so that an Iris command line runs unchanged.
-IRIS_AMD_ONLY = ("two_tiles", "waves_per_eu", "mfmaInstrSize", "kpack")
+from .runtime.allreduce import SCHEMES
 
 
 class _Parser(argparse.ArgumentParser):
@@ -139,181 +128,82 @@ def _add_run_flags(p):
                                                         "(default %(default)s)")
 
 
-def config_from_args(args, backend, algorithm=None):
-    """The run's RunConfig; with ``algorithm`` (the --baseline comparison), the same run for that algorithm,
-    leaving out the dtype flags it does not take."""
-    strict, algorithm = algorithm is None, algorithm or args.algorithm
-    _, capability, sms = gpu_properties(backend)
-    if shares_gpu(backend, args.num_ranks):
-        sms //= args.num_ranks   # the ranks' programs must all be resident on the one GPU at once
-    k_rank = -(-args.k // max(args.num_ranks, 1))
-    knobs = tuned_defaults(backend, algorithm, capability, sms, shape=(args.m, args.n, k_rank, args.num_ranks),
-                           given={k: getattr(args, k) for k in TUNED_KNOBS}, trace=args.trace_tiles,
-                           tma=reads_by_tma(args.n, args.k, args.num_ranks, args.datatype),
-                           shared=shares_gpu(backend, args.num_ranks))
-    spec = get_algorithm(algorithm)
-    if args.total_sms is not None and spec.comm_programs:
-        comm = args.total_sms - knobs["num_sms"]
-        if args.comm_sms is not None and args.comm_sms != comm:
-            raise UsageError(f"--total_sms {args.total_sms} is not --gemm_sms {knobs['num_sms']} + --comm_sms "
-                             f"{args.comm_sms}: give two of the three")
-        if comm < 1:
-            raise UsageError(f"--total_sms {args.total_sms} leaves no communication program beside "
-                             f"{knobs['num_sms']} GEMM programs: use more than --gemm_sms")
-        knobs["comm_sms"] = comm
-    takes_dtypes = strict or spec.wire_dtype
-    return RunConfig(m=args.m, n=args.n, k=args.k, datatype=args.datatype, algorithm=algorithm,
-                     world_size=args.num_ranks, iterations=args.iterations, timeout_s=args.timeout,
-                     trace=args.trace_tiles, sanitize=args.sanitize, seed=args.seed, out_dtype=args.out_dtype if takes_dtypes else None,
-                     wire_dtype=args.wire_dtype if takes_dtypes else None, **knobs).validate()
+def _allreduce_parser(sub):
+    p = sub.add_parser("allreduce", help="the standalone all-reduce on the symmetric heap, checked and timed",
+                       description="All-reduce (sum) of seeded values on every rank, by two_shot's tile owners "
+                                   "or one-shot (runtime/allreduce.py); every rank's result checked "
+                                   "against the float64 sum and compared bit for bit across ranks. On GPUs it is "
+                                   "timed, and with --baseline NCCL is timed on the same values.")
+    p.add_argument("-r", "--num_ranks", type=int, default=2, help="ranks (default %(default)s)")
+    p.add_argument("--backend", choices=BACKENDS, default="auto", help="cpu (interpreter), cuda, iris, auto")
+    p.add_argument("--datatype", choices=list(DTYPES), default="bf16", help="dtype of the values (default %(default)s)")
+    p.add_argument("--sizes", type=float, nargs="+", help="message sizes in MiB per rank (default: cpu 0.0625 "
+                                                          "0.25, seconds under the interpreter; GPU 1 4 16 64 256)")
+    p.add_argument("--comm_sms", type=int, help="programs per rank (default: cpu 2; GPU one per SM, the SMs shared "
+                                                "among ranks sharing the GPU)")
+    p.add_argument("--schemes", nargs="+", choices=(*SCHEMES, "auto"), default=list(SCHEMES),
+                   help="two_shot (by tile owner), one_shot (every rank sums everything) and/or auto (one_shot "
+                        "below 2 MiB with a GPU per rank, else two_shot); default two_shot one_shot")
+    p.add_argument("--iterations", type=int, default=3, help="checked launches per size (default %(default)s)")
+    p.add_argument("--reps", type=int, default=20, help="GPU: launches per timing, median of 5 (default %(default)s)")
+    p.add_argument("--baseline", action="store_true", help="GPU, one per rank: also time NCCL's all_reduce "
+                                                                 "(and torch's symmetric-memory two-shot)")
+    p.add_argument("--timeout", type=float, default=60.0, help="seconds before a wait counts as a hang")
+    p.add_argument("--output_file", help="write the figures as JSON here")
+    p.set_defaults(func=cmd_allreduce)
 
 
-def choose_auto(backend, world_size, gpus, shape=None):
-    """``--algorithm auto``: (algorithm or "unfused", why). With a GPU per rank and the per-rank ``shape``
-    (M, N, K_r) known, the performance model's prediction for that shape, where the model reproduces the
-    measured figures and the measured shape nearest this one (``analysis.model.choose``); otherwise the measured
-    rule (``analysis.auto_rule.AUTO_RULE``, which knows the rows per rank where it was measured)."""
-    from .analysis import model
-
-    rule = choose_algorithm(backend, world_size, gpus)
-    if rule == AUTO_RULE["gpus"] and shape is not None:
-        return model.choose(shape, world_size) or choose_algorithm(backend, world_size, gpus, rows=shape[0])
-    return rule
-
-
-def cmd_bench(args):
-    from .cluster import Cluster
-
-    _check_args_before_work(args)
-    backend = resolve_backend(args.backend, args.num_ranks) if 1 <= args.num_ranks <= 64 else "cpu"
-    if args.algorithm == "auto":
-        shape = (args.m, args.n, args.k // args.num_ranks) if args.k >= args.num_ranks >= 1 else None
-        args.algorithm, why = choose_auto(backend, args.num_ranks, gpu_count(), shape)
-        log("-", args.num_ranks, f"--algorithm auto: {args.algorithm}, because {why}")
-        if args.algorithm == "unfused":
-            return run_unfused(args, backend)
-    if args.sanitize and backend != "cpu":
-        raise UsageError(f"--sanitize is not allowed on the {backend} backend: the sanitizer watches kernels under the "
-                         f"Triton interpreter; add --backend cpu")
-    config = config_from_args(args, backend)
-    W = config.world_size
-    _check_config_before_work(args, backend, config)
-    log("-", W, starting_line(backend, W))
-    figures = None
-    heap_size = args.heap_size or max(256 << 20, max(heap_bytes_needed(config_from_args(args, backend, alg))
-                                                     for alg in builtin_names()))
-    with Cluster(world_size=W, backend=backend, heap_size=heap_size, timeout_s=args.timeout) as cluster:
-        log("-", W, f"ranks up on backend {cluster.backend}: {cluster.info[0]['device']}, "
-                    f"torch {cluster.info[0]['torch']}, triton {cluster.info[0]['triton']}")
-        result = cluster.bench(config, validate=args.validate, verbose=True)
-        if args.baseline:
-            log("-", W, f"timing every fused kernel and the unfused baseline ({args.reps} reps, median of 5)")
-            configs = {alg: config_from_args(args, backend, alg) for alg in builtin_names()}
-            figures = cluster.compare_to_unfused(configs, reps=args.reps)
-            print_figures(figures, configs, W)
-    return _report_bench(args, config, result, figures)
+def _gantt_parser(sub):
+    p = sub.add_parser("gantt", help="draw a saved trace: Gantt chart, tile grid, Perfetto JSON",
+                       description="Draw a trace written by gemmar bench -t (or Trace.save).")
+    p.add_argument("trace", help="a .trace.json (or .trace.json.gz) file")
+    p.add_argument("-o", "--output", default="gantt.png", help="Gantt chart image, .png or .svg (default %(default)s)")
+    p.add_argument("--perfetto", help="also write a Chrome/Perfetto trace JSON here (open at ui.perfetto.dev)")
+    p.add_argument("--tile_grid", help="also draw the per-rank tile-grid heat maps here")
+    p.add_argument("--iteration", type=int, default=-1, help="which iteration to draw (default: the last)")
+    p.add_argument("--max_lanes", type=int, default=48, help="above this many lanes, draw per-rank aggregates")
+    p.set_defaults(func=cmd_gantt)
 
 
-def _check_args_before_work(args):
-    """The flags that need no backend, checked before anything starts (one line each, exit 2)."""
-    if args.baseline and not args.benchmark:
-        raise UsageError("--baseline times against cuBLAS + NCCL: use it together with -b/--benchmark")
-    if not 1 <= args.reps <= 100_000:
-        raise UsageError(f"--reps {args.reps} is out of range: use 1 to 100000")
-    if args.heap_size is not None and args.heap_size <= 0:
-        raise UsageError(f"--heap_size {args.heap_size} is not allowed: give bytes per rank, or leave it out for "
-                         f"what the run needs")
-    if args.output_file:
-        check_output_path("--output_file", args.output_file)
-        if args.trace_tiles:
-            check_output_path("--output_file", trace_path_for(args.output_file))
-    elif args.trace_tiles:
-        check_output_path("-t (the trace, with no --output_file)", DEFAULT_TRACE_FILE)
-    if args.iterations < 1:
-        raise UsageError(f"--iterations {args.iterations} is not allowed: use 1 or more launches")
+def _heap_bytes(text):
+    """'1073741824', '1G', '512M', '64K' (binary units) -> bytes."""
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    scale = units.get(text[-1:].upper(), 1)
+    digits = text[:-1] if scale > 1 else text
+    if not digits.isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size: give bytes, or a number with K, M or G")
+    return int(digits) * scale
 
 
-def _check_config_before_work(args, backend, config):
-    """The run's config against the machine, before the engines start; flags that mean nothing, said so."""
-    from .cluster import check_memory
-
-    W = config.world_size
-    if args.baseline and backend != "cuda":
-        raise UsageError(f"--baseline needs the cuda backend (NCCL and cuBLAS); this run's backend is {backend}")
-    if args.baseline and shares_gpu(backend, args.num_ranks):
-        raise UsageError(f"--baseline needs one GPU per rank (NCCL between GPUs); {args.num_ranks} ranks share "
-                         f"this machine's GPU: time the fused kernels alone with -b")
-    for name in IRIS_AMD_ONLY:
-        if getattr(args, name) is not None:
-            log("-", W, f"--{name} is an AMD compiler setting of Iris's benchmark: it means nothing here, ignored")
-    if args.total_sms is not None and not config.spec.comm_programs:
-        log("-", W, f"--total_sms means nothing for {config.algorithm}, which has no communication programs: "
-                    f"ignored")
-    check_memory(config, W, backend)   # before the engines start, and in words about the problem's size
-    if args.heap_size is not None:
-        check_heap_fits(backend, W, args.heap_size)   # (a size no run could use is said so first)
-        needed = heap_bytes_needed(config)
-        if args.heap_size < needed:
-            raise UsageError(f"--heap_size {args.heap_size} is too small: this run needs {needed} bytes per rank "
-                             f"({size_text(needed)}); give at least that, or leave it out")
-
-
-def _report_bench(args, config, result, figures):
-    """The verdict, timings, -d's register counts, the report and the trace; the exit code."""
-    W, seconds = config.world_size, result.seconds
-    median_ms = sorted(seconds)[len(seconds) // 2] * 1e3
-    if args.benchmark:
-        log("-", W, f"time per iteration (slowest rank): median {median_ms:.3f} ms, "
-                    f"min {min(seconds) * 1e3:.3f} ms over {len(seconds)} iteration(s)")
-    success = result.ok if args.validate else True
-    if config.sanitize and not result.sanitizer.ok:
-        success = False
-    if args.validate:
-        log("-", W, f"{'PASSED' if success else 'FAILED'}: max|C - ref| = {result.max_abs_diff:.3g} on all "
-                    f"{plural(W, 'rank')} over {config.iterations} iteration(s)")
-    else:
-        log("-", W, f"ran {config.iterations} iteration(s) on {plural(W, 'rank')}; C was not checked (add -v to "
-                    f"check it against torch after every iteration)")
-    kernels = result.ranks[0].kernels
-    if args.debug:
-        if not kernels:
-            log("-", W, f"-d: nothing compiled on the {result.backend} backend (the Triton interpreter runs the "
-                        f"kernels as Python), so there are no register or spill counts")
-        for k in kernels:
-            log("-", W, f"-d: {k['kernel']}: {k['registers']} registers per thread, {k['spills']} spilled")
-    trace_path = (trace_path_for(args.output_file) if args.output_file else DEFAULT_TRACE_FILE) \
-        if args.trace_tiles else None
-    if args.output_file:
-        write_report(args, W, iris_report(args, config, median_ms, len(seconds), success, kernels),
-                     success=success, validated=args.validate,
-                     max_abs_diff=result.max_abs_diff if args.validate else None, seconds_per_iteration=seconds,
-                     backend=result.backend, ranks=result.info, config=config.to_dict(), timings_ms=figures)
-    if trace_path:
-        result.trace.save(trace_path)
-        log("-", W, f"wrote {trace_path}")
-    return 0 if success else 1
-
-
-def run_unfused(args, backend):
-    """What --algorithm auto runs where cuBLAS + NCCL measured faster: torch.matmul and NCCL's all_reduce,
-    in sequence and overlapped in row blocks, timed; the overlapped C checked against the reference."""
-    from .cluster import Cluster, check_memory
-
-    if args.output_file:
-        check_output_path("--output_file", args.output_file)
-    problem = config_from_args(args, backend, RunConfig.algorithm)   # (its shape and dtype only)
-    W = problem.world_size
-    check_memory(problem, W, backend)
-    log("-", W, starting_line(backend, W))
-    with Cluster(world_size=W, backend=backend, heap_size=256 << 20, timeout_s=args.timeout) as cluster:
-        figures = cluster.compare_to_unfused({}, reps=args.reps, problem=problem)
-    print_figures(figures, {}, W, problem)
-    success = figures["overlap_max_abs_diff"] <= figures["overlap_tolerance"]
-    log("-", W, f"{'PASSED' if success else 'FAILED'}: the overlapped path's max|C - ref| = "
-                f"{figures['overlap_max_abs_diff']:.3g} (tolerance {figures['overlap_tolerance']:.3g})")
-    if args.output_file:
-        write_report(args, W, success=success, timings_ms=figures, config=problem.to_dict())
-    return 0 if success else 1
+def _run_parser(sub):
+    p = sub.add_parser("run", help="run a Python program (an Iris program, unchanged) on every rank, like mpirun",
+                       description="gemmar run -r N SCRIPT ARGS is `mpirun -np N python SCRIPT ARGS` for Iris "
+                                   "programs: every rank runs SCRIPT in its own ipyparallel engine, `import iris` "
+                                   "gives gemmar's Iris-compatible module over the rank's symmetric heap, output "
+                                   "comes back line by line tagged [rank r/N]. On cpu, kernels run under the Triton "
+                                   "interpreter and CUDA host calls (device=\"cuda\", synchronize, streams, events) "
+                                   "run as their CPU equivalents.",
+                       epilog="Exit status: 0 when every rank exits 0; otherwise the first failed rank's exit code "
+                              "(a killed rank: 128 + its signal), after one line naming each failed rank and how; "
+                              "3 when a rank is still running at the deadline (it is named and stopped); 2 for bad "
+                              "arguments; 1 when --sanitize found a race. When a rank fails, the others get 5 s to end before they are stopped.")
+    p.add_argument("-r", "--num_ranks", type=int, default=2, help="ranks = processes (default %(default)s)")
+    p.add_argument("--backend", choices=("auto", "cpu", "cuda"), default="auto",
+                   help="cpu (Triton interpreter, shared memory) or cuda (a GPU per rank, or ranks sharing GPU 0 "
+                        "in separate processes); auto: cuda when there is an NVIDIA GPU, else cpu")
+    p.add_argument("--timeout", type=float, default=600.0,
+                   help="seconds before ranks still running are named and stopped, exit 3 (default %(default)g)")
+    p.add_argument("--heap_size", type=_heap_bytes, default=1 << 30,
+                   help="symmetric heap per rank, bytes or with K/M/G (default 1G); a program's iris.iris(size) "
+                        "gets this heap")
+    p.add_argument("--replace_iris", action="store_true",
+                   help="use gemmar's iris module even where a real Iris is installed")
+    p.add_argument("--sanitize", action="store_true",
+                   help="(cpu) record every heap access of the program's kernels and report races across ranks "
+                        "and programs, and accesses outside their buffer (docs/sanitizer.md); exit 1 on a race")
+    p.add_argument("script", help="the Python program each rank runs")
+    p.add_argument("args", nargs=argparse.REMAINDER, help="its arguments")
+    p.set_defaults(func=cmd_run)
 
 
 def main(argv=None):

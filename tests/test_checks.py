@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import gemmar
-from gemmar import cli
+from gemmar import cli, outputs
 
 STARTED = "starting"   # the line the CLI prints just before the engines start
 
@@ -46,7 +46,7 @@ def test_a_fifo_where_the_trace_would_go_is_refused_before_the_work(capsys, tmp_
 
 def test_a_new_output_file_is_test_written_and_removed(capsys, tmp_path):
     path = tmp_path / "report.json"
-    cli.check_output_path("--output_file", str(path))
+    outputs.check_output_path("--output_file", str(path))
     assert not path.exists()
 
 

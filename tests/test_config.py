@@ -51,7 +51,7 @@ def test_algorithm_auto_follows_the_measured_rule():
 
 
 def test_algorithm_auto_on_several_gpus_follows_the_model_per_shape():
-    from gemmar.cli import choose_auto
+    from gemmar.commands import choose_auto
     from gemmar.analysis.auto_rule import AUTO_RULE
 
     # A large GEMM whose all-reduce the model hides behind it, and a mid-sized one where two_shot's tail and its

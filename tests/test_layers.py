@@ -1,6 +1,6 @@
 """The package's layers, from its own imports: no module imports from a layer above it, and no cycle.
 
-client (cluster, cli, cli_tools, outputs, console, exercises, explorer, report, progress, __init__) -> runtime, analysis
+client (cluster, cli, commands, outputs, console, exercises, explorer, report, progress, __init__) -> runtime, analysis
 -> config, algorithms (the registry of specs), sanitizer -> kernels (with each algorithm's spec) -> errors
 """
 
@@ -11,7 +11,7 @@ import os
 import pytest
 
 PACKAGE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "gemmar")
-LAYER = {"__init__": 5, "__main__": 5, "cluster": 4, "cli": 4, "cli_tools": 4, "outputs": 4, "console": 4, "exercises": 4, "partial_counts": 4, "progress": 4,
+LAYER = {"__init__": 5, "__main__": 5, "cluster": 4, "cli": 4, "commands": 4, "outputs": 4, "console": 4, "exercises": 4, "partial_counts": 4, "progress": 4,
          "explorer": 4, "report": 4, "iris": 4, "runtime": 3, "analysis": 3, "sanitizer": 2, "algorithms": 2, "config": 2,
          "tuning": 2, "kernels": 1, "errors": 0}
 

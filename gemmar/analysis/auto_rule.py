@@ -1,11 +1,11 @@
 """``--algorithm auto``'s measured rule: what to run by where it runs, when the performance model
-(``model.py``, beside it) does not speak for the shape. ``cli.choose_auto`` asks the model first."""
+(``model.py``, beside it) does not speak for the shape. ``commands.choose_auto`` asks the model first."""
 
 # --algorithm auto: what to run, by where it runs. Each entry follows measured figures, kept with their runs in
 # docs/decisions.md ("--algorithm auto"); change an entry only with new figures there.
 AUTO_RULE = {
     # One GPU per rank, W >= 2, where the shape is not known or the performance model does not speak
-    # (cli.choose_auto asks the model first): two_shot was faster than cuBLAS then NCCL at every measured shape,
+    # (commands.choose_auto asks the model first): two_shot was faster than cuBLAS then NCCL at every measured shape,
     # atomics slower, the ring faster only at the fewest rows; two runs on one kind of machine, so without the
     # shape the library path stays the choice.
     "gpus": ("unfused", "without the shape there is no telling: across GPUs two_shot measured faster than cuBLAS "
@@ -35,7 +35,7 @@ RING_MAX_ROWS, TWO_SHOT_MAX_ROWS = 16, 4096   # the rows per rank measured in ea
 
 def choose_algorithm(backend, world_size, gpus, rows=None):
     """``--algorithm auto`` by the measured rule: (algorithm or "unfused", why), by AUTO_RULE; ``rows``, the
-    rows per rank where known. (With a GPU per rank, ``cli.choose_auto`` first asks the performance model
+    rows per rank where known. (With a GPU per rank, ``commands.choose_auto`` first asks the performance model
     about the shape.)"""
     if backend != "cuda" or world_size > gpus:
         return AUTO_RULE["shared"]
