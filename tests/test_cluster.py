@@ -143,15 +143,21 @@ def _cmdline(p):
         return []
 
 
-def test_a_gemmar_error_in_a_notebook_is_its_one_line(capsys):
+def test_a_gemmar_error_in_a_notebook_is_its_one_line():
     """IPython (a notebook cell) shows an error gemmar raises on purpose as its one line, not a traceback
-    through gemmar's code; any other error keeps its traceback."""
-    from IPython.core.interactiveshell import InteractiveShell
+    through gemmar's code; any other error keeps its traceback. (A process of its own: IPython's shell is
+    one per process.)"""
+    import subprocess
+    import sys
 
-    shell = InteractiveShell.instance()
-    shell.run_cell("import gemmar\ngemmar.Cluster(world_size=0)")
-    said = capsys.readouterr().out
-    lines = [line for line in said.splitlines() if line.strip()]
-    assert len(lines) == 1 and "UsageError" in lines[0] and "world_size" in lines[0] and "Traceback" not in said, said
-    shell.run_cell("1 / 0")
-    assert "Traceback" in capsys.readouterr().out
+    script = ("from IPython.core.interactiveshell import InteractiveShell\n"
+              "shell = InteractiveShell.instance()\n"
+              "shell.run_cell('import gemmar\\ngemmar.Cluster(world_size=0)')\n"
+              "print('-- then --')\n"
+              "shell.run_cell('1 / 0')\n")
+    p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    ours, other = p.stdout.split("-- then --")
+    lines = [line for line in ours.splitlines() if line.strip()]
+    assert len(lines) == 1 and "UsageError" in lines[0] and "world_size" in lines[0] and "Traceback" not in ours, \
+        p.stdout + p.stderr
+    assert "Traceback" in other and "ZeroDivisionError" in other, p.stdout + p.stderr
