@@ -65,7 +65,7 @@ def test_nothing_a_rank_starts_outlives_the_run(tmp_path, ending):
     whether the program ends on its own or is stopped at the deadline."""
     program = tmp_path / "escape.py"
     program.write_text(ESCAPING_PROGRAM.format(out=str(tmp_path), sleep=0 if ending == "normal" else 300))
-    timeout = ["--timeout", "20"] if ending == "deadline" else []
+    timeout = ["--timeout", "10"] if ending == "deadline" else []
     p = subprocess.run(GEMMAR + ["run", "-r", "2", *timeout, str(program)], capture_output=True, text=True,
                        timeout=180)
     pids = _escapees(tmp_path)

@@ -143,7 +143,7 @@ def _cmdline(p):
         return []
 
 
-def test_a_gemmar_error_in_a_notebook_is_its_one_line():
+def test_a_gemmar_error_in_a_notebook_is_its_one_line(tmp_path):
     """IPython (a notebook cell) shows an error gemmar raises on purpose as its one line, not a traceback
     through gemmar's code; any other error keeps its traceback. (A process of its own: IPython's shell is
     one per process.)"""
@@ -155,7 +155,9 @@ def test_a_gemmar_error_in_a_notebook_is_its_one_line():
               "shell.run_cell('import gemmar\\ngemmar.Cluster(world_size=0)')\n"
               "print('-- then --')\n"
               "shell.run_cell('1 / 0')\n")
-    p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    # (IPython keeps its history under IPYTHONDIR: a test writes nothing into the user's home)
+    p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                       env=dict(os.environ, IPYTHONDIR=str(tmp_path / "ipython")))
     ours, other = p.stdout.split("-- then --")
     lines = [line for line in ours.splitlines() if line.strip()]
     assert len(lines) == 1 and "UsageError" in lines[0] and "world_size" in lines[0] and "Traceback" not in ours, \

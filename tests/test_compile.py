@@ -12,6 +12,8 @@ import textwrap
 import pytest
 
 SCRIPT = textwrap.dedent('''
+    import os
+
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -27,7 +29,16 @@ SCRIPT = textwrap.dedent('''
     target = GPUTarget("cuda", 90, 32)
     ints = ["M", "N", "K", "stride_am", "stride_ak", "stride_bk", "stride_bn", "stride_cm", "stride_cn"]
 
+    # The builds are shared out among SHARDS processes (the test runs them side by side): build number i is
+    # this process's when i % SHARDS == SHARD.
+    SHARD, SHARDS = (int(v) for v in os.environ.get("GEMMAR_COMPILE_SHARD", "0/1").split("/"))
+    builds = 0
+
     def build(fn, signature, constexprs, ones=()):
+        global builds
+        builds += 1
+        if (builds - 1) % SHARDS != SHARD:
+            return
         # ``ones``: int arguments given as 1, which Triton turns into constants (a 1 x 1 x 1 problem, one rank).
         ones = {k: 1 for k in ones if k in signature}
         signature = dict(signature, **{k: "constexpr" for k in list(constexprs) + list(ones)})
@@ -107,13 +118,17 @@ SCRIPT = textwrap.dedent('''
 
 def test_kernels_compile_for_hopper():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    p = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, env=env, timeout=600)
-    if "ptxas" in p.stderr and "not found" in p.stderr:  # pragma: no cover - wheel without ptxas
-        pytest.skip("this Triton wheel carries no ptxas, so it cannot compile for NVIDIA here")
-    assert p.returncode == 0, p.stderr[-3000:]
-    lines = [line.split() for line in p.stdout.splitlines()]
-    assert len(lines) == 2 * 2 * 7 + 7 + 4 + 1   # dtypes x tracing off/on x kernels (two_shot's twice more, as
-    #                                            one_shot), the 1 x 1 x 1 builds, the all-reduce's own, the barrier
+    shards = max(1, min(4, os.cpu_count() or 1))   # (compiling is all CPU: one process per core)
+    procs = [subprocess.Popen([sys.executable, "-c", SCRIPT], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, env=dict(env, GEMMAR_COMPILE_SHARD=f"{i}/{shards}")) for i in range(shards)]
+    outs = [p.communicate(timeout=600) + (p.returncode,) for p in procs]
+    for stdout, stderr, returncode in outs:
+        if "ptxas" in stderr and "not found" in stderr:  # pragma: no cover - wheel without ptxas
+            pytest.skip("this Triton wheel carries no ptxas, so it cannot compile for NVIDIA here")
+        assert returncode == 0, stderr[-3000:]
+    lines = [line.split() for stdout, _, _ in outs for line in stdout.splitlines()]
+    assert len(lines) == 3 * 7 + 7 + 4 + 1   # (dtype, tracing) pairs x kernels (two_shot's twice more, as
+    #                                        one_shot), the 1 x 1 x 1 builds, the all-reduce's own, the barrier
     assert sum(int(line[-1]) > 0 for line in lines) == 9   # the kernels given arguments of 1 really had some
     for name, capacity, has_timer, cubin_bytes, pipelined, ones in lines:
         assert int(cubin_bytes) > 0

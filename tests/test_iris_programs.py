@@ -114,9 +114,9 @@ def test_gemmar_run_names_a_killed_rank_and_a_hanging_one():
     assert p.stderr.strip().splitlines()[-1].startswith("gemmar run: rank 1: its process ")
     assert p.stderr.strip().endswith("was killed by SIGSEGV")
 
-    p = gemmar_run("-r", "2", "--backend", "cpu", "--timeout", "15", ENDS_BADLY, "--how", "hang", "--rank", "0")
+    p = gemmar_run("-r", "2", "--backend", "cpu", "--timeout", "10", ENDS_BADLY, "--how", "hang", "--rank", "0")
     assert p.returncode == 3, (p.stdout, p.stderr)
-    assert p.stderr.strip().splitlines()[-1] == "gemmar run: rank 0: still running after the 15 s deadline: stopped"
+    assert p.stderr.strip().splitlines()[-1] == "gemmar run: rank 0: still running after the 10 s deadline: stopped"
     assert "rank 1 done" in p.stdout
 
 

@@ -1,4 +1,4 @@
-"""Stress for real (ranks killed or frozen: test_faults.py): 100 back-to-back launches per kernel at
+"""Stress for real (ranks killed or frozen: test_faults.py): 60 back-to-back launches per kernel at
 world size 4, and randomized shapes/blocks/programs/world sizes/dtypes against torch (hypothesis)."""
 
 import pytest
@@ -12,14 +12,14 @@ from inputs import allowed_error, random_inputs, reference
 
 @pytest.mark.slow
 @pytest.mark.parametrize("algorithm", builtin_names())
-def test_100_back_to_back_launches_at_world_size_4(clusters, algorithm):
+def test_60_back_to_back_launches_at_world_size_4(clusters, algorithm):
     A, B = random_inputs(32, 32, 40, torch.float16, seed=200)
-    result = clusters(4).gemm_all_reduce(A, B, algorithm=algorithm, BLK_M=16, BLK_N=16, BLK_K=16, iterations=100,
+    result = clusters(4).gemm_all_reduce(A, B, algorithm=algorithm, BLK_M=16, BLK_N=16, BLK_K=16, iterations=60,
                                          num_sms=2)
     ref = reference(A, B)
     assert (result.C.double() - ref).abs().max() < allowed_error(result, A, B)
     for r in result.ranks:
-        assert len(r.max_abs_diff) == 100 and max(r.max_abs_diff) <= r.tolerance
+        assert len(r.max_abs_diff) == 60 and max(r.max_abs_diff) <= r.tolerance
     assert result.ok
 
 
