@@ -122,28 +122,33 @@ def twice(x):
 @triton.jit
 def kernel(out, BLOCK: tl.constexpr):
     offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    tl.store(out + offsets, twice(twice(tl.load(out + offsets))) + twice(1))
+    # tl.zeros and tl.cdiv are Triton's own @triton.jit functions, in a module that sees tl.core, not tl
+    nothing = tl.zeros((BLOCK,), tl.float32) + tl.cdiv(BLOCK, 8)
+    tl.store(out + offsets, twice(twice(tl.load(out + offsets))) + twice(1) + nothing)
 
 
 out = torch.arange(8, dtype=torch.float32)
 for launch in range(2):
     kernel[(2,)](out, BLOCK=4)
-print(len(calls), out.tolist(), tl.core.is_builtin(tl.load))
+print(len(calls), out.tolist(), tl.core.is_builtin(tl.load) and tl.core.is_builtin(tl.core.full))
 """
 
 
 def test_the_interpreter_patches_the_language_once_per_launch():
     """triton_support._patch_once_per_launch: two launches of two programs, each calling @triton.jit helpers six
-    times, patch the language twice (once per launch, not at every helper call), compute what they should, and
-    leave triton.language as it was."""
+    times and Triton's own tl.zeros and tl.cdiv (which see tl.core), patch tl and tl.core once each per launch
+    (at most 5 in all, not at every helper call), compute what they should, and leave triton.language and
+    triton.language.core as they were."""
     import subprocess
     import sys
 
     done = subprocess.run([sys.executable, "-c", INTERPRETED_HELPERS], capture_output=True, text=True, timeout=120,
                           env={**os.environ, "TRITON_INTERPRET": "1"})
     assert done.returncode == 0, done.stderr
-    expected = [float(((x * 4 + 2) * 4) + 2) for x in range(8)]
-    assert done.stdout.split("[")[0].strip() == "2" and done.stdout.strip().endswith("True"), done.stdout
+    expected = [float(((x * 4 + 3) * 4) + 3) for x in range(8)]
+    # Patched at every call of tl.zeros and tl.cdiv, it was 10 (5 a launch); the interpreter's first rewrite
+    # of tl.zeros gives its module a global naming tl, so the second launch patches tl once more there.
+    assert int(done.stdout.split("[")[0]) <= 5 and done.stdout.strip().endswith("True"), done.stdout
     assert done.stdout[done.stdout.index("["):done.stdout.index("]") + 1] == str(expected)
 
 
