@@ -92,12 +92,11 @@ def _patch_once_per_launch():
 
     The interpreter patches ``triton.language`` (its builtins, its tensor's methods) when a kernel launch
     starts, and again at each call of a device function from it, though the modules patched are the same
-    objects: in the CPU suite that was half of the interpreter's time (a two_shot launch of 4 tiles, 10 of
-    them: 2.6 s of 5.1 in ``_patch_lang``, nearly all in ``inspect.getmembers``). A device function whose
-    language modules the running launch has patched already is called as it is; one that sees a module the
-    launch has not patched yet (Triton's own ``tl.zeros`` and ``tl.cdiv`` see ``tl.core``) has it patched
-    once, until the launch ends (patched at each call, that was still a third of a launch's time). The
-    interpreter's patches are global, so it ran one launch at a time before this too."""
+    objects, nearly all of it in ``inspect.getmembers`` (docs/decisions.md, the interpreter's costs). A
+    device function whose language modules the running launch has patched already is called as it is; one
+    that sees a module the launch has not patched yet (Triton's own ``tl.zeros`` and ``tl.cdiv`` see
+    ``tl.core``) has it patched once, until the launch ends. The interpreter's patches are global, so it ran
+    one launch at a time before this too."""
     import inspect
     import weakref
 
@@ -139,8 +138,8 @@ def _skip_overflow_checks_that_cannot_fire():
     For every ``+``, ``-``, ``*`` of 32-bit integers the interpreter computes the result again in 64 bits,
     compares it with the type's limits and hands the outcome to ``device_assert``, which does nothing unless
     the launch runs with ``debug`` (the interpreter's options never set it, in every accepted release). Five
-    interpreted operations per index operation for no effect: half of a small launch's time on cpu ranks
-    (a two_shot launch of 4 tiles: 1.9 s of 3.9, profiled). With ``debug`` on, the check runs as before."""
+    interpreted operations per index operation for no effect, the largest cost of a small launch on cpu
+    ranks (docs/decisions.md, the interpreter's costs). With ``debug`` on, the check runs as before."""
     from triton.runtime import interpreter
 
     semantic = interpreter.interpreter_semantic
