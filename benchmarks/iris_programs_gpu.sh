@@ -3,7 +3,7 @@
 # count share GPU 0, a process each): the 3b4c197-era ones (examples/iris_style) and today's
 # (examples/iris_today: mp.spawn, torchrun, DeviceContext, ccl, ops, device tracing drawn by gemmar gantt). Prints every run's output and exit code;
 # exits 1 if any run failed. With an Iris checkout as $1, also its examples (benchmarks/iris_examples.py).
-#   bash benchmarks/iris_programs_gpu.sh [IRIS_CHECKOUT] 2>&1 | tee data/h200x1-iris-programs.log
+#   bash benchmarks/iris_programs_gpu.sh [IRIS_CHECKOUT] 2>&1 | tee OUTDIR/1-gpu-iris-programs.log
 set -u
 cd "$(dirname "$0")/.."
 E=examples/iris_style

@@ -21,11 +21,14 @@ import gemmar
 from gemmar.tuning import tuned_defaults
 from gemmar.runtime import rank as rank_runtime
 from gemmar.runtime.backends import gpu_properties
+from gemmar.runtime.heap.cpu import make_heap_folder, remove_arenas
 from gemmar.runtime.launch import FusedGemmAllReduce, launch_ranks
 
 
-def main(W, algorithm, profile, m=8192, n=8192, k_per_rank=4096, launches=50):
-    rank_runtime.init_ranks(list(range(W)), W, "cuda", 1 << 30, "launch-cost", 30.0)
+def main(W, algorithm, profile, heap_folder, m=8192, n=8192, k_per_rank=4096, launches=50):
+    # (a private folder that exists: at one rank the heap's rendezvous file goes there, and torch's FileStore
+    # waited without end for one in a folder that did not)
+    rank_runtime.init_ranks(list(range(W)), W, "cuda", 1 << 30, heap_folder, 30.0)
     _, capability, sms = gpu_properties("cuda")
     knobs = tuned_defaults("cuda", algorithm, capability, sms // W)
     config = gemmar.RunConfig(m=m, n=n, k=k_per_rank * W, datatype="bf16", algorithm=algorithm, world_size=W,
@@ -75,4 +78,8 @@ if __name__ == "__main__":
     parser.add_argument("--algorithm", default="two_shot")
     parser.add_argument("--profile", action="store_true")
     args = parser.parse_args()
-    main(args.world_size, args.algorithm, args.profile)
+    folder = make_heap_folder()
+    try:
+        main(args.world_size, args.algorithm, args.profile, folder)
+    finally:
+        remove_arenas(folder)

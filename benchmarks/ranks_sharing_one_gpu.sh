@@ -19,6 +19,6 @@ for alg in two_shot ring atomics; do   # an aligned shape: TMA operands, the tun
   python3 -m gemmar.cli bench --backend cuda -r 2 --algorithm $alg -m 4096 -n 4096 -k 8192 --datatype bf16 -v -b --iterations 10
 done
 python3 -m gemmar.cli bench --backend cuda -r 2 --algorithm two_shot -m 4096 -n 4096 -k 8192 --datatype bf16 -v -t \
-  --iterations 3 --output_file "$OUTDIR/h200x1-two_shot-2ranks-4096x4096x8192.json"
+  --iterations 3 --output_file "$OUTDIR/1-gpu-two_shot-2ranks-4096x4096x8192.json"
 python3 -m gemmar.cli bench --backend cuda -r 4 --algorithm two_shot -m 4096 -n 4096 -k 16384 --datatype bf16 -v -t \
-  --iterations 3 --output_file "$OUTDIR/h200x1-two_shot-4ranks-4096x4096x16384.json"
+  --iterations 3 --output_file "$OUTDIR/1-gpu-two_shot-4ranks-4096x4096x16384.json"

@@ -5,7 +5,7 @@ any rank (the tail), and how far apart the ranks start (the host's launch cost p
     python3 benchmarks/two_shot_tail.py --read TRACE.json.gz [...]     # the figures of saved traces, no GPU
 
 8192 x 8192 C (2048 tiles of 128 x 256), bf16, the tuned defaults for the shape (``tuning.tuned_defaults``:
-GEMM and communication programs split by ``tuning.split_programs``). Writes each trace as OUTDIR/h200x1-two_shot-W-ranks-....gz.
+GEMM and communication programs split by ``tuning.split_programs``). Writes each trace as OUTDIR/1-gpu-two_shot-W-ranks-....gz.
 """
 
 import argparse
@@ -37,7 +37,7 @@ def main(out_dir, world_sizes, k_per_rank, comm_sms=None):
             config = gemmar.RunConfig(m=8192, n=8192, k=k_per_rank * W, datatype="bf16", algorithm="two_shot",
                                       world_size=W, trace=True, iterations=4, **knobs)
             result = cluster.bench(config)
-            path = os.path.join(out_dir, f"h200x1-two_shot-{W}ranks-8192x8192x{k_per_rank * W}.trace.json.gz")
+            path = os.path.join(out_dir, f"1-gpu-two_shot-{W}ranks-8192x8192x{k_per_rank * W}.trace.json.gz")
             result.trace.save(path)
             print(f"[tail] {path}: ok={result.ok}, max|C - ref| {result.max_abs_diff:.3g}, "
                   f"{config.num_sms} GEMM + {config.comm_sms} communication programs per rank", flush=True)
