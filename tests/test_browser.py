@@ -130,15 +130,7 @@ def my_tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_SIZE_M: tl.constexpr):
 def answer_puzzle(page, source, puzzle="def my_tile_coords"):
     """Replace the puzzle cell's code (the cell holding ``puzzle``) with ``source`` as a participant types it
     (None: run the stub as it is), run it and the check below it (Shift+Enter twice, as one would), and
-    return the check cell's output once it has printed.
-
-    The first time, the notebook's own cells that the puzzle needs run first, one by one as a participant
-    runs them: the imports, and the cell that starts the cluster (the rest of the notebook runs top to bottom
-    in tests/test_notebooks.py)."""
-    if not getattr(page, "gemmar_set_up", False):
-        run_cell(page, "import gemmar")
-        run_cell(page, "cluster = gemmar.Cluster(")
-        page.gemmar_set_up = True
+    return the check cell's output once it has printed."""
     cell = page.locator(".jp-CodeCell", has=page.locator(".cm-content", has_text=puzzle)).first
     editor = cell.locator(".cm-content")
     editor.click()
@@ -160,6 +152,13 @@ def answer_puzzle(page, source, puzzle="def my_tile_coords"):
     return check.locator(".jp-OutputArea").first.inner_text()
 
 
+def start_puzzle_cluster(page):
+    """Run the notebook cells a puzzle needs, one by one as a participant runs them: the imports and the cell
+    that starts the cluster (every notebook runs top to bottom in tests/test_notebooks.py)."""
+    run_cell(page, "import gemmar")
+    run_cell(page, "cluster = gemmar.Cluster(")
+
+
 def test_participant_solves_the_swizzle_puzzle(jupyterlab):
     import sys
 
@@ -171,6 +170,7 @@ def test_participant_solves_the_swizzle_puzzle(jupyterlab):
     right = "import triton\nimport triton.language as tl\n\n\n" + inspect.getsource(solutions.tile_coords.fn) \
         .replace("def tile_coords(", "def my_tile_coords(")
     with notebook_page(jupyterlab, "01_persistent_gemm.ipynb", run_all=False) as page:
+        start_puzzle_cluster(page)
         # The stub (row-major order), run as it comes: the check says so, and draws where each tile went.
         stub = answer_puzzle(page, None)
         assert "not in grouped order" in stub, stub
@@ -235,6 +235,7 @@ def test_participant_crashes_the_ranks_then_solves_the_puzzle(jupyterlab, notebo
         inspect.getsource(getattr(solutions, part).fn).replace(f"def {part}(", f"def my_{part}(")
     puzzle = f"def my_{part}"
     with notebook_page(jupyterlab, notebook, run_all=False) as page:
+        start_puzzle_cluster(page)
         stub = answer_puzzle(page, None, puzzle)
         assert re.search(r"^not (yet|quite)", stub, re.M) and "Traceback" not in stub, stub   # the stub judged
         wrong = answer_puzzle(page, wrong_source, puzzle)

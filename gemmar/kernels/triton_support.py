@@ -69,14 +69,15 @@ def _patch_interpreter():
 
 class _KernelPatches:
     """The language patches of one interpreted kernel launch: undone by the launch's ``restore()``, which also
-    ends the launch for :func:`_patch_once_per_launch`. ``later``: patches a device function of the launch
-    needed beyond the kernel's own (``tl.core`` for ``tl.zeros``), undone first."""
+    ends the launch for :func:`_patch_once_per_launch`. ``langs``: the language modules patched so far;
+    ``later``: patches a device function of the launch needed beyond the kernel's own (``tl.core`` for
+    ``tl.zeros``), undone first."""
 
-    def __init__(self, scope, state):
-        self.scope, self.state, self.later = scope, state, []
+    def __init__(self, scope, state, langs):
+        self.scope, self.state, self.langs, self.later = scope, state, langs, []
 
     def restore(self):
-        self.state["langs"] = self.state["launch"] = None
+        self.state["launch"] = None
         while self.later:
             self.later.pop().restore()
         self.scope.restore()
@@ -105,8 +106,7 @@ def _patch_once_per_launch():
 
     patch_lang = interpreter._patch_lang
     seen_langs = weakref.WeakKeyDictionary()   # function -> (its globals' size, the language modules among them)
-    # The language modules the running launch patched, and its patches; None between launches.
-    state = {"langs": None, "launch": None}
+    state = {"launch": None}   # the running launch's patches (_KernelPatches); None between launches
 
     def patch_lang_once_per_launch(fn):
         # Looked at again only when its module's globals have gained or lost names (the interpreter's first
@@ -117,16 +117,16 @@ def _patch_once_per_launch():
             langs = frozenset(id(m) for m in fn.__globals__.values() if inspect.ismodule(m) and m in (tl, tl.core))
             seen_langs[fn] = (len(fn.__globals__), langs)
         # (and only while the patches are in place: tl.load is then the interpreter's, not the builtin)
-        launch_running = state["langs"] is not None and not tl.core.is_builtin(tl.load)
-        if launch_running and langs <= state["langs"]:
+        launch = state["launch"] if not tl.core.is_builtin(tl.load) else None
+        if launch is not None and langs <= launch.langs:
             return _NothingPatched()
         scope = patch_lang(fn)
-        if launch_running:   # kept until the launch ends, whether or not this call's end restores its scope
-            state["launch"].later.append(scope)
-            state["langs"] = state["langs"] | langs
+        if launch is not None:   # kept until the launch ends, whether or not this call's end restores its scope
+            launch.later.append(scope)
+            launch.langs = launch.langs | langs
             return _NothingPatched()
-        state["langs"] = langs   # a launch starts (the interpreter restores its patches when it ends)
-        state["launch"] = _KernelPatches(scope, state)
+        # a launch starts (the interpreter restores its patches when it ends)
+        state["launch"] = _KernelPatches(scope, state, langs)
         return state["launch"]
 
     interpreter._patch_lang = patch_lang_once_per_launch
