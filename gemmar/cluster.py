@@ -121,23 +121,24 @@ class Cluster(EngineCluster):
     them with ``run_script`` and ``activate`` (``iris/runner.py``)."""
 
     def run_script(self, path, *args, timeout=None, echo=True, replace_iris=False, out=None, err=None,
-                   sanitize=False):
+                   sanitize=False, iris=None):
         """Run the Python program ``path`` with ``args`` on every rank, as ``mpirun -np N python path args``
-        would, with gemmar's ``iris`` module as ``iris``. Output is printed as it comes, each line tagged
+        would, with an Iris as ``iris``: the real one at ``iris`` (a checkout's folder), else an installed
+        Iris, else gemmar's stand-in (``replace_iris=True``: the stand-in whatever is installed). Output is printed as it comes, each line tagged
         ``[rank r/N]`` (``echo=False``: not printed). ``timeout``: seconds before ranks still running are
         named and stopped (None: no deadline). ``sanitize`` (cpu): record every heap access of the program's
         kernels and report races and out-of-bounds accesses (``ProgramResult.sanitizer``, also printed).
         Needs one process per rank (``Cluster(..., process_per_rank=True)`` where ranks share a GPU).
         Returns a ProgramResult."""
         return programs.run_script(self, path, args, timeout=timeout, echo=echo, replace_iris=replace_iris, out=out,
-                                   err=err, sanitize=sanitize)
+                                   err=err, sanitize=sanitize, iris=iris)
 
-    def activate(self, suffix=""):
+    def activate(self, suffix="", iris=None, replace_iris=False):
         """Register ipyparallel's ``%px`` / ``%%px`` magics (``%%px{suffix}``) for these ranks in the running
         IPython, with gemmar's ``iris`` module importable on every rank: in a ``%%px`` cell ``import iris``
         and ``shmem = iris.iris(heap_size)`` work as in a program run by ``gemmar run``, kernels defined in
         the cell run on every rank, and each rank's output is shown under its engine. Returns the view."""
-        return programs.activate(self, suffix)
+        return programs.activate(self, suffix, iris=iris, replace_iris=replace_iris)
 
     def bench(self, config=None, validate=True, verbose=False, mistake="none", return_c=False, on_progress=None,
               parts=None, **settings):

@@ -322,10 +322,9 @@ def cmd_run(args):
         raise UsageError(f"{args.script}: no such program file")
     if not 0 < args.timeout <= 86400:
         raise UsageError(f"--timeout {args.timeout:g}: use seconds from 0 to 86400")
-    if not args.replace_iris:   # (the ranks would refuse too, each one; this says it once, before any work)
-        from .iris.rank import refuse_installed_iris
+    from .iris.real_iris import choose
 
-        refuse_installed_iris()
+    choose(args.iris, args.replace_iris)   # (a bad --iris is one line here, before any engine starts)
     backend = resolve_backend(args.backend, args.num_ranks)
     if args.sanitize and backend != "cpu":
         raise UsageError(f"--sanitize is not allowed on the {backend} backend: the sanitizer watches kernels under the "
@@ -341,6 +340,7 @@ def cmd_run(args):
     with Cluster(world_size=W, backend=backend, heap_size=args.heap_size, timeout_s=max(10.0, args.timeout),
                  process_per_rank=True) as cluster:
         result = cluster.run_script(args.script, *args.args, timeout=args.timeout, replace_iris=args.replace_iris,
+                                    iris=args.iris,
                                     sanitize=args.sanitize)
     seconds = time.monotonic() - start
     if result.ok:

@@ -26,7 +26,7 @@ from .. import sanitizer
 from ..errors import UsageError, gemmar_cause
 from ..runtime.processes import descendants, end_descendants_since
 from ..runtime import rank as rank_runtime
-from . import launch
+from . import launch, real_iris
 from .host_calls import adapt_launches, cuda_on_cpu, is_program_file, warn_false_assumes
 
 
@@ -47,8 +47,9 @@ def installed_iris():
 def refuse_installed_iris():
     where = installed_iris()
     if where is not None:
-        raise UsageError(f"an installed Iris was found ({where}): gemmar will not put its own iris module in its "
-                         f"place unless asked: add --replace_iris (replace_iris=True), or run the program with mpirun")
+        raise UsageError(f"an installed Iris was found ({where}) that gemmar cannot host (no iris/host/iris.py): "
+                         f"gemmar will not put its own iris module in its place unless asked: add --replace_iris "
+                         f"(replace_iris=True), give a checkout with --iris PATH, or run the program with mpirun")
 
 
 # Iris's package layout -> gemmar's modules (``gemmar.iris.<name>``); the AMD-only ones are refused on use.
@@ -94,19 +95,22 @@ def _install_package():
                 setattr(modules[parent], child, modules[name])
 
 
-def install_iris(replace_installed=False):
-    """Make ``import iris`` give gemmar's package on this rank (one rank per engine). Refused, in one line,
-    when a real Iris is installed here and ``replace_installed`` is not set."""
+def install_iris(choice=real_iris.STAND_IN):
+    """Make ``import iris`` give an Iris on this rank (one rank per engine): ``choice`` is ``"gemmar"`` for
+    gemmar's stand-in package, or the folder of a real Iris package that runs over this rank's heap
+    (``real_iris.py``); ``real_iris.choose`` picks it from ``--iris`` / ``--replace_iris``."""
     from . import this_rank
 
     ranks = rank_runtime.local_ranks()
     if len(ranks) != 1:
         raise UsageError(f"Iris programs need one process per rank; this engine hosts ranks {[c.rank for c in ranks]} "
                          f"sharing one GPU: use as many GPUs as ranks, or the cpu backend")
-    if not replace_installed:
-        refuse_installed_iris()
     this_rank.heap = ranks[0].heap
-    _install_package()
+    if choice == real_iris.STAND_IN:
+        real_iris.forget_iris_modules()
+        _install_package()
+    else:
+        real_iris.host(choice)
     backend = ranks[0].backend
     if backend == "cpu":
         cuda_on_cpu()
@@ -155,12 +159,12 @@ def _innermost_program_frame(error):
     return frames[-1] if frames else None
 
 
-def run_program(path, args, cwd, store_path, replace_iris=False, sanitize=False):
+def run_program(path, args, cwd, store_path, iris_choice=real_iris.STAND_IN, sanitize=False):
     """Run ``path`` as ``__main__`` with ``sys.argv = [path, *args]`` in ``cwd``, on this engine's rank;
     ``store_path``: a file in the cluster's private folder where this run's ranks meet for
     ``torch.distributed`` (``launch.py``). Returns {"rank", "exit_code", "error"}: 0 and None when it ended
     normally or by ``sys.exit(0)``; with ``sanitize``, also "sanitizer": this rank's record of heap accesses."""
-    rank = install_iris(replace_iris)
+    rank = install_iris(iris_choice)
     heap = rank_runtime.local_ranks()[0].heap
     started_before = descendants()   # what the program starts ends with it (end_descendants_since below)
     saved = sys.argv, list(sys.path), os.getcwd(), set(sys.modules)

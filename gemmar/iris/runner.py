@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 from ..errors import UsageError
 from . import rank as rank_scripts
+from . import real_iris
 
 FAILURE_GRACE_S = 5.0
 DEADLINE_EXIT_CODE = 3
@@ -65,7 +66,7 @@ def _signal_exit_code(what):
 
 
 def run_script(cluster, path, args=(), timeout=None, echo=True, replace_iris=False, out=None, err=None,
-               sanitize=False):
+               sanitize=False, iris=None):
     """``Cluster.run_script`` (its docstring says what each argument does): the program at ``path`` on every
     rank of ``cluster``, an EngineCluster with one process per rank. Returns a ProgramResult."""
     path = os.path.abspath(os.fspath(path))
@@ -78,12 +79,15 @@ def run_script(cluster, path, args=(), timeout=None, echo=True, replace_iris=Fal
                                 or not 0 < timeout <= 86400):
         raise UsageError(f"timeout={timeout!r} is not allowed: use seconds from 0 to 86400, or None")
     _check_process_per_rank(cluster, "Iris programs")
+    choice = real_iris.choose(iris, replace_iris)
     cluster.ensure_running()
     run = _ProgramRun(cluster, out or sys.stdout, err or sys.stderr, echo)
+    if echo:
+        print(f"[gemmar] iris: {real_iris.describe(choice)}", file=run.err, flush=True)
     # Where this run's ranks meet for torch.distributed: a fresh file in the cluster's private folder.
     store_path = os.path.join(cluster.profile_dir, f"dist-{uuid.uuid4().hex}.store")
     run.pending = [cluster.client[eid].apply_async(rank_scripts.run_program, path, list(args), os.getcwd(),
-                                                   store_path, replace_iris, bool(sanitize))
+                                                   store_path, choice, bool(sanitize))
                    for eid in cluster.engine_ids]
     try:
         with cluster.in_run():
@@ -200,10 +204,12 @@ class _ProgramRun:
             return {"exit_code": 1, "error": f"{ename}: {evalue}".splitlines()[0]}
 
 
-def activate(cluster, suffix=""):
-    """``Cluster.activate``: ipyparallel's ``%px`` magics over ``cluster``'s ranks, with gemmar's ``iris``."""
+def activate(cluster, suffix="", iris=None, replace_iris=False):
+    """``Cluster.activate``: ipyparallel's ``%px`` magics over ``cluster``'s ranks, with an ``iris`` on each
+    (``real_iris.choose``: a checkout at ``iris``, else an installed Iris, else gemmar's stand-in)."""
     _check_process_per_rank(cluster, "%%px cells with Iris programs")
-    cluster.run(rank_scripts.install_iris, timeout=cluster.start_timeout_s)
+    choice = real_iris.choose(iris, replace_iris)
+    cluster.run(rank_scripts.install_iris, choice, timeout=cluster.start_timeout_s)
     view = cluster.client[cluster.engine_ids]
     view.block = True
     view.activate(suffix)
