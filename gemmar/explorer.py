@@ -147,7 +147,7 @@ class Explorer:
             self.first_result = result   # (notebook 4's exercise compares a later run with it)
         # The chart as a PNG in the Output widget's outputs, set in one go: `with self.out:` and clear_output
         # capture through the kernel's current message, which a background thread does not have.
-        fig = result.trace.gantt()
+        fig = result.trace.gantt(show=False)   # (drawn into the Output widget below, not under a cell)
         png = io.BytesIO()
         fig.savefig(png, format="png", bbox_inches="tight")
         plt.close(fig)

@@ -337,7 +337,8 @@ def draw(shape, W, machine, one_gpu, ax=None, gpu=None):
     import matplotlib.pyplot as plt
 
     gpu = gpu or Gpu()
-    if ax is None:
+    own_figure = ax is None   # (a figure of its own is shown in a notebook; one given an ax is the caller's)
+    if own_figure:
         _, ax = plt.subplots(figsize=(8, 2.2))
     m, n, _ = shape
     mm = machine.matmul_ms.get(tuple(shape)) or matmul_ms(shape, gpu)
@@ -364,4 +365,8 @@ def draw(shape, W, machine, one_gpu, ax=None, gpu=None):
     ax.set_xlabel("ms (one rank)")
     ax.set_title(f"PREDICTED, not measured: {m} x {n} x {shape[2]} per rank on {W} GPUs - two_shot "
                  f"{end + tail:.3f} ms, matmul + NCCL {mm + nccl:.3f} ms", fontsize=9)
+    if own_figure:
+        from .plots import finish_figure
+
+        finish_figure(ax.figure)
     return ax

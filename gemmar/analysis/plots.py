@@ -2,6 +2,7 @@
 per-rank summary table under it, and the tile-grid heat maps."""
 
 import functools
+import sys
 
 import numpy as np
 
@@ -53,11 +54,53 @@ def _drawn_as_written(draw):
     return functools.wraps(draw)(wrapper)
 
 
-def finish_figure(fig, path=None):
-    """Every figure's last step: lay it out, and save it as a PNG when ``path`` is given."""
+def finish_figure(fig, path=None, show=True):
+    """Every figure's last step: lay it out, save it as a PNG when ``path`` is given, and in a notebook show it
+    under the cell (:func:`shown`; ``show=False``: not, for a figure drawn elsewhere, as the explorer's)."""
     fig.tight_layout()
     if path:
         fig.savefig(path, dpi=110)
+    return shown(fig) if show else fig
+
+
+def _kernel_shell():
+    """The IPython shell of the Jupyter kernel this runs in; None in a script, a test or a terminal IPython."""
+    ipython = sys.modules.get("IPython")   # (never imported here: a script has no use for it)
+    shell = ipython.get_ipython() if ipython is not None else None
+    return shell if getattr(shell, "kernel", None) is not None else None
+
+
+def display_png(fig):
+    """Show ``fig`` as a PNG in the running cell's output (the inline backend's rendering, without it)."""
+    from IPython.core.pylabtools import print_figure
+    from IPython.display import Image, display
+
+    display(Image(data=print_figure(fig, "png", bbox_inches="tight"), format="png"))
+
+
+def shown(fig):
+    """``fig``, shown under the running cell when this runs in a Jupyter kernel, whatever the kernel's matplotlib
+    state; returned either way.
+
+    The inline backend draws a figure at the cell's end only while matplotlib is interactive, which a notebook
+    that never ran ``%matplotlib inline`` (or called ``plt.ioff()``) is not: its chart silently never appeared.
+    So the figure is displayed here and closed, so that the inline backend does not draw it a second time; and
+    returned as a cell's last value (no ``;``) it is not displayed again in the same cell (a later cell that
+    names it shows it). Outside a kernel (a script, the command line, the tests), or with a backend that draws
+    figures itself (ipympl's widget, a window), it is left alone."""
+    shell = _kernel_shell()
+    if shell is None:
+        return fig
+    import matplotlib
+    import matplotlib.pyplot as plt
+
+    backend = matplotlib.get_backend().lower()
+    if "inline" not in backend and backend != "agg":
+        return fig
+    display_png(fig)
+    plt.close(fig)
+    cell = shell.execution_count
+    fig._ipython_display_ = lambda: None if shell.execution_count == cell else display_png(fig)
     return fig
 
 
@@ -71,12 +114,13 @@ def time_unit(span_us):
 
 
 @_drawn_as_written
-def gantt(trace, iteration=-1, max_lanes=48, ranks=None, programs=None, path=None, figsize=None):
+def gantt(trace, iteration=-1, max_lanes=48, ranks=None, programs=None, path=None, figsize=None, show=True):
     """Gantt chart: one lane per (rank, program), bars coloured by the phase's group, tile ids where they fit.
 
     With more lanes than ``max_lanes`` (e.g. 2 ranks x 132 programs) each rank becomes one panel that
     shows how many programs are in each colour group over time; pass ``programs=range(a, b)`` to zoom back
-    to individual lanes. Per-rank summary figures go in the lower panel.
+    to individual lanes. Per-rank summary figures go in the lower panel. In a notebook the chart is shown
+    under the cell (``show=False``: not; :func:`shown`).
     """
     import matplotlib.pyplot as plt
 
@@ -111,7 +155,7 @@ def gantt(trace, iteration=-1, max_lanes=48, ranks=None, programs=None, path=Non
     skewed = not aggregate and _draw_launch_skew(ax, summary["launch_skew_us"] / scale, lanes, span)
     _legend(ax, trace, df, skewed, races)
     _draw_summary(summary, ax_sum, ranks, scale, unit)
-    return finish_figure(fig, path)
+    return finish_figure(fig, path, show)
 
 
 def _title(m, events, iteration):
@@ -298,8 +342,9 @@ def _draw_summary(s, ax, ranks, scale, unit):
 
 
 @_drawn_as_written
-def tile_grid(trace, iteration=-1, path=None):
-    """Heat maps per rank: which program did which tile, and when each tile's result was stored."""
+def tile_grid(trace, iteration=-1, path=None, show=True):
+    """Heat maps per rank: which program did which tile, and when each tile's result was stored (shown under
+    the cell in a notebook unless ``show=False``)."""
     import matplotlib.pyplot as plt
 
     df = trace.iteration(iteration)
@@ -344,7 +389,7 @@ def tile_grid(trace, iteration=-1, path=None):
     program_colorbar(fig, im0, axes[0, -1], programs_total, label="program")
     grouping = f"GROUP_SIZE_M={m['gsize_m']}, " if m.get("gsize_m") else ""   # (an Iris trace has none)
     fig.suptitle(f"{m['algorithm']}: tile schedule ({grouping}{m['num_sms']} programs)")
-    return finish_figure(fig, path)
+    return finish_figure(fig, path, show)
 
 
 def ring_handoff_diagram(world_size=3, path=None):

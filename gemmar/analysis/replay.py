@@ -150,9 +150,7 @@ class ReplayWidget:
     def draw(self, step):
         import matplotlib.pyplot as plt
         from matplotlib.colors import ListedColormap
-        from IPython.display import display
-
-        from .plots import plain_text, time_unit
+        from .plots import display_png, plain_text, time_unit
 
         state = self.timeline.state_at(step)
         W = self.timeline.W
@@ -173,7 +171,7 @@ class ReplayWidget:
             handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in STATE_COLORS]
             fig.legend(handles, STATE_NAMES, loc="lower center", ncol=4, fontsize=8)
             fig.tight_layout(rect=(0, 0.12, 1, 1))
-            display(fig)
+            display_png(fig)   # (a PNG: a Figure displays as text where no inline backend registered it)
             plt.close(fig)
         flags = f" (under each tile id: its {'/'.join(state['flags'])} counters)" if state["flags"] else ""
         waits = "<br>".join(state["waiting"]) or "nobody is waiting"

@@ -287,17 +287,19 @@ class Trace:
         d = d[d["iteration"] > 0] if (d["iteration"] > 0).any() else d
         return (d["end_us"] - d["start_us"]).groupby(d["kind"]).median()
 
-    def gantt(self, iteration=-1, max_lanes=48, ranks=None, programs=None, path=None, figsize=None):
-        """Gantt chart: one lane per (rank, program), bars coloured by group (see ``plots.gantt``)."""
+    def gantt(self, iteration=-1, max_lanes=48, ranks=None, programs=None, path=None, figsize=None, show=True):
+        """Gantt chart: one lane per (rank, program), bars coloured by group (see ``plots.gantt``); in a
+        notebook shown under the cell, whatever the kernel's matplotlib state (``show=False``: not)."""
         from .plots import gantt
 
-        return gantt(self, iteration, max_lanes, ranks, programs, path, figsize)
+        return gantt(self, iteration, max_lanes, ranks, programs, path, figsize, show)
 
-    def tile_grid(self, iteration=-1, path=None):
-        """Heat maps per rank: which program did which tile, and when each tile was reduced."""
+    def tile_grid(self, iteration=-1, path=None, show=True):
+        """Heat maps per rank: which program did which tile, and when each tile was reduced (shown as
+        :meth:`gantt` is)."""
         from .plots import tile_grid
 
-        return tile_grid(self, iteration, path)
+        return tile_grid(self, iteration, path, show)
 
     def to_perfetto(self, path=None):
         """Chrome/Perfetto trace JSON (see ``perfetto.to_perfetto``); open it at ui.perfetto.dev."""
