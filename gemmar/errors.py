@@ -18,7 +18,9 @@ class DeadlockError(GemmarError):
     """A spin-wait in a kernel ran past its watchdog timeout.
 
     ``waits`` holds one dict per rank that timed out: rank, program, tile, flag name and index,
-    the value the rank waited for and the value it last saw. The message is built from them.
+    the value the rank waited for and the value it last saw; ``waited_on``, the flag at the address the wait
+    really polled when that is another (a wait given a wrong address), and ``line``, the kernel line of the wait
+    (cpu ranks). The message is built from them.
     """
 
     def __init__(self, waits):
@@ -31,8 +33,11 @@ class DeadlockError(GemmarError):
         for w in waits:
             where = {"barrier": "at the barrier",
                      "results_in": f"for the tiles rank {w['index']} owns"}.get(w["flag"], f"on tile {w['tile']}")
-            parts.append(f"rank {w['rank']} (program {w['program']}) waited {where} for flag "
-                         f"{w['flag']}[{w['index']}] >= {w['expected']} but saw {w['seen']}")
+            named = f"{w['flag']}[{w['index']}]"
+            flag = (f"{w['waited_on']} (the address it polled; its wait names {named})" if w.get("waited_on")
+                    else named)
+            parts.append(f"rank {w['rank']} (program {w['program']}) waited {where} for flag {flag} >= "
+                         f"{w['expected']} but saw {w['seen']}" + (f", at {w['line']}" if w.get("line") else ""))
         return "deadlock: " + "; ".join(parts)
 
     def __reduce__(self):  # travels between engine and client by pickle

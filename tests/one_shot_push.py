@@ -71,7 +71,7 @@ def one_shot_push_kernel(
         stride_am, stride_ak, stride_bk, stride_bn, timeout_ns, trace, trace_counts,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_SIZE_M: tl.constexpr,
         NUM_SMS: tl.constexpr, DOT_PRECISION: tl.constexpr, TRACE_CAPACITY: tl.constexpr, EVEN_K: tl.constexpr,
-        TMA: tl.constexpr, STORE_C: tl.constexpr, EXTRA_ARRIVALS: tl.constexpr):
+        TMA: tl.constexpr, STORE_C: tl.constexpr, EXTRA_ARRIVALS: tl.constexpr, WAIT_SHIFT: tl.constexpr):
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
     total_tiles = num_pid_m * num_pid_n
@@ -93,8 +93,9 @@ def one_shot_push_kernel(
                               scope="sys")
         n_events, t = event(trace, n_events, t, PUSH, tile_id, pid_m, pid_n, 0, -1, TRACE_CAPACITY)
         # 3. Every rank's partial of this launch is in our inbox.
-        device.wait_at_least(arrived + tile_id, world_size * (epoch + 1) + EXTRA_ARRIVALS, timeout_ns, watchdog, rank,
-                             tile_id, ARRIVED_FLAG, tile_id)
+        #    (WAIT_SHIFT: a participant's wait on another tile's flag, named as such by the DeadlockError.)
+        device.wait_at_least(arrived + (tile_id + WAIT_SHIFT) % total_tiles, world_size * (epoch + 1) + EXTRA_ARRIVALS,
+                             timeout_ns, watchdog, rank, tile_id, ARRIVED_FLAG, tile_id)
         tl.debug_barrier()
         n_events, t = event(trace, n_events, t, ARRIVAL_WAIT, tile_id, pid_m, pid_n, 0, -1, TRACE_CAPACITY)
         # 4. Their sum, in rank order.
@@ -123,13 +124,17 @@ def launches_waiting_for_one_too_many(ctx):
     return launches_storing_with(ctx, store_tile, extra_arrivals=1)
 
 
-def launches_storing_with(ctx, store_c, extra_arrivals=0):
+def launches_waiting_on_the_next_tiles_flag(ctx):
+    return launches_storing_with(ctx, store_tile, wait_shift=1)
+
+
+def launches_storing_with(ctx, store_c, extra_arrivals=0, wait_shift=0):
     cfg, buf = ctx.config, ctx.buffers
     return [Launch(one_shot_push_kernel, (cfg.num_sms,), ctx.tuning(
         A=ctx.A, B=ctx.B, C=buf.C, inbox=buf.inbox, arrived=buf.arrived, watchdog=ctx.watchdog,
         heap_bases=ctx.heap.heap_bases, rank=ctx.rank, world_size=ctx.world_size, epoch=0, M=cfg.m, N=cfg.n,
         K=ctx.K, **ctx.strides, timeout_ns=ctx.timeout_ns, trace=ctx.trace, trace_counts=ctx.trace_counts,
-        STORE_C=store_c, EXTRA_ARRIVALS=extra_arrivals, **ctx.gemm), per_launch=("epoch",))]
+        STORE_C=store_c, EXTRA_ARRIVALS=extra_arrivals, WAIT_SHIFT=wait_shift, **ctx.gemm), per_launch=("epoch",))]
 
 
 def launches_with_rows_masked_by_columns(ctx):
@@ -159,3 +164,6 @@ SPEC_ROWS_MASKED_BY_COLUMNS = dataclasses.replace(SPEC, name="one_shot_push_rows
 # ... and with a wait for one arrival more than there will ever be (a participant's wrong count).
 SPEC_WAITING_FOR_ONE_TOO_MANY = dataclasses.replace(SPEC, name="one_shot_push_waiting_for_one_too_many",
                                                     launches=launches_waiting_for_one_too_many)
+# ... and with a wait on the next tile's flag (notebook 7's `WAIT_READY(ready + (tile_id + 1) % tiles, ...)`).
+SPEC_WAITING_ON_THE_NEXT_TILES_FLAG = dataclasses.replace(SPEC, name="one_shot_push_waiting_on_the_next_tiles_flag",
+                                                          launches=launches_waiting_on_the_next_tiles_flag)

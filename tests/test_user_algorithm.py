@@ -3,6 +3,7 @@ and spec APIs only) runs through the same call as the built-in ones: checked aga
 rank after every launch, traced, drawn, replayed and exported with its own phase names."""
 
 import json
+import re
 
 import pytest
 import torch
@@ -89,3 +90,21 @@ def test_a_wrong_wait_in_a_users_algorithm_is_named_within_15_s():
             cluster.gemm_all_reduce(A, B, algorithm=one_shot_push.SPEC_WAITING_FOR_ONE_TOO_MANY, BLK_M=16, BLK_N=16,
                                     BLK_K=16, num_sms=2)
         assert time.monotonic() - started < 15, found.value
+
+
+def test_a_wait_on_another_tiles_flag_is_named_by_the_flag_it_polled_and_its_line(clusters):
+    """Workshop dry run 4: `wait(ready + (tile_id + 1) % tiles, ...)` was reported as a wait on ready[tile_id],
+    the right flag (the report printed the index argument). Now the address polled is named, by buffer and
+    index, with the line of the wait."""
+    A, B = random_inputs(32, 32, 32, torch.bfloat16, seed=4)   # 2 x 2 tiles, two programs per rank
+    with pytest.raises(gemmar.DeadlockError) as found:
+        clusters(2).gemm_all_reduce(A, B, algorithm=one_shot_push.SPEC_WAITING_ON_THE_NEXT_TILES_FLAG, BLK_M=16,
+                                    BLK_N=16, BLK_K=16, num_sms=2, timeout_s=2)
+    said = str(found.value)
+    match = re.search(r"waited on tile (\d) for flag arrived\[(\d)\] \(the address it polled; its wait names "
+                      r"arrived\[(\d)\]\) >= 2 but saw \d, at `device\.wait_at_least\(arrived \+ \(tile_id \+ "
+                      r"WAIT_SHIFT\) % total_tiles, .*` \(one_shot_push_kernel\)", said)
+    assert match, said
+    tile, polled, named = map(int, match.groups())
+    assert named == tile and polled == (tile + 1) % 4, said
+    assert all(w["waited_on"].startswith("arrived[") and w["index"] == w["tile"] for w in found.value.waits)

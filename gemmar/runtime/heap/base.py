@@ -26,7 +26,8 @@ import torch
 from ...errors import ClusterError, DeadlockError, UsageError
 from ...sanitizer import host_event
 from ...sanitizer.record import element_text
-from ...kernels.device import read_watchdog, register_heap_bases
+from ...kernels.device import (EXPIRED_WAIT_LINES, FLAG_WORDS, WATCHDOG_WORDS, place, read_watchdog,
+                               register_heap_bases)
 from ...kernels import barrier as barrier_kernels
 
 ALIGN = 256
@@ -73,8 +74,8 @@ class SymmetricHeap:
         self._table = None
         words = self.arena[:HEADER_BYTES].view(torch.int64)
         self._barrier_counter = words[0:1]
-        self._barrier_watchdog = words[8:16]
-        self._barrier_exit = words[16:17]
+        self._barrier_watchdog = words[8:8 + WATCHDOG_WORDS]
+        self._barrier_exit = words[24:25]
 
     # -- allocation -----------------------------------------------------------------------------------
     def _alloc(self, nbytes, from_end=False):
@@ -224,9 +225,36 @@ class SymmetricHeap:
         """Raise DeadlockError if a wait of the kernel that wrote ``watchdog`` expired, naming its flag from
         ``wait_flags`` (the kernel's flag names -> ids)."""
         report = read_watchdog(watchdog.tolist(), wait_flags)
+        line = EXPIRED_WAIT_LINES.pop(watchdog.data_ptr(), None)
         if report is not None:
             watchdog.zero_()
+            report.update(self._flag_waited_on(report.pop("address"), report))
+            if line is not None:
+                report["line"] = place(line)
             raise DeadlockError([report])
+
+    def _flag_waited_on(self, address, report):
+        """``{"waited_on": "ready[4]"}`` (or "rank 1's ready[4]") when the address a wait polled is not the flag
+        its report names (``report``'s flag and index: a flag of FLAG_WORDS-spaced counters counts too); else {}.
+        The allocations are the same on every rank, so another rank's heap is read by this one's table."""
+        if report["flag"] == "barrier":   # (rank 0's counter, in the heap header)
+            return {}
+        bases = self.heap_bases.tolist()
+        owner = next((q for q, base in enumerate(bases) if base <= address < base + self.size), None)
+        if owner is None:
+            return {"waited_on": f"address {address:#x}, in no rank's heap"}
+        offset = address - int(bases[owner])
+        starts, ends, labels = self.allocation_table()
+        i = int(np.searchsorted(starts, offset, side="right")) - 1
+        if i < 0 or offset >= ends[i]:
+            return {"waited_on": f"byte {offset} of rank {owner}'s heap, in no buffer"}
+        name, _, dtype = labels[i]
+        element = (offset - int(starts[i])) // torch.empty((), dtype=getattr(torch, dtype)).element_size()
+        if owner == self.rank and name == report["flag"] and element in (report["index"],
+                                                                        report["index"] * FLAG_WORDS):
+            return {}
+        text = self.describe_offset(offset)
+        return {"waited_on": text if owner == self.rank else f"rank {owner}'s {text}"}
 
     def close(self):
         self._forget_bases()
