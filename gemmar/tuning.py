@@ -30,12 +30,14 @@ def reads_by_tma(n, k, world_size, datatype):
 
 
 def tuned_defaults(backend, algorithm, capability=(0, 0), multiprocessors=0, shape=None, given=None, trace=False,
-                   tma=True, shared=False):
+                   tma=True, shared=False, gpu=None, datatype=None):
     """Settings that suit the device, for every knob the user did not set (``given``: the ones they did).
     On the cpu backend these are RunConfig's own defaults; on GPUs the algorithm's tile for the GPU's family
     and one program per SM, split between the GEMM and the communication programs by ``split_programs``
     when the problem's ``shape`` (M, N, K per rank, world size) is known. ``tma``: whether the GEMM will
-    read through tensor descriptors (:func:`reads_by_tma`); ``shared``: the ranks share one GPU."""
+    read through tensor descriptors (:func:`reads_by_tma`); ``shared``: the ranks share one GPU. With the GPU's
+    name (``gpu``) and the ``datatype`` too, the tile is :func:`tile_choice`'s (the tuning cache, then the fitted
+    rule)."""
     given = {k: v for k, v in (given or {}).items() if v is not None}
     if backend == "cpu":
         defaults = RunConfig()
@@ -50,6 +52,8 @@ def tuned_defaults(backend, algorithm, capability=(0, 0), multiprocessors=0, sha
         # measured faster (docs/decisions.md, few-rows tiles). Not for ranks sharing a GPU: unmeasured, and there
         # every rank's programs must fit on it at once.
         tile = few_rows_tile(spec, family, tile, shape[0], shape[1], multiprocessors or 108)
+    chosen, _ = tile_choice(algorithm, family, shape, gpu, datatype, shared)
+    tile = chosen or tile
     knobs = dict(zip(TUNED_KNOBS[:6], tile), **given)
     sms = multiprocessors or 108
     if not spec.comm_programs:
@@ -69,6 +73,22 @@ def tuned_defaults(backend, algorithm, capability=(0, 0), multiprocessors=0, sha
     else:
         comm = GPU_COMM_SMS
     return {**knobs, "num_sms": given.get("num_sms", max(1, sms - comm)), "comm_sms": comm}
+
+
+def tile_choice(algorithm, family, shape, gpu, datatype, shared=False):
+    """(tile, where it came from) for a run whose knobs are not given, or (None, why not) where the algorithm's own
+    tile stands: the tuning cache's entry for this GPU, dtype, world size and per-rank shape
+    (``tuning_cache.choose``), wherever one exists; else, for two_shot and one_shot at world size 1 on Hopper, the
+    rule fitted on the shape sweep (``tuning_cache.RULE``; across GPUs the few-rows tiles measured there stand)."""
+    if shape is None or not gpu or not datatype or shared:
+        return None, "the algorithm's measured tile (no shape, GPU name or dtype to look up, or ranks share a GPU)"
+    from . import tuning_cache
+
+    choice = tuning_cache.choose(gpu, datatype, shape[3], tuple(shape[:3]), algorithm)
+    if choice.cached or (shape[3] == 1 and family == "hopper" and algorithm in tuning_cache.TILED):
+        return tuple(choice.tile[k] for k in tuning_cache.TILE_KNOBS), choice.source
+    return None, (f"the algorithm's measured tile ({algorithm}'s gpu_tuning; the fitted rule is for two_shot and "
+                  f"one_shot at one rank on Hopper)")
 
 
 def few_rows_tile(spec, family, tile, m, n, sms):

@@ -1,0 +1,360 @@
+"""Real models' tensor-parallel shapes on one GPU: every fused kernel and ``auto`` against torch.matmul at world
+size 1, each checked against torch; a JSON and a heat map (M against N x K) beside it.
+
+    python3 benchmarks/shape_sweep.py OUT.json [--grid] [--cache FILE] [--lomo RULES.json] [--shard 1/2]
+    python3 benchmarks/shape_sweep.py --analyse OUT.json [--rules_out RULES.json]   (no GPU: figures, fits, maps)
+
+Each shape is one rank's share of a layer whose output is all-reduced under tensor parallelism (Megatron's row-
+parallel layers: the attention output projection and the MLP's or an expert's down projection): M tokens x N
+(the model's hidden size) x K_r (the layer's input width / TP). ``SHAPES`` names the model, layer and TP degree of
+each. At world size 1 a fused launch is its GEMM alone, so the ratio to torch.matmul is the GEMM core's share of a
+fused kernel's time at every world size.
+
+Per shape: torch.matmul; each fused kernel with the package's defaults before this sweep's rule (``defaults``:
+``tuning.tuned_defaults`` with no GPU name, the tiles measured at N = 8192); ``auto``, the kernel and tile that
+``tuning_cache.choose`` gives (the cache given by --cache, else the fitted rule); with --grid every candidate tile
+(``tuning_cache.candidates``: the tuner's choices, and what the rule is fitted on); with --lomo, the tile of a rule
+fitted with the shape's own model left out (``--analyse --rules_out`` writes those rules from a --grid run).
+Ratios are fused time / torch.matmul's, as a user's loop sees them (``wall``: host time included) and with the
+host's time hidden (``gpu``); medians of 5 trials (gemmar/tuner.py).
+"""
+
+import argparse
+import datetime
+import json
+import math
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+# (model, layer, TP, N = hidden size, K = the layer's whole input width, [M tokens per rank]); per-rank K = K / TP.
+# Sizes from each model's published config (hidden_size, intermediate_size / moe_intermediate_size, heads x head
+# dim). M: decode batches (1-128 tokens), prefill chunks (512-16384); an expert sees the tokens routed to it.
+LAYERS = [
+    ("Llama-3.1-8B", "o_proj", 2, 4096, 4096, [1, 2048]),
+    ("Llama-3.1-8B", "down_proj", 2, 4096, 14336, [16, 8192]),
+    ("Llama-3.1-8B", "down_proj", 4, 4096, 14336, [64, 512]),
+    ("Llama-3.1-8B", "down_proj", 8, 4096, 14336, [128, 16384]),
+    ("Llama-3.1-70B", "o_proj", 4, 8192, 8192, [1, 4096]),
+    ("Llama-3.1-70B", "o_proj", 8, 8192, 8192, [64, 16384]),
+    ("Llama-3.1-70B", "down_proj", 2, 8192, 28672, [512]),
+    ("Llama-3.1-70B", "down_proj", 4, 8192, 28672, [16, 2048]),
+    ("Llama-3.1-70B", "down_proj", 8, 8192, 28672, [128, 8192]),
+    ("Llama-3.1-405B", "o_proj", 8, 16384, 16384, [1, 128, 2048]),
+    ("Llama-3.1-405B", "down_proj", 8, 16384, 53248, [16, 512, 8192]),
+    ("Qwen3-8B", "down_proj", 2, 4096, 12288, [1, 4096]),
+    ("Qwen3-8B", "down_proj", 4, 4096, 12288, [64, 16384]),
+    ("Qwen3-8B", "o_proj", 2, 4096, 4096, [256]),
+    ("Qwen3-14B", "o_proj", 4, 5120, 5120, [16, 2048]),
+    ("Qwen3-14B", "down_proj", 4, 5120, 17408, [1, 512]),
+    ("Qwen3-14B", "down_proj", 8, 5120, 17408, [128, 8192]),
+    ("Qwen3-32B", "o_proj", 8, 5120, 8192, [64, 4096]),
+    ("Qwen3-32B", "down_proj", 8, 5120, 25600, [128, 2048]),
+    ("Qwen3-32B", "down_proj", 4, 5120, 25600, [1, 16384]),
+    ("Qwen3-32B", "down_proj", 2, 5120, 25600, [16]),
+    ("Qwen2.5-32B", "down_proj", 8, 5120, 27648, [128, 1024]),
+    ("Qwen3-30B-A3B", "expert down_proj", 2, 2048, 768, [16, 512]),
+    ("Qwen3-30B-A3B", "expert down_proj", 4, 2048, 768, [128, 2048]),
+    ("Qwen3-30B-A3B", "expert down_proj", 8, 2048, 768, [64, 1024]),
+    ("Qwen3-30B-A3B", "o_proj", 4, 2048, 4096, [1, 8192]),
+    ("Qwen3-235B-A22B", "expert down_proj", 4, 4096, 1536, [16, 256, 4096]),
+    ("Qwen3-235B-A22B", "expert down_proj", 8, 4096, 1536, [64, 2048]),
+    ("Qwen3-235B-A22B", "o_proj", 8, 4096, 8192, [1, 16384]),
+    ("Mixtral-8x7B", "expert down_proj", 2, 4096, 14336, [256, 4096]),
+    ("Mixtral-8x7B", "expert down_proj", 8, 4096, 14336, [32, 1024]),
+    ("Mixtral-8x7B", "o_proj", 8, 4096, 4096, [1]),
+    ("Mixtral-8x22B", "expert down_proj", 4, 6144, 16384, [64, 2048]),
+    ("Mixtral-8x22B", "expert down_proj", 8, 6144, 16384, [16, 8192]),
+    ("Mixtral-8x22B", "o_proj", 8, 6144, 6144, [1, 512]),
+    ("DeepSeek-V3", "dense down_proj", 8, 7168, 18432, [1, 128, 4096]),
+    ("DeepSeek-V3", "dense down_proj", 4, 7168, 18432, [16, 16384]),
+    ("DeepSeek-V3", "o_proj", 8, 7168, 16384, [8, 2048]),
+    ("DeepSeek-V3", "expert down_proj", 2, 7168, 2048, [64, 512]),
+    ("DeepSeek-V3", "expert down_proj", 8, 7168, 2048, [32, 1024]),
+]
+SHAPES = [dict(model=model, layer=layer, tp=tp, m=m, n=n, k=k // tp)
+          for model, layer, tp, n, k, ms in LAYERS for m in ms]
+TARGETS = dict(median=1.02, worst=1.15, few_rows=1.10, few_rows_m=64)   # issue 60's, on auto's wall ratio
+
+
+def shape_name(s):
+    return f"{s['m']}x{s['n']}x{s['k']}"
+
+
+def run(args):
+    import torch
+    import triton
+
+    from gemmar.algorithms import builtin_names
+    from gemmar.runtime.backends import gpu_properties
+    from gemmar.tuner import config_for, inputs, one_gpu_rank, tile_knobs, time_config, time_matmul
+    from gemmar.tuning import tuned_defaults
+    from gemmar.tuning_cache import candidates, choose, rule_tile
+
+    gpu, capability, sms = gpu_properties("cuda")
+    # Every other shape first: a run stopped by --max_seconds has still measured every model, at half the shapes.
+    shapes = SHAPES[::2] + SHAPES[1::2]
+    if args.shard:
+        part, parts = (int(x) for x in args.shard.split("/"))
+        shapes = shapes[part - 1::parts]
+    if args.only:
+        shapes = [s for s in shapes if shape_name(s) in args.only.split(",")]
+    shapes = shapes[args.start:]
+    lomo = json.load(open(args.lomo)) if args.lomo else None
+    cache = args.cache or os.path.join(os.path.dirname(os.path.abspath(args.out)), "no-tuning-cache.json")
+    report = dict(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), gpu=gpu, sms=sms,
+                  torch=torch.__version__, triton=triton.__version__, datatype=args.datatype,
+                  command=" ".join(sys.argv), cache=args.cache, results=[])
+    started = time.monotonic()
+    with one_gpu_rank(8 << 30) as heap:
+        for i, s in enumerate(shapes):
+            if time.monotonic() - started > args.max_seconds:
+                print(f"stopping at {args.max_seconds:.0f} s: {len(shapes) - i} shapes left", flush=True)
+                report["stopped_early"] = len(shapes) - i
+                break
+            m, n, k = s["m"], s["n"], s["k"]
+            A, B, ref = inputs(m, n, k, args.datatype, seed=i)
+            mm = time_matmul(A, B)
+            row = dict(s, matmul=mm, kernels={})
+            for algorithm in builtin_names():
+                knobs = tuned_defaults("cuda", algorithm, capability, sms, shape=(m, n, k, 1), given={})
+                row["kernels"][algorithm] = dict(time_config(heap, config_for(m, n, k, args.datatype, algorithm, knobs),
+                                                             A, B, ref, mm["gpu_ms"]), tile=_tile_of(knobs))
+            choice = choose(gpu, args.datatype, 1, (m, n, k), path=cache)
+            tile = tuple(choice.tile[key] for key in ("BLK_M", "BLK_N", "BLK_K", "num_warps", "num_stages", "gsize_m"))
+            row["auto"] = dict(time_config(heap, config_for(m, n, k, args.datatype, choice.algorithm,
+                                                            tile_knobs(tile, sms)), A, B, ref, mm["gpu_ms"]),
+                               algorithm=choice.algorithm, tile=list(tile), source=choice.source)
+            if lomo:
+                held = tuple(rule_tile(m, {int(b): t for b, t in lomo[s["model"]].items()}))
+                row["lomo"] = dict(time_config(heap, config_for(m, n, k, args.datatype, "two_shot",
+                                                                tile_knobs(held, sms)), A, B, ref, mm["gpu_ms"]),
+                                   tile=list(held))
+            if args.grid:
+                row["grid"] = [dict(time_config(heap, config_for(m, n, k, args.datatype, "two_shot",
+                                                                 tile_knobs(t, sms)), A, B, ref, mm["gpu_ms"]),
+                                    tile=list(t)) for t in candidates(m)]
+            if args.trace:
+                row["trace"] = trace_shares(heap, m, n, k, args.datatype, tile, sms, A, B)
+            row["matmul_after"] = time_matmul(A, B)   # (the denominator taken twice: its drift is the noise)
+            del A, B, ref
+            report["results"].append(row)
+            print(line(row), flush=True)
+            with open(args.out, "w") as f:
+                json.dump(report, f, indent=1)
+        if args.trace_worst:
+            # Where the worst shapes' time goes: auto's tile traced once each (gemmar's own events).
+            worst = sorted(report["results"], key=lambda row: -(ratio(row, row["auto"]) or 99))[:args.trace_worst]
+            for row in worst:
+                if time.monotonic() - started > args.max_seconds + 60:
+                    break
+                A, B, _ = inputs(row["m"], row["n"], row["k"], args.datatype)
+                row["trace"] = trace_shares(heap, row["m"], row["n"], row["k"], args.datatype, tuple(row["auto"]["tile"]),
+                                            sms, A, B)
+                print(f"traced {shape_name(row)}: {row['trace']}", flush=True)
+                del A, B
+    report["seconds"] = round(time.monotonic() - started, 1)
+    with open(args.out, "w") as f:
+        json.dump(report, f, indent=1)
+    print(f"wrote {args.out} ({report['seconds']} s)")
+    analyse([args.out], None)
+
+
+def _tile_of(knobs):
+    return [knobs[k] for k in ("BLK_M", "BLK_N", "BLK_K", "num_warps", "num_stages", "gsize_m")]
+
+
+def trace_shares(heap, m, n, k, datatype, tile, sms, A, B):
+    """Where one traced launch's time goes (gemmar's own events): the share of the programs' busy time in the
+    GEMM core and in the rest (publishing, flags, writing C), and the tail (the launch after its last GEMM tile)."""
+    import numpy as np
+
+    from gemmar.kernels import events
+    from gemmar.runtime.launch import FusedGemmAllReduce
+    from gemmar.tuner import config_for, tile_knobs
+
+    config = config_for(m, n, k, datatype, "two_shot", dict(tile_knobs(tile, sms), trace=True))
+    try:
+        with heap.scope():
+            fused = FusedGemmAllReduce(heap, config)
+            fused.prepare(A, B)
+            for _ in range(3):
+                fused(A, B)
+            rows, _ = fused.events(0)
+    except Exception as e:  # noqa: BLE001 - a figure missing, said so
+        return dict(error=f"{type(e).__name__}: {str(e).strip().splitlines()[0][:200] if str(e).strip() else ''}")
+    col = {c: i for i, c in enumerate(events.COLUMNS)}
+    groups = {p.kind_id: p.group for p in config.spec.phases}
+    names = {p.kind_id: p.name for p in config.spec.phases}
+    start, end = rows[:, col["t_start_ns"]], rows[:, col["t_end_ns"]]
+    gemm = np.array([groups.get(int(x)) == "gemm" for x in rows[:, col["kind_id"]]])
+    busy = float(np.sum(end - start))
+    span = float(end.max() - start.min())
+    return dict(span_us=span / 1e3, gemm_share=float(np.sum((end - start)[gemm])) / busy,
+                other_share=float(np.sum((end - start)[~gemm])) / busy,
+                tail_share=float(end.max() - end[gemm].max()) / span if gemm.any() else float("nan"),
+                programs=int(len(set(rows[:, col["program"]].tolist()))),
+                kinds={names.get(k, str(k)): float(np.sum((end - start)[rows[:, col["kind_id"]] == k])) / busy
+                       for k in sorted(set(rows[:, col["kind_id"]].tolist()))})
+
+
+def ratio(row, entry, how="wall"):
+    """entry's time / torch.matmul's (the mean of the two matmul figures), or None where it was wrong or failed."""
+    if not entry or not entry.get("ok"):
+        return None
+    key = f"{how}_ms"
+    denominator = (row["matmul"][key] + row.get("matmul_after", row["matmul"])[key]) / 2
+    return entry[key] / denominator
+
+
+def line(row):
+    parts = [f"{row['model']} {row['layer']} TP{row['tp']} {shape_name(row)}: matmul {row['matmul']['wall_ms'] * 1e3:.1f} us"]
+    for name, entry in list(row["kernels"].items()) + [("auto", row["auto"])] + \
+            ([("lomo", row["lomo"])] if "lomo" in row else []):
+        r = ratio(row, entry)
+        parts.append(f"{name} {r:.2f}x" if r else f"{name} {'WRONG' if 'rel_err' in entry else 'FAILED'}")
+    if "grid" in row:
+        best = [r for r in (ratio(row, g) for g in row["grid"]) if r]
+        parts.append(f"best of grid {min(best):.2f}x" if best else "grid: none right")
+    return ", ".join(parts)
+
+
+def figures(rows, pick):
+    """Median, worst and M <= 64 worst of pick(row) ratios; how many were wrong or failed."""
+    ratios = [(row, pick(row)) for row in rows]
+    good = [r for _, r in ratios if r]
+    few = [r for row, r in ratios if r and row["m"] <= TARGETS["few_rows_m"]]
+    if not good:
+        return dict(n=0, failed=len(ratios))
+    good.sort()
+    return dict(n=len(good), failed=len(ratios) - len(good), median=good[len(good) // 2] if len(good) % 2 else
+                (good[len(good) // 2 - 1] + good[len(good) // 2]) / 2, worst=good[-1], few_rows_worst=max(few or [0]),
+                geomean=math.exp(sum(map(math.log, good)) / len(good)))
+
+
+def grid_ratios(row, how="wall"):
+    """{tile: ratio} of the grid's right tiles."""
+    return {tuple(g["tile"]): ratio(row, g, how) for g in row.get("grid", []) if ratio(row, g, how)}
+
+
+def analyse(paths, rules_out, how="wall"):
+    """Figures against the targets, the heat maps, and (from --grid runs) the rule fitted on every model and the
+    leave-one-model-out rules evaluated on the grid's own measurements."""
+    from gemmar.tuning_cache import fit_rule, rule_tile
+
+    reports = [json.load(open(p)) for p in paths]
+    rows = [row for rep in reports for row in rep["results"]]
+    head = reports[0]
+    print(f"{len(rows)} shapes; {head['gpu']}, torch {head['torch']}, Triton {head['triton']}, {head['date']}; "
+          f"ratios to torch.matmul ({how})")
+    picks = {f"defaults {a}": (lambda a: lambda row: ratio(row, row["kernels"][a], how))(a) for a in rows[0]["kernels"]}
+    picks["auto (" + rows[0]["auto"]["source"].split(" (")[0] + ")"] = lambda row: ratio(row, row["auto"], how)
+    if all("lomo" in row for row in rows):
+        picks["leave-one-model-out rule (timed)"] = lambda row: ratio(row, row["lomo"], how)
+    summary = {}
+    if all("grid" in row for row in rows):
+        picks["best of grid (per-shape tuning)"] = lambda row: min(grid_ratios(row, how).values(), default=None)
+        data = [(row["m"], grid_ratios(row, how)) for row in rows]
+        rule = fit_rule(data)
+        picks["rule fitted on all models (from the grid)"] = lambda row: grid_ratios(row, how).get(rule_tile(row["m"], rule))
+        models = sorted({row["model"] for row in rows})
+        lomo = {model: fit_rule([(row["m"], grid_ratios(row, how)) for row in rows if row["model"] != model])
+                for model in models}
+        picks["leave-one-model-out rule (from the grid)"] = \
+            lambda row: grid_ratios(row, how).get(rule_tile(row["m"], lomo[row["model"]]))
+        print(f"rule fitted on all models: {rule}")
+        summary["rule_all"] = {str(b): list(t) for b, t in rule.items()}
+        summary["rules_lomo"] = {mdl: {str(b): list(t) for b, t in r.items()} for mdl, r in lomo.items()}
+        if rules_out:
+            with open(rules_out, "w") as f:
+                json.dump(summary["rules_lomo"], f, indent=1)
+            print(f"wrote {rules_out}")
+    print(f"{'choice':<48} {'n':>3} {'bad':>3} {'median':>7} {'worst':>7} {'M<=64 worst':>11} {'geomean':>7}")
+    for name, pick in picks.items():
+        f = figures(rows, pick)
+        summary[name] = f
+        if f["n"]:
+            print(f"{name:<48} {f['n']:>3} {f['failed']:>3} {f['median']:>7.3f} {f['worst']:>7.3f} "
+                  f"{f['few_rows_worst']:>11.3f} {f['geomean']:>7.3f}")
+        else:
+            print(f"{name:<48} none right")
+    worst = sorted(((ratio(row, row["auto"], how) or float("inf"), row) for row in rows), key=lambda x: -x[0])[:10]
+    print("the ten worst shapes for auto:")
+    for r, row in worst:
+        t = row.get("trace")
+        where = (f"; GEMM core {100 * t['gemm_share']:.0f} %, publish/flags/C {100 * t['other_share']:.0f} % of "
+                 f"busy time, tail {100 * t['tail_share']:.0f} % of {t['span_us']:.1f} us" if t and "gemm_share" in t
+                 else "")
+        print(f"  {r:.3f}x {row['model']} {row['layer']} TP{row['tp']} {shape_name(row)} tile {row['auto']['tile']}"
+              f"{where}")
+    base = os.path.splitext(paths[0])[0]
+    heat_map(rows, lambda row: ratio(row, row["auto"], how), f"auto / torch.matmul ({how}), {head['gpu']}",
+             base + "-auto.png")
+    heat_map(rows, lambda row: ratio(row, row["kernels"]["two_shot"], how),
+             f"two_shot with the earlier defaults / torch.matmul ({how}), {head['gpu']}", base + "-defaults.png")
+    with open(base + "-summary.json", "w") as f:
+        json.dump(summary, f, indent=1)
+    print(f"wrote {base}-auto.png, {base}-defaults.png, {base}-summary.json")
+    return summary
+
+
+def heat_map(rows, pick, title, path):
+    """Rows: M; columns: N x K_r, ordered by N x K_r; each cell the ratio (blank: not a swept shape)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    ms = sorted({row["m"] for row in rows})
+    nks = sorted({(row["n"], row["k"]) for row in rows}, key=lambda nk: (nk[0] * nk[1], nk))
+    grid = np.full((len(ms), len(nks)), np.nan)
+    for row in rows:
+        r = pick(row)
+        grid[ms.index(row["m"]), nks.index((row["n"], row["k"]))] = r if r else 9.99
+    fig, ax = plt.subplots(figsize=(max(8, 0.42 * len(nks) + 2), 0.45 * len(ms) + 2.2))
+    image = ax.imshow(grid, cmap="RdYlGn_r", vmin=0.85, vmax=1.25, aspect="auto")
+    for (i, j), value in np.ndenumerate(grid):
+        if not np.isnan(value):
+            ax.text(j, i, "bad" if value >= 9.99 else f"{value:.2f}", ha="center", va="center", fontsize=6.5)
+    ax.set_xticks(range(len(nks)), [f"{n}x{k}" for n, k in nks], rotation=90, fontsize=7)
+    ax.set_yticks(range(len(ms)), [str(m) for m in ms], fontsize=8)
+    ax.set_xlabel("N x K per rank (ordered by N x K)")
+    ax.set_ylabel("M (rows per rank)")
+    ax.set_title(title, fontsize=10)
+    fig.colorbar(image, ax=ax, label="time / torch.matmul's (lower is better)", shrink=0.8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out", nargs="?", help="where the JSON goes (the heat maps go beside it)")
+    parser.add_argument("--datatype", default="bf16", choices=("bf16", "fp16"))
+    parser.add_argument("--grid", action="store_true", help="also time every candidate tile (what the rule is fitted on)")
+    parser.add_argument("--cache", help="auto reads this tuning cache (default: none, so the rule answers)")
+    parser.add_argument("--lomo", help="leave-one-model-out rules ({model: rule}, from --analyse --rules_out): time "
+                                       "each shape with the rule fitted without its model")
+    parser.add_argument("--trace", action="store_true", help="also trace auto's tile once per shape (the shares)")
+    parser.add_argument("--trace_worst", type=int, default=0, help="then trace auto's tile at the N worst shapes")
+    parser.add_argument("--shard", help="I/N: only every N-th shape from the I-th (to split the sweep over calls)")
+    parser.add_argument("--only", help="MxNxK,...: only these shapes of SHAPES")
+    parser.add_argument("--start", type=int, default=0, help="skip this many shapes (to go on after --max_seconds)")
+    parser.add_argument("--max_seconds", type=float, default=540, help="stop (and write what was measured) after this")
+    parser.add_argument("--analyse", nargs="+", metavar="JSON", help="no GPU: figures, fitted rules and heat maps of runs")
+    parser.add_argument("--rules_out", help="with --analyse: write the leave-one-model-out rules here")
+    parser.add_argument("--how", choices=("wall", "gpu"), default="wall", help="with --analyse: which time")
+    args = parser.parse_args()
+    if args.analyse:
+        analyse(args.analyse, args.rules_out, args.how)
+    elif args.out:
+        run(args)
+    else:
+        parser.error("give OUT.json (a run on the GPU) or --analyse JSON...")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,138 @@
+"""The per-shape chooser and the tuning cache, without a GPU: a cache file is read and used, a bad one is refused
+in one line naming the file and what is wrong, a shape the cache does not hold falls back to the rule."""
+
+import json
+
+import pytest
+import torch
+
+from gemmar import UsageError
+from gemmar.tuning import tuned_defaults
+from gemmar.tuning_cache import (CACHE_FORMAT, RULE, TILE_KNOBS, choose, fit_rule, load_cache, make_entry,
+                                 parse_shape, read_shapes_file, rule_tile, save_cache)
+
+H100 = "NVIDIA H100 80GB HBM3"
+TILE = (32, 64, 128, 4, 3, 8)
+
+
+def tile_of(knobs):
+    return tuple(knobs[k] for k in TILE_KNOBS)
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    """A cache file with one entry, which GEMMAR_TUNING_CACHE names (so nothing under $HOME is read)."""
+    path = tmp_path / "tuning.json"
+    save_cache([make_entry(H100, "bf16", 1, (128, 5120, 3456), "two_shot", TILE, ms=0.02, matmul_ms=0.021)], str(path))
+    monkeypatch.setenv("GEMMAR_TUNING_CACHE", str(path))
+    return path
+
+
+def test_a_cache_entry_is_used_for_its_gpu_dtype_world_size_and_shape(cache):
+    choice = choose(H100, "bf16", 1, (128, 5120, 3456))
+    assert choice.cached and choice.algorithm == "two_shot" and tile_of(choice.tile) == TILE
+    assert str(cache) in choice.source and str(cache) in choice.describe()
+    knobs = tuned_defaults("cuda", "two_shot", (9, 0), 132, shape=(128, 5120, 3456, 1), gpu=H100, datatype="bf16")
+    assert tile_of(knobs) == TILE and knobs["num_sms"] == 132
+    # A tile the user gives still wins over the cache's.
+    assert tuned_defaults("cuda", "two_shot", (9, 0), 132, shape=(128, 5120, 3456, 1), gpu=H100, datatype="bf16",
+                          given={"BLK_N": 256})["BLK_N"] == 256
+
+
+@pytest.mark.parametrize("gpu,datatype,world_size,shape", [
+    (H100, "bf16", 1, (128, 5120, 3457)),              # another shape
+    ("NVIDIA H200", "bf16", 1, (128, 5120, 3456)),     # another GPU
+    (H100, "fp16", 1, (128, 5120, 3456)),              # another dtype
+    (H100, "bf16", 2, (128, 5120, 3456)),              # another world size
+])
+def test_a_missing_entry_falls_back_to_the_rule(cache, gpu, datatype, world_size, shape):
+    choice = choose(gpu, datatype, world_size, shape)
+    assert not choice.cached and "rule" in choice.source
+    assert tile_of(choice.tile) == rule_tile(shape[0])
+
+
+def test_the_rule_answers_at_one_rank_on_hopper_and_leaves_the_rest_as_measured(tmp_path, monkeypatch):
+    monkeypatch.setenv("GEMMAR_TUNING_CACHE", str(tmp_path / "none.json"))   # (no such file: an empty cache)
+    for m in (1, 16, 64, 128, 512, 4096, 16384):
+        knobs = tuned_defaults("cuda", "two_shot", (9, 0), 132, shape=(m, 5120, 3456, 1), gpu=H100, datatype="bf16")
+        assert tile_of(knobs) == rule_tile(m)
+    # The ring's tile, another GPU family, and two ranks: as before (the rule was fitted at one rank on Hopper).
+    old = dict(capability=(9, 0), multiprocessors=132, shape=(16, 8192, 1024, 2))
+    assert tuned_defaults("cuda", "two_shot", **old, gpu=H100, datatype="bf16") == tuned_defaults("cuda", "two_shot", **old)
+    assert tuned_defaults("cuda", "ring", (9, 0), 132, shape=(16, 8192, 1024, 1), gpu=H100, datatype="bf16")["BLK_M"] == 128
+    assert tuned_defaults("cuda", "two_shot", (8, 0), 108, shape=(16, 8192, 1024, 1), gpu="A100",
+                          datatype="bf16")["BLK_M"] == 128
+
+
+def good_entry():
+    return make_entry(H100, "bf16", 1, (16, 4096, 1024), "two_shot", TILE)
+
+
+@pytest.mark.parametrize("content,problem", [
+    ("{not json", "not JSON"),
+    (json.dumps([1, 2]), "format is 'list'"),
+    (json.dumps({"format": "something-else/9", "entries": []}), "format is 'something-else/9'"),
+    (json.dumps({"format": CACHE_FORMAT, "entries": {}}), "no list of entries"),
+    (json.dumps({"format": CACHE_FORMAT, "entries": [dict(good_entry(), algorithm="fastest")]}),
+     "algorithm 'fastest'"),
+    (json.dumps({"format": CACHE_FORMAT, "entries": [dict(good_entry(), tile=dict(good_entry()["tile"], BLK_M=48))]}),
+     "BLK_M 48"),
+    (json.dumps({"format": CACHE_FORMAT, "entries": [dict(good_entry(), shape=[16, 4096])]}), "shape [16, 4096]"),
+    (json.dumps({"format": CACHE_FORMAT, "entries": [{k: v for k, v in good_entry().items() if k != "gpu"}]}),
+     "no gpu"),
+    (json.dumps({"format": CACHE_FORMAT, "entries": [dict(good_entry(), datatype="int8")]}), "datatype 'int8'"),
+])
+def test_a_bad_cache_file_is_refused_in_one_line_naming_it(tmp_path, content, problem):
+    path = tmp_path / "shipped-cache.json"
+    path.write_text(content)
+    with pytest.raises(UsageError) as refused:
+        load_cache(str(path))
+    said = str(refused.value)
+    assert "\n" not in said and str(path) in said and problem in said, said
+    with pytest.raises(UsageError):   # (the kernels' defaults refuse it too, rather than running on without it)
+        choose(H100, "bf16", 1, (16, 4096, 1024), path=str(path))
+
+
+def test_the_cache_keeps_other_entries_and_is_reread_when_it_changes(tmp_path):
+    path = str(tmp_path / "c.json")
+    save_cache([good_entry()], path)
+    assert len(load_cache(path)) == 1
+    other = make_entry(H100, "bf16", 1, (64, 4096, 1024), "one_shot", RULE[64])
+    save_cache([other], path)
+    assert len(load_cache(path)) == 2 and choose(H100, "bf16", 1, (64, 4096, 1024), path=path).algorithm == "one_shot"
+    assert json.load(open(path))["format"] == CACHE_FORMAT
+
+
+def test_the_rule_is_fitted_per_bucket_of_rows_on_geometric_means():
+    a, b = (16, 64, 128, 4, 4, 8), (64, 64, 128, 4, 4, 8)
+    rows = [(1, {a: 1.0, b: 1.2}), (16, {a: 1.1, b: 1.0}), (8, {a: 1.0, b: 1.05}),   # <= 16: a (geomean)
+            (64, {a: 1.3, b: 1.0}),                                                 # <= 64: b
+            (4096, {a: 2.0, b: 1.01})]                                              # the largest bucket: b
+    rule = fit_rule(rows)
+    assert rule[16] == a and rule[64] == b and rule[max(rule)] == b and len(rule) == 3
+    assert rule_tile(1, rule) == a and rule_tile(32, rule) == b and rule_tile(1000, rule) == b
+    assert rule_tile(1 << 20, rule) == b
+
+
+def test_shapes_are_read_from_words_and_files(tmp_path):
+    assert parse_shape("128x5120x3456") == (128, 5120, 3456)
+    for bad in ("128x5120", "0x1x1", "axbxc", "1x2x3x4"):
+        with pytest.raises(UsageError, match="MxNxK"):
+            parse_shape(bad)
+    f = tmp_path / "shapes.txt"
+    f.write_text("# Llama 70B, TP 8\n1x8192x1024\n\n16x8192x3584  # decode\n")
+    assert read_shapes_file(str(f)) == [(1, 8192, 1024), (16, 8192, 3584)]
+    f.write_text("1x8192x1024\n16x8192\n")
+    with pytest.raises(UsageError, match="line 2"):
+        read_shapes_file(str(f))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal is for machines without a GPU")
+def test_gemmar_tune_without_a_gpu_refuses_in_one_line(capsys, tmp_path, monkeypatch):
+    from gemmar.cli import main
+
+    monkeypatch.setenv("GEMMAR_TUNING_CACHE", str(tmp_path / "c.json"))
+    assert main(["tune", "128x5120x3456"]) == 2
+    said = capsys.readouterr().err.strip()
+    assert said.count("\n") == 0 and "GPU" in said, said
+    assert not (tmp_path / "c.json").exists()
