@@ -1,12 +1,15 @@
 """Iris's own test suite on gemmar's ranks, run by Iris's own launcher, and the table of how it went.
 
-    python3 benchmarks/iris_tests.py IRIS_CHECKOUT [--ranks 2] [--folders tests/unittests ...] [--out DIR]
+    python3 benchmarks/iris_tests.py IRIS_CHECKOUT [--real] [--ranks 2] [--folders tests/unittests ...] [--out DIR]
                                      [--heap_gib 2] [-- PYTEST_ARGS]
 
 IRIS_CHECKOUT is a checkout of Iris (not part of gemmar; e.g. ``git clone https://github.com/ROCm/iris``). For each
 folder this runs, from the checkout,
 
     gemmar run --replace_iris -r RANKS tests/run_tests_distributed.py FOLDER -p iris_tests_plugin ...
+
+against gemmar's Iris stand-in, or with ``--real`` against the checkout's own Iris package (``gemmar run --iris
+IRIS_CHECKOUT``: Iris's host, device code, tiles, ccl and ops kernels, on gemmar's ranks and heaps).
 
 Iris's launcher sees torchrun's variables and runs pytest on every rank; ``iris_tests_plugin.py`` (beside this
 file) records each case as it ends and keeps the AMD-only files out, with their reason. A case passes when it
@@ -33,7 +36,7 @@ from iris_tests_plugin import AS_SYMMETRIC, INTERNAL_TESTS, amd_only_reason  # n
 
 OURS = {AS_SYMMETRIC} | {reason for _, reason in INTERNAL_TESTS}   # skips the plugin makes, by reason
 
-FOLDERS = ["tests/unittests", "tests/context", "tests/ccl", "tests/ops"]
+FOLDERS = ["tests/unittests", "tests/context", "tests/ccl", "tests/ops", "tests/examples"]
 ORDER = {"failed": 3, "error": 3, "skipped": 1, "passed": 0}
 
 
@@ -112,15 +115,16 @@ def cause_of(message):
     return text[:160] or "(no message)"
 
 
-def run_folder(checkout, folder, ranks, out, timeout, heap_bytes, extra):
+def run_folder(checkout, folder, ranks, out, timeout, heap_bytes, extra, real=False):
     name = folder.strip("/").replace("/", "_")
     results = os.path.join(out, name)
     os.makedirs(results, exist_ok=True)
     for stale in os.listdir(results):
         os.unlink(os.path.join(results, stale))
-    env = dict(os.environ, GEMMAR_IRIS_RESULTS=results,
+    env = dict(os.environ, GEMMAR_IRIS_RESULTS=results, GEMMAR_IRIS_REAL="1" if real else "",
                PYTHONPATH=os.pathsep.join([HERE] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
-    command = [sys.executable, "-m", "gemmar", "run", "--replace_iris", "-r", str(ranks), "--timeout", str(timeout),
+    which = ["--iris", os.path.abspath(checkout)] if real else ["--replace_iris"]
+    command = [sys.executable, "-m", "gemmar", "run", *which, "-r", str(ranks), "--timeout", str(timeout),
                "--heap_size", str(heap_bytes),
                "tests/run_tests_distributed.py", folder, "-p", "iris_tests_plugin", "-p", "no:cacheprovider",
                "--continue-on-collection-errors", "-q", "--color=no", *extra]
@@ -139,6 +143,8 @@ def run_folder(checkout, folder, ranks, out, timeout, heap_bytes, extra):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("checkout", help="an Iris checkout (holds tests/run_tests_distributed.py)")
+    parser.add_argument("--real", action="store_true",
+                        help="run the checkout's own Iris package (gemmar run --iris), not gemmar's stand-in")
     parser.add_argument("--ranks", type=int, default=2)
     parser.add_argument("--folders", nargs="+", default=FOLDERS)
     parser.add_argument("--out", default=None, help="where logs and the summary go (default: a new temp folder)")
@@ -155,13 +161,15 @@ def main():
         parser.error(f"--ranks {args.ranks}: use 1 or more")
     out = args.out or tempfile.mkdtemp(prefix="iris-tests-")
     os.makedirs(out, exist_ok=True)
-    print(f"Iris's tests at {args.checkout}, {args.ranks} ranks, {args.heap_gib:g} GiB heaps, logs in {out}", flush=True)
+    which = "its own Iris package (--real)" if args.real else "gemmar's Iris stand-in"
+    print(f"Iris's tests at {args.checkout} on {which}, {args.ranks} ranks, {args.heap_gib:g} GiB heaps, logs in {out}",
+          flush=True)
 
     rows, causes = [], collections.Counter()
     not_run, skipped_cases = collections.Counter(), collections.Counter()   # files' test functions; cases
     for folder in args.folders:
         code, seconds, last, results = run_folder(args.checkout, folder, args.ranks, out, args.timeout,
-                                                  int(args.heap_gib * (1 << 30)), args.pytest_args)
+                                                  int(args.heap_gib * (1 << 30)), args.pytest_args, args.real)
         merged = merge(case_outcomes(results), collected(results), args.ranks)
         counts = collections.Counter(outcome for outcome, _ in merged.values())
         ours = collections.Counter(m for o, m in merged.values() if o == "skipped" and m in OURS)
@@ -204,7 +212,7 @@ def main():
     with open(os.path.join(out, "summary.md"), "w") as f:
         f.write(text + "\n")
     with open(os.path.join(out, "summary.json"), "w") as f:
-        json.dump(dict(ranks=args.ranks, checkout=os.path.abspath(args.checkout), rows=rows, total=total,
+        json.dump(dict(ranks=args.ranks, real=args.real, checkout=os.path.abspath(args.checkout), rows=rows, total=total,
                        not_run_files=dict(not_run), not_run_cases=dict(skipped_cases),
                        causes=[dict(folder=f, outcome=o, cause=c, cases=n) for (f, o, c), n in causes.most_common()]),
                   f, indent=1)

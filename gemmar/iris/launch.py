@@ -107,6 +107,34 @@ def set_device(device):
     return _original["set_device"](device)
 
 
+# torch.distributed's collectives a program (or a real Iris: ``Iris.barrier``, its heap's all_gather) meets its ranks
+# with. The sanitizer learns of each meeting (``arrive`` before, ``leave`` after): what every rank did before it
+# happens before what any rank does after it, as gemmar's own heap barrier says with its flags.
+HOST_COLLECTIVES = ("barrier", "all_reduce", "all_gather", "all_gather_object", "all_gather_into_tensor",
+                    "broadcast", "broadcast_object_list", "reduce_scatter_tensor", "all_to_all_single")
+
+
+def _told_to_sanitizer(name, collective):
+    import torch.distributed as dist
+
+    from .. import sanitizer
+
+    def meet(*args, **kwargs):
+        group = kwargs.get("group")
+        ranks = tuple(dist.get_process_group_ranks(group)) if group is not None else None
+        counts = _run["meetings"] if _run is not None else {}
+        counts[ranks] = counts.get(ranks, 0) + 1
+        meeting = (ranks, counts[ranks])
+        sanitizer.host_event("arrive", meeting=meeting)
+        out = collective(*args, **kwargs)
+        sanitizer.host_event("leave", meeting=meeting)
+        return out
+
+    meet.__name__ = meet.__qualname__ = name
+    meet.__doc__ = collective.__doc__
+    return meet
+
+
 _original = {}
 
 
@@ -125,6 +153,10 @@ def install():
     mp.spawn = spawn
     torch.cuda.set_device = set_device
     dist.init_process_group = c10d.init_process_group = init_process_group
+    for name in HOST_COLLECTIVES:
+        if hasattr(dist, name):
+            _original[name] = getattr(dist, name)
+            setattr(dist, name, _told_to_sanitizer(name, _original[name]))
 
 
 @contextlib.contextmanager
@@ -137,7 +169,7 @@ def program_run(rank, world_size, backend, device, gpu_per_rank, store_path, tim
                       LOCAL_WORLD_SIZE=str(world_size), GROUP_RANK="0", MASTER_ADDR="127.0.0.1",
                       MASTER_PORT="0")   # (nothing listens: init_process_group meets through the file store)
     _run = dict(rank=rank, world_size=world_size, backend=backend, device=device, gpu_per_rank=gpu_per_rank,
-                store_path=store_path, timeout_s=timeout_s, told=set())
+                store_path=store_path, timeout_s=timeout_s, told=set(), meetings={})
     try:
         yield
     finally:

@@ -23,11 +23,23 @@ Two gaps of the interpreter (every accepted release) are filled by :func:`_patch
   between two ranks: elements under 4 bytes): done as a compare-and-swap loop on each element's bits, which is
   as atomic across processes as the native 32- and 64-bit ones (elements under 4 bytes: a CAS of their aligned
   32-bit word, the bits around them kept as they were).
+
+And one of casts (Triton 3.9.0, where it was found, and the same code in 3.6, 3.7 and 3.8), by
+:func:`_patch_casts_to_bf16`:
+
+- **casts to bf16**: the interpreter's ``cast_impl`` (behind every ``create_si_to_fp``, ``create_fp_trunc`` ...:
+  explicit ``.to(tl.bfloat16)`` and the implicit casts of stores and atomics into a bf16 pointer) turns an
+  integer into bf16 by taking its low 16 bits as bf16 bits (``atomic_add(bf16_ptr, 1)`` added 9.18e-41, not
+  1.0), an fp64 value likewise, and fp32 (and fp16, through fp32) by dropping the low 16 bits (truncation). A
+  compiled kernel rounds to nearest even: an integer through fp32 (Triton's NVIDIA lowering converts it to
+  fp32 first, as torch does), fp32 and fp16 directly, fp64 once (LLVM's ``fptrunc``). Casts to fp16 were
+  right already (numpy's conversion rounds to nearest even).
 """
 
 import os
 
 import triton
+import triton.language as tl
 from triton.language.core import _aggregate
 
 from ..errors import UsageError
@@ -275,6 +287,43 @@ def _patch_bf16_and_atomics():
     # (the class's create_fadd etc. are lambdas that look binary_op up on the instance, so they take this one)
 
 
+def _fp64_as_bf16(values):
+    """fp64 -> bf16 bits rounded once to nearest even: through fp32 rounded to odd (the low bit set where fp32
+    dropped something), which has enough bits beyond bf16's that rounding it again cannot round twice."""
+    import numpy as np
+
+    values = np.asarray(values, dtype=np.float64)
+    with np.errstate(over="ignore", invalid="ignore"):
+        nearest = values.astype(np.float32)
+        bits = nearest.view(np.uint32).copy()
+        # rounded away from zero (inf included): one fp32 step back toward zero, so that fp32 truncated
+        bits -= (np.abs(nearest.astype(np.float64)) > np.abs(values)).astype(np.uint32)
+        bits |= (bits.view(np.float32).astype(np.float64) != values).astype(np.uint32)
+    return np.where(np.isnan(values), np.uint16(0x7FC0), _fp32_as_bf16(bits.view(np.float32)))
+
+
+def _patch_casts_to_bf16():
+    """Casts to bf16 round to nearest even, as compiled kernels do (see the module's docstring)."""
+    import numpy as np
+    import triton.language as tl
+    from triton.runtime import interpreter
+
+    builder = interpreter.InterpreterBuilder
+    cast = builder.cast_impl
+
+    def cast_rounding_to_nearest_even(self, src, dst_type):
+        source = src.dtype.scalar
+        # (bf16 to bf16 is no cast; fp8 values are kept as their bits, and never reach cast_impl to bf16)
+        if dst_type.scalar != tl.bfloat16 or source == tl.bfloat16 or source.is_fp8():
+            return cast(self, src, dst_type)
+        data = np.atleast_1d(src.data)
+        bits = _fp64_as_bf16(data) if source == tl.float64 else _fp32_as_bf16(data.astype(np.float32))
+        return interpreter.TensorHandle(bits.reshape(np.shape(src.data)), dst_type.scalar)
+
+    # (create_si_to_fp, create_fp_trunc ... are lambdas that look cast_impl up on the instance: they take this one)
+    builder.cast_impl = cast_rounding_to_nearest_even
+
+
 def device_aggregate(cls):
     """Triton's ``aggregate`` of ``cls``; under the interpreter, with the jit methods it drops put back."""
     made = _aggregate(cls)
@@ -288,7 +337,30 @@ def device_aggregate(cls):
             setattr(made, name, staticmethod(function))
         else:   # an InterpretedFunction is no descriptor: bind self by hand
             setattr(made, name, (lambda f: lambda self, *args, **kwargs: f(self, *args, **kwargs))(function))
+    # Compiled, a constructor's arguments arrive wrapped (a Python bool becomes a constexpr) before the class's own
+    # __init__ stores them; the interpreter passes them bare, and a constexpr field then refuses a plain value
+    # (Iris's Tracing(enabled=False, ...)). Wrap them as the compiler would.
+    constexpr_fields = {n for n, kind in made.__annotations__.items() if kind is tl.constexpr}
+    if constexpr_fields:
+        checked_setattr = made.__setattr__
+
+        def __setattr__(self, name, value):
+            if name in constexpr_fields and not isinstance(value, tl.constexpr):
+                value = tl.constexpr(value)
+            checked_setattr(self, name, value)
+
+        made.__setattr__ = __setattr__
     return made
+
+
+def _aggregates_keep_their_methods():
+    """Under the interpreter every aggregate made from now on keeps its jit methods (:func:`device_aggregate`):
+    Iris's and tritonBLAS's classes (``Context``, ``Tile``, ``GemmContext``...) are made with
+    ``triton.language.core._aggregate`` when their modules are imported, after gemmar's."""
+    import triton.language.core as language_core
+
+    if os.environ.get("TRITON_INTERPRET", "0") == "1" and language_core._aggregate is _aggregate:
+        language_core._aggregate = device_aggregate
 
 
 check_release(triton.__version__)
@@ -297,3 +369,5 @@ if release(triton.__version__) == (3, 6):
 _patch_once_per_launch()
 _skip_overflow_checks_that_cannot_fire()
 _patch_bf16_and_atomics()
+_patch_casts_to_bf16()
+_aggregates_keep_their_methods()

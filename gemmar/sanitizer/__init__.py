@@ -61,7 +61,8 @@ def recording(heap, enabled=True):
 def host_event(kind, **details):
     """A host-side ordering event on this rank, when recording: ``join`` (a stream waits for another stream or
     an event), ``record`` (an event on a stream), ``sync`` (the host waits for its streams, a stream or an
-    event). ``order.py`` says how each orders kernels."""
+    event), ``arrive`` and ``leave`` (the host enters and leaves a collective of several ranks, ``meeting``: the
+    same key on each). ``order.py`` says how each orders kernels."""
     if record.ACTIVE is not None:
         record.ACTIVE.host(kind, **details)
 

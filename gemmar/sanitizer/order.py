@@ -131,6 +131,7 @@ class _Order:
         self.instance = {}     # thread id -> the kernel call it last ran in
         self.host = {}         # rank -> clock
         self.streams = {}      # (rank, stream) -> clock
+        self.meetings = {}     # a host collective (its ranks, its number among theirs) -> what its ranks did before
         self.events = {}       # (rank, event) -> the clock of the stream it was recorded on
         self.kernels = {}      # (rank, call) -> dict(name, stream, fork, threads)
         self.release = {}      # location -> clock of its release sequence
@@ -185,6 +186,10 @@ class _Order:
             for (r, _), clock in self.streams.items():
                 if r == rank:
                     _join(host, clock)
+        elif kind == "arrive":   # a host collective (torch.distributed's barrier, all_gather...): what each rank did
+            _join(self.meetings.setdefault(details["meeting"], {}), host)   # before it is known to all after it
+        elif kind == "leave":    # (every rank arrives before any leaves, so the shared order has them all by now)
+            _join(host, self.meetings.get(details["meeting"], {}))
 
     def access(self, rank, event):
         _, seq, call, program, kind, atomic, sem, scope, op, keys, size, where, buffer, owner, time_ns, values = event
@@ -258,6 +263,21 @@ def _acquires_of(access, release, by_thread):
             keys & set(x.keys.tolist())]
 
 
+def _stale_value(acquire, release, by_thread):
+    """What an acquire that came too early saw: a value the releasing program left in an earlier kernel call
+    (a flag signalled with a constant and never reset, Iris issue #465), or an older one."""
+    if not acquire.values:
+        return ""
+    keys = set(release.keys.tolist())
+    older = [x for x in by_thread.get(release.thread, []) if x.seq < acquire.seq and x.call < release.call
+             and x.sem in RELEASES and keys & set(x.keys.tolist())]
+    if not older:
+        return f" (it saw {acquire.values[0]:g}, an older value)"
+    return (f" (it saw {acquire.values[0]:g}, which rank {older[-1].rank} left at {older[-1].line} in its kernel call "
+            f"{older[-1].call}, not this one: a flag that keeps its value from one call to the next needs a value "
+            f"only this call sets, or a reset before each call)")
+
+
 def _hint(race, by_thread, names):
     """What would order the two sides. A plain store against an atomic is a flag written without release.
     Otherwise the intended direction is the one where one side's program releases a flag after its access
@@ -284,7 +304,10 @@ def _hint(race, by_thread, names):
     # The order the memory saw is the intended one (it usually gave the right values), unless the other
     # side's program waits on the flag only after its access: then that wait is misplaced.
     forward, backward = fit(a, b), fit(b, a)
-    if backward == 3 > forward or (forward == backward == 0 and a.kind == "read" != b.kind):
+    # A side that acquired the other's flag, too early or an older value, explains it better than one that
+    # released nothing (a stale flag: the read came first only because the flag still held an old value).
+    if backward == 3 > forward or (forward == 0 and backward in (1, 3)) or \
+            (forward == backward == 0 and a.kind == "read" != b.kind):
         a, b = b, a   # (with no release on either side: a write, then the read it should come before)
     after = _releases_after(a, by_thread)
     if not after:
@@ -297,7 +320,8 @@ def _hint(race, by_thread, names):
     earlier = [x for x in acquires if x.seq < b.seq]
     if earlier:
         return (f"{b.who()} acquires {flag} at {earlier[-1].line} first, but not the value {a.who()} releases "
-                f"at {release.line} after this {a.kind}: wait for that value.")
+                f"at {release.line} after this {a.kind}{_stale_value(earlier[-1], release, by_thread)}: wait for "
+                f"that value.")
     if later:
         return (f"{b.who()} {b.doing()} it before its acquire of {flag} at {later[0].line}, which would see the "
                 f"release {a.who()} makes at {release.line} after this {a.kind}.")
