@@ -15,6 +15,7 @@ from .commands import IRIS_AMD_ONLY, cmd_allreduce, cmd_bench, cmd_gantt, cmd_ru
 from .config import BACKENDS, DTYPES, RunConfig
 from .errors import ClusterError, DeadlockError, GemmarError, RankDiedError, UsageError
 from .runtime.allreduce import SCHEMES
+from .tune_command import cmd_tune
 
 
 class _Parser(argparse.ArgumentParser):
@@ -175,6 +176,21 @@ def _heap_bytes(text):
     return int(digits) * scale
 
 
+def _tune_parser(sub):
+    p = sub.add_parser("tune", help="time tiles for your shapes on this GPU and write the tuning cache the kernels read",
+                       description="Time the candidate tiles of each per-rank shape M x N x K (K per rank) at world "
+                                   "size 1 on this machine's GPU, each checked against torch, and write the fastest "
+                                   "into the tuning cache (keyed by GPU, dtype, world size and shape). gemmar bench "
+                                   "and the kernels' defaults then use it; shapes it does not hold take the fitted "
+                                   "rule. Shapes already in the cache are not timed again.")
+    p.add_argument("shapes", nargs="*", metavar="MxNxK", help="per-rank shapes, e.g. 128x5120x3456")
+    p.add_argument("-f", "--file", help="a file of shapes, one MxNxK a line (# comments)")
+    p.add_argument("--datatype", choices=list(DTYPES), default="bf16", help="(default %(default)s)")
+    p.add_argument("--cache", help="the cache file (default: $GEMMAR_TUNING_CACHE, else ~/.cache/gemmar/tuning.json)")
+    p.add_argument("--retune", action="store_true", help="time shapes the cache already holds again")
+    p.set_defaults(func=cmd_tune)
+
+
 def _run_parser(sub):
     p = sub.add_parser("run", help="run a Python program (an Iris program, unchanged) on every rank, like mpirun",
                        description="gemmar run -r N SCRIPT ARGS is `mpirun -np N python SCRIPT ARGS` for Iris "
@@ -216,9 +232,10 @@ def main(argv=None):
     _allreduce_parser(sub)
     _gantt_parser(sub)
     _run_parser(sub)
+    _tune_parser(sub)
     args = parser.parse_args(argv)
     if args.command is None:
-        parser.error("a command is required: bench, allreduce, gantt or run")
+        parser.error("a command is required: bench, allreduce, gantt, run or tune")
     try:
         return args.func(args)
     except UsageError as e:

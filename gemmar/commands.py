@@ -20,6 +20,7 @@ from .runtime.backends import (check_heap_fits, check_world_size, gpu_count, gpu
 from .runtime.heap import size_text
 from .runtime.launch import heap_bytes_needed
 from .tuning import TUNED_KNOBS, reads_by_tma, tuned_defaults
+from .tune_command import tile_source_line
 
 # Iris's benchmark flags that set AMD compiler knobs: accepted so that an Iris command line runs unchanged.
 IRIS_AMD_ONLY = ("two_tiles", "waves_per_eu", "mfmaInstrSize", "kpack")
@@ -35,14 +36,14 @@ def config_from_args(args, backend, algorithm=None):
     """The run's RunConfig; with ``algorithm`` (the --baseline comparison), the same run for that algorithm,
     leaving out the dtype flags it does not take."""
     strict, algorithm = algorithm is None, algorithm or args.algorithm
-    _, capability, sms = gpu_properties(backend)
+    gpu, capability, sms = gpu_properties(backend)
     if shares_gpu(backend, args.num_ranks):
         sms //= args.num_ranks   # the ranks' programs must all be resident on the one GPU at once
     k_rank = -(-args.k // max(args.num_ranks, 1))
     knobs = tuned_defaults(backend, algorithm, capability, sms, shape=(args.m, args.n, k_rank, args.num_ranks),
                            given={k: getattr(args, k) for k in TUNED_KNOBS}, trace=args.trace_tiles,
                            tma=reads_by_tma(args.n, args.k, args.num_ranks, args.datatype),
-                           shared=shares_gpu(backend, args.num_ranks))
+                           shared=shares_gpu(backend, args.num_ranks), gpu=gpu, datatype=args.datatype)
     spec = get_algorithm(algorithm)
     if args.total_sms is not None and spec.comm_programs:
         comm = args.total_sms - knobs["num_sms"]
@@ -90,6 +91,7 @@ def cmd_bench(args):
     config = config_from_args(args, backend)
     W = config.world_size
     _check_config_before_work(args, backend, config)
+    log("-", W, tile_source_line(args, backend, config))
     log("-", W, starting_line(backend, W))
     figures = None
     heap_size = args.heap_size or max(256 << 20, max(heap_bytes_needed(config_from_args(args, backend, alg))
