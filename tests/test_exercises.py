@@ -1,6 +1,7 @@
 """Every notebook exercise check, both ways: the right answer passes; a wrong one is told what is wrong,
 and the message never gives the answer away."""
 
+import json
 import os
 import re
 import sys
@@ -543,30 +544,90 @@ def test_a_part_right_under_the_interpreter_must_also_compile_for_a_gpu(clusters
     assert said.result is not None and said.result.ok   # the run itself was right
 
 
-def test_answers_are_out_of_sight_until_their_check_says_right():
-    """Workshop dry run 3: the kernel files the notebooks name held the puzzles' answers, show_source printed
-    them, notebook 7 imported tile_coords by name. Now the answers live in kernels/answers.py, which no notebook
-    names or imports before its check, and show_source shows one only with a right verdict."""
-    import glob
-    import json
+PUZZLE_NOTEBOOKS = ("01_persistent_gemm", "02_atomic_accumulation", "03_ring_lock_handoff", "06_two_shot")
+# An answer in words: what the ring's kernel, its docstring and the teaching mistake said of step 5 until dry run 4
+# (issue 61), and what the package's own parts say of themselves.
+ANSWERS_IN_WORDS = ("forward what we received", "what we received (not", "not our running sum", "not our sum",
+                    "pass on what arrived", "not what was received", "instead of the tile just received",
+                    "step s goes to rank", "the payload of step s is")
 
+
+def _answer_lines():
+    """The lines of code that are an answer: every line of the package's own parts and of the instructors'
+    solutions that no puzzle's stub already holds (spaces and comments ignored)."""
+    import ast
+
+    root = os.path.join(os.path.dirname(__file__), "..")
+    stubs = set()
+    for notebook in PUZZLE_NOTEBOOKS:
+        for cell in json.load(open(os.path.join(root, "notebooks", f"{notebook}.ipynb")))["cells"]:
+            if "puzzle" in cell.get("metadata", {}).get("tags", ()):
+                stubs |= {re.sub(r"\s", "", line.split("#")[0]) for line in "".join(cell["source"]).splitlines()}
+    lines = set()
+    for name in ("package_parts.py", "solutions.py"):
+        text = open(os.path.join(root, "instructors", name)).read()
+        for node in ast.parse(text).body:
+            if isinstance(node, ast.FunctionDef):
+                for line in text.splitlines()[node.body[0].lineno - 1:node.end_lineno]:
+                    code = re.sub(r"\s", "", line.split("#")[0])
+                    if len(code) > 12 and code not in stubs and not code.startswith('"""'):
+                        lines.add(code)
+    return lines
+
+
+def test_the_package_parts_are_sealed_from_the_instructors_text():
+    """The kernels run the parts sealed in gemmar/kernels/sealed.dat; instructors/package_parts.py is their
+    readable text, and the two agree (after an edit: python -m gemmar.kernels.sealed instructors/package_parts.py).
+    show_source shows a part only with a right verdict, and then its text."""
     from gemmar.analysis.source import show_source
-    from gemmar.kernels import answers, atomics, gemm, owner_reduce, ring
+    from gemmar.kernels import atomics, gemm, ring, sealed, two_shot
 
-    names = ("tile_coords", "push_partial", "reduce_step", "sum_partials")
-    for module in (gemm, atomics, ring, owner_reduce):
-        text = open(module.__file__).read()
-        assert not any(f"def {name}(" in text for name in names), module.__file__
-    for name in names:
-        shown = show_source(getattr(answers, name))
-        assert "is the answer to a puzzle" in shown.data and "def " not in shown.data
-        right = exercises.Verdict("right! ...")
-        assert f"def {name}(" in show_source(getattr(answers, name), once=right).data
-    checks = re.compile(r"check_(tile_coords|push_partial|reduce_step|sum_partials)\(")
-    for path in sorted(glob.glob(os.path.join(os.path.dirname(__file__), "..", "notebooks", "*.ipynb"))):
-        for cell in json.load(open(path))["cells"]:
-            text = "".join(cell["source"])
-            if checks.search(text):
-                break   # (after a puzzle's check, the package's own may be shown)
-            assert "answers" not in text, (path, text[:200])
-            assert not re.search(r"import [^\n]*\b(" + "|".join(names) + r")\b", text), (path, text[:200])
+    root = os.path.join(os.path.dirname(__file__), "..")
+    assert sealed.unseal(open(sealed.DATA).read()) == open(os.path.join(root, "instructors", "package_parts.py")).read()
+    for spec, name in ((atomics.SPEC, "tile_coords"), (atomics.SPEC, "push_partial"), (ring.SPEC, "reduce_step"),
+                       (two_shot.SPEC, "sum_partials")):
+        part = spec.parts[name].reference
+        assert part is getattr(sealed, name)
+        assert show_source(part).data.startswith(f"*The package's own `{name}` is the answer to a puzzle")
+        assert show_source(part, once=exercises.Verdict("not quite: ...")).data == show_source(part).data
+        assert show_source(part, once=exercises.Verdict("right! ...")).data == sealed.source(name)
+        assert sealed.source(name).startswith(f"@triton.jit\ndef {name}(")
+    assert gemm.tile_coords is sealed.tile_coords
+
+
+@pytest.mark.parametrize("notebook", PUZZLE_NOTEBOOKS)
+def test_no_answer_is_one_question_mark_away_before_the_check(notebook):
+    """Workshop dry run 4 (issue 61): `gemmar.analysis.schedule.tile_coords??` printed puzzle 1's answer,
+    inspect.getsource(tile_coords.fn) too, the kernel modules pointed to a file of answers, and notebook 3's ring
+    kernel said step 5's answer in a comment. Every route from a puzzle notebook before its check (its cells; ??,
+    ? and inspect on every object it imports or names; the source of the modules it imports or names and ?? on
+    their attributes; what its show_source cells show), walked in a process of a notebook kernel's kind
+    (tests/answer_routes.py), holds no line of an answer's code and none of the answers in words."""
+    import subprocess
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}   # (a Jupyter kernel's process)
+    here = os.path.dirname(os.path.abspath(__file__))
+    walked = subprocess.run([sys.executable, os.path.join(here, "answer_routes.py"), f"{notebook}.ipynb"],
+                            cwd=os.path.join(here, "..", "notebooks"), env=env, capture_output=True, text=True,
+                            timeout=300)
+    assert walked.returncode == 0, walked.stderr[-2000:]
+    routes = json.loads(walked.stdout)[f"{notebook}.ipynb"]
+    walked_routes = {route for route, _ in routes}
+    # The routes of the dry run are among those walked.
+    expected = {"gemmar.exercises??", "inspect.getsource(gemmar.exercises)"}
+    expected |= {"01_persistent_gemm": {"gemmar.analysis.schedule??", "gemmar.analysis.schedule.tile_coords?? (source)",
+                                        "inspect.getsource(gemmar.analysis.schedule.tile_coords)",
+                                        "gemmar.kernels.gemm??", "show_source(persistent_gemm)"},
+                 "02_atomic_accumulation": {"gemmar.kernels.atomics??", "show_source(gemm_all_reduce_atomics)"},
+                 "03_ring_lock_handoff": {"gemmar.kernels.ring??", "gemmar.kernels.mistakes??",
+                                          "show_source(gemm_all_reduce_ring)"},
+                 "06_two_shot": {"gemmar.kernels.two_shot??", "show_source(two_shot_reduce)"}}[notebook]
+    expected = {route.replace("??", "?? (source)") if route.endswith("??") else route for route in expected}
+    assert expected <= walked_routes, sorted(expected - walked_routes)
+    answers = _answer_lines()
+    assert {"returntotal+received,received", "peer=(rank+1+step)%world_size"} <= answers
+    for route, text in routes:
+        code = {re.sub(r"\s", "", line.split("#")[0]) for line in text.splitlines()}
+        assert not code & answers, (route, sorted(code & answers))
+        said = " ".join(text.lower().split())
+        assert not [words for words in ANSWERS_IN_WORDS if words in said], (route, text[:300])

@@ -4,11 +4,10 @@ two_shot's promise that every rank holds the same bits, run after run."""
 
 import pytest
 import torch
-import triton
 
 import gemmar
 from gemmar.algorithms import builtin_names
-from gemmar.kernels import two_shot
+from gemmar.kernels import sealed
 from inputs import allowed_error, random_inputs, reference
 
 ALGORITHMS = list(builtin_names())
@@ -112,8 +111,19 @@ def test_two_shot_any_number_of_communication_programs(clusters, comm_sms):
     check(result, A, B, 4)
 
 
+def _module_from(path, source):
+    import importlib.util
+
+    path.write_text(source)
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 @pytest.mark.parametrize("out_dtype,wire_dtype", [(None, None), ("fp32", None), ("fp32", "fp32"), (None, "fp32")])
-def test_two_shot_at_one_rank_gemm_programs_write_the_bits_the_reduction_would(clusters, out_dtype, wire_dtype):
+def test_two_shot_at_one_rank_gemm_programs_write_the_bits_the_reduction_would(clusters, out_dtype, wire_dtype,
+                                                                               tmp_path):
     # At world size 1 the GEMM programs write each tile straight into C (two_shot.write_alone_tile); with a
     # sum_partials given as a part (here a copy of the package's own, as a participant's: it travels as source) the
     # communication programs sum every tile (as many as the GEMM's, so no GEMM program helps). The same bits
@@ -123,8 +133,10 @@ def test_two_shot_at_one_rank_gemm_programs_write_the_bits_the_reduction_would(c
     settings = dict(algorithm="two_shot", BLK_M=16, BLK_N=16, BLK_K=16, num_sms=3, comm_sms=3, iterations=3,
                     out_dtype=out_dtype, wire_dtype=wire_dtype, trace=True)
     direct = cluster.gemm_all_reduce(A, B, **settings)
-    # (the package's own function object itself would travel as an import and be the kernel's own part again)
-    copy = triton.jit(two_shot.sum_partials.fn)
+    # (the package's own function object itself would travel as an import and be the kernel's own part again;
+    # its text is sealed, kernels/sealed.py, so the copy is written to a file of its own)
+    copy = _module_from(tmp_path / "copy_of_sum_partials.py", "import triton\nimport triton.language as tl\n"
+                        "from gemmar.kernels import device\n\n\n" + sealed.source("sum_partials")).sum_partials
     through = cluster.gemm_all_reduce(A, B, parts={"sum_partials": copy}, **settings)
     for result, writers in ((direct, "GEMM"), (through, "communication")):
         check(result, A, B, 1)

@@ -6,6 +6,10 @@ import inspect
 
 def source(fn):
     """The source text of ``fn``: a plain function or a ``@triton.jit`` one (its decorator included)."""
+    if is_answer(fn):   # (inspect finds no source for these in a notebook's process: kernels/sealed.py)
+        from ..kernels import sealed
+
+        return sealed.source(getattr(fn, "fn", fn).__name__)
     return inspect.getsource(getattr(fn, "fn", fn))
 
 
@@ -17,7 +21,8 @@ def show_source(fn, once=None):
     plain = getattr(fn, "fn", fn)
     name = getattr(plain, "__name__", "it")
     if is_answer(fn) and not getattr(once, "right", False):
-        # A puzzle's answer (kernels/answers.py) is shown only with the verdict of its check, once right.
+        # A puzzle's answer (the package's own part, kernels/sealed.py) is shown only with its check's verdict,
+        # once right.
         return Markdown(f"*The package's own `{name}` is the answer to a puzzle: it is shown here once the puzzle's "
                         f"check says right! (pass the check's verdict: `show_source({name}, once=verdict)`).*")
     if once is not None and not getattr(once, "right", False):
@@ -27,5 +32,7 @@ def show_source(fn, once=None):
 
 
 def is_answer(fn):
-    """Whether ``fn`` is one of the package's answers to the notebooks' puzzles (``kernels/answers.py``)."""
-    return getattr(getattr(fn, "fn", fn), "__module__", None) == "gemmar.kernels.answers"
+    """Whether ``fn`` is one of the package's answers to the notebooks' puzzles (``kernels/sealed.py``)."""
+    from ..kernels.sealed import is_sealed
+
+    return is_sealed(fn)

@@ -16,8 +16,8 @@ from . import device
 
 @triton.jit
 def forward_running_sum(total, received):
-    """In place of the ring's ``reduce_step``: pass on the running sum, not what was received. Right for two
-    ranks; from three on, partials are counted several times."""
+    """In place of the ring's ``reduce_step``: the wrong payload, so that from three ranks on some partials are
+    counted several times (with two there is one step, and it happens to be right)."""
     total = total + received
     return total, total
 

@@ -16,11 +16,11 @@ For each tile a rank does ``world_size - 1`` steps. Step ``s`` of launch ``epoch
    barrier, so the flag can never be seen before the data;
 4. wait until our own ``data_ready[tile] >= msg + 1`` (*acquire*), read the slot, and tell the previous
    rank ``slot_free[tile] = msg + 1``;
-5. add what we received to our sum, and make *what we received* (not our running sum) the next payload.
+5. ``reduce_step``: from our sum so far and what we received, our new sum and the next payload.
 
-The payload of step 0 is our own partial; the payload of step s is the partial of rank ``r - s``, so after
-``world_size - 1`` steps each rank has added every other rank's partial exactly once. (Forwarding the
-running sum instead counts partials several times: right for two ranks only.)
+The payload of step 0 is our own partial. Step 5 decides what travels on, so that after ``world_size - 1``
+steps each rank has added every other rank's partial exactly once: how is notebook 3's puzzle, and the
+package's own ``reduce_step`` is kept out of this file (``kernels/sealed.py``).
 
 The counters only ever grow, so back-to-back launches need no reset: launch ``epoch`` simply waits for
 larger numbers than launch ``epoch - 1``. Every wait has a watchdog (``timeout_ns``); an expired wait is
@@ -29,7 +29,7 @@ reported to the host, which raises DeadlockError naming rank, tile and flag.
 Step 5 is :func:`reduce_step`, passed to the kernel as ``REDUCE_STEP`` (and the tile order as
 ``TILE_COORDS``), so that the notebooks' puzzles can run a participant's own version inside this kernel. The
 waits of steps 1 and 4 are parts too (``SLOT_FREE_WAIT``, ``DATA_READY_WAIT``): the classic bugs for teaching
-are these parts swapped (``kernels/mistakes.py``): ``forward_accumulator`` forwards the running sum,
+are these parts swapped (``kernels/mistakes.py``): ``forward_accumulator`` passes on the wrong payload,
 ``skip_slot_free_wait`` skips step 1, ``wait_for_missing_message`` waits in step 4 for a message that is never
 sent (a hang, caught by the watchdog).
 """
@@ -44,7 +44,7 @@ from . import device
 from .events import event, finish_trace
 from .gemm import GEMM_PHASE, STORE, STORE_PHASE, TILE_COORDS_PART, tile_offsets, traced_gemm_tile
 from .spec import WAIT_PART, AlgorithmSpec, Done, Launch, Part, Phase
-from .answers import reduce_step   # (a puzzle's answer: kept out of this file, see answers.py)
+from .sealed import reduce_step   # (a puzzle's part: the package's own is sealed, see sealed.py)
 from .mistakes import forward_running_sum, skip_the_wait, wait_one_too_many
 
 PHASES = (GEMM_PHASE,
@@ -100,7 +100,7 @@ def gemm_all_reduce_ring(
             n_events, t = event(trace, n_events, t, RECV_WAIT, tile_id, pid_m, pid_n, step, prev_rank, TRACE_CAPACITY)
             received = tl.load(slot, cache_modifier=SLOT_CACHE)
             device.signal(slot_free + tile_id, msg + 1, rank, prev_rank, heap_bases)
-            # 5. Reduce, and forward what we received (not our sum).
+            # 5. Our new sum, and what the next rank receives at the next step.
             total, payload = REDUCE_STEP(total, received)
             n_events, t = event(trace, n_events, t, REDUCE, tile_id, pid_m, pid_n, step, prev_rank, TRACE_CAPACITY)
         # 6. Our C holds the full sum.
