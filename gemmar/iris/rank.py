@@ -16,6 +16,7 @@ import contextlib
 import importlib.util
 import os
 import runpy
+import signal
 import sys
 import time
 import traceback
@@ -26,7 +27,7 @@ from .. import sanitizer
 from ..errors import UsageError, gemmar_cause
 from ..runtime.processes import descendants, end_descendants_since
 from ..runtime import rank as rank_runtime
-from . import launch, real_iris
+from . import launch, real_iris, whereabouts
 from .host_calls import adapt_launches, cuda_on_cpu, is_program_file, warn_false_assumes
 
 
@@ -151,12 +152,56 @@ def _world_size():
 def _innermost_program_frame(error):
     """The deepest frame of the error (or of what caused it) in the user's code: for a kernel run by the
     interpreter, the kernel's line."""
-    frames, seen = [], set()
+    # (Walked frame by frame rather than by traceback.extract_tb, which reads every frame's line: a RecursionError
+    # under a recursion limit of 10**6 has a million frames, and took 71 s.)
+    found, seen, mine = None, set(), {}
     while error is not None and id(error) not in seen:
         seen.add(id(error))
-        frames += [f for f in traceback.extract_tb(error.__traceback__) if is_program_file(f.filename)]
+        tb = error.__traceback__
+        while tb is not None:
+            code = tb.tb_frame.f_code
+            if code.co_filename not in mine:
+                mine[code.co_filename] = is_program_file(code.co_filename)
+            if mine[code.co_filename]:
+                found = code.co_filename, tb.tb_lineno, code.co_name
+            tb = tb.tb_next
         error = error.__cause__ or error.__context__
-    return frames[-1] if frames else None
+    return traceback.FrameSummary(*found, lookup_line=False) if found else None
+
+
+class _ProcessState:
+    """What a program may change in its rank's process that the engine's next call would inherit: the standard
+    streams (``sys.stdout = None`` lost every result), the environment (``os.environ.clear()`` left Triton with
+    "0 active drivers"), the umask, the recursion limit, and the handlers of the signals that end or interrupt
+    a process. Taken when made; ``restore()`` puts back what changed."""
+
+    SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP", "SIGALRM", "SIGUSR1", "SIGUSR2", "SIGCHLD", "SIGPIPE")
+
+    def __init__(self):
+        self.streams = sys.stdin, sys.stdout, sys.stderr
+        self.environ = dict(os.environ)
+        self.umask = os.umask(0o022)
+        os.umask(self.umask)
+        self.recursion_limit = sys.getrecursionlimit()
+        self.handlers = {}
+        for name in self.SIGNALS:
+            with contextlib.suppress(AttributeError, ValueError, OSError):
+                number = getattr(signal, name)
+                self.handlers[number] = signal.getsignal(number)
+
+    def restore(self):
+        sys.stdin, sys.stdout, sys.stderr = self.streams
+        if dict(os.environ) != self.environ:
+            os.environ.clear()
+            os.environ.update(self.environ)
+        os.umask(self.umask)
+        sys.setrecursionlimit(self.recursion_limit)
+        with contextlib.suppress(AttributeError, ValueError, OSError):
+            signal.alarm(0)   # (an alarm the program set would interrupt the engine later)
+        for number, handler in self.handlers.items():
+            if handler is not None and signal.getsignal(number) is not handler:
+                with contextlib.suppress(ValueError, OSError, TypeError):   # (not the main thread: left)
+                    signal.signal(number, handler)
 
 
 def run_program(path, args, cwd, store_path, iris_choice=real_iris.STAND_IN, sanitize=False):
@@ -168,13 +213,15 @@ def run_program(path, args, cwd, store_path, iris_choice=real_iris.STAND_IN, san
     heap = rank_runtime.local_ranks()[0].heap
     started_before = descendants()   # what the program starts ends with it (end_descendants_since below)
     saved = sys.argv, list(sys.path), os.getcwd(), set(sys.modules)
+    process_state = _ProcessState()   # (restored after the program: the next call on this rank starts as this one)
     sys.argv = [path, *map(str, args)]
     sys.path.insert(0, os.path.dirname(os.path.abspath(path)))
     os.chdir(cwd)
     code, error, records = 0, None, []
     try:
         with launch.program_run(rank, heap.world_size, heap.backend, heap.device, heap.ranks_on_device == 1,
-                                store_path, heap.timeout_s), sanitizer.recording(heap, sanitize) as records:
+                                store_path, heap.timeout_s), sanitizer.recording(heap, sanitize) as records, \
+                whereabouts.answering(whereabouts.stack_file(store_path, rank)):
             runpy.run_path(path, run_name="__main__")
     except SystemExit as e:
         if e.code is None or isinstance(e.code, int):
@@ -189,10 +236,12 @@ def run_program(path, args, cwd, store_path, iris_choice=real_iris.STAND_IN, san
     finally:
         ended_at = time.time()   # before the cleanup: which rank failed first (ProgramResult.exit_code)
         end_descendants_since(started_before)
+        process_state.restore()
         heap.release_program_memory()
         sys.argv = saved[0]
         sys.path[:] = saved[1]
-        os.chdir(saved[2])
+        with contextlib.suppress(OSError):   # (a folder the program removed: the root then)
+            os.chdir(saved[2] if os.path.isdir(saved[2]) else "/")
         # The program's own modules go with it: the next program may have a module of the same name
         # (Iris's examples each have a matmul_wrapper.py).
         for name in set(sys.modules) - saved[3]:

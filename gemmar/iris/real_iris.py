@@ -255,6 +255,7 @@ class HeapOverGemmar:
                   f"(gemmar run --heap_size); allocations past that are refused", file=sys.stderr, flush=True)
         heap.release_program_memory()
         self.heap_bases = heap.heap_bases
+        self.refresh_peer_access()
 
     def allocate(self, num_elements, dtype, alignment=1024):
         import torch
@@ -262,6 +263,7 @@ class HeapOverGemmar:
         itemsize = torch.empty((), dtype=dtype).element_size()
         nbytes = max(int(num_elements), 0) * itemsize
         padded = -(-max(nbytes, 1) // alignment) * alignment   # (Iris's allocators round up to the alignment)
+        self.refresh_peer_access()   # (collective, as in Iris: see refresh_peer_access)
         with self.heap.allocating_for_program():
             offset = self.heap._alloc(padded + alignment, from_end=True)
         offset = -(-offset // alignment) * alignment
@@ -285,7 +287,13 @@ class HeapOverGemmar:
     is_symmetric = on_symmetric_heap
 
     def refresh_peer_access(self):
-        """Every rank's arena is mapped into every rank from the start: nothing to refresh."""
+        """Every rank's arena is mapped into every rank from the start, so nothing is mapped here; but the ranks
+        meet, as in Iris (its refresh starts with ``dist.barrier()`` and gathers the bases): an allocation is
+        collective, and a program where only some ranks allocate waits here as it would on Iris (issue #464)."""
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.barrier()
 
     def close_fd_conns(self):
         pass

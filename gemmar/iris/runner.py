@@ -6,6 +6,8 @@ by line tagged ``[rank r/N]``, and the run ends when every rank has. When a rank
 running get ``FAILURE_GRACE_S`` to end on their own (they may be waiting for the failed one), then are
 stopped; so are ranks still running at the deadline. A rank that ends with a non-zero exit code of its own (``sys.exit(1)``,
 pytest after a failed test) has not failed that way: the others run on to their own end. A stopped or dead rank means fresh ranks next time.
+The ranks still running are told which ranks have ended, however they ended (``departures.py``): a barrier that
+waits for one of them can no longer complete, and ends at once in one line (:meth:`ProgramResult.failure_lines`).
 """
 
 import contextlib
@@ -18,8 +20,10 @@ import uuid
 from dataclasses import dataclass, field
 
 from ..errors import UsageError
+from . import departures
 from . import rank as rank_scripts
-from . import real_iris
+from . import real_iris, whereabouts
+from .host_calls import is_program_file
 
 FAILURE_GRACE_S = 5.0
 DEADLINE_EXIT_CODE = 3
@@ -54,15 +58,42 @@ class ProgramResult:
         return self.exit_codes[min(failed, key=lambda r: (ended[r] or float("inf"), r))]
 
     def failure_lines(self):
-        return [f"rank {r}: {self.errors[r]}" for r in range(len(self.errors)) if self.errors[r]]
+        """'rank 2: ValueError: ...' for each rank that failed; the ranks whose barrier gave up because a rank had
+        ended, in one line with that rank: 'rank 1 ended (exit code 0) before the barrier at prog.py:12; ranks
+        0, 2 were waiting there' (the rank's own line goes when it only says its exit code)."""
+        waits = {}   # (who ended and how, the barrier, where) -> the ranks that waited there
+        for r, error in enumerate(self.errors):
+            found = LEFT_WAIT.fullmatch(error or "")
+            if found:
+                waits.setdefault(found.groups(), []).append(r)
+        left = {int(who.split()[1]) for who, _, _ in waits}
+        lines = []
+        for r, error in enumerate(self.errors):
+            found = LEFT_WAIT.fullmatch(error or "")
+            if found and found.groups() in waits:
+                who, barrier, where = found.groups()
+                ranks = waits.pop(found.groups())
+                lines.append(f"{who} before the {barrier}{f' at {where}' if where else ''}; "
+                             f"{'rank' if len(ranks) == 1 else 'ranks'} {', '.join(map(str, ranks))} "
+                             f"{'was' if len(ranks) == 1 else 'were'} waiting there")
+            elif error and not found and not (r in left and ONLY_EXIT_CODE.fullmatch(error)):
+                lines.append(f"rank {r}: {error}")
+        return lines
+
+
+# A rank's line when its barrier gave up because a rank had ended (departures.py; rank.failure_line adds where).
+LEFT_WAIT = re.compile(r"RankLeftError: (rank \d+ ended \(.+?\)) before the (\S+)(?: \((\S+:\d+)\))?")
+ONLY_EXIT_CODE = re.compile(r"exit code -?\d+|its process \d+ exited with code \d+")
 
 
 def _signal_exit_code(what):
-    """'engine process 12 was killed by SIGSEGV' -> 139 (the shell's 128 + signal), else 1."""
+    """'engine process 12 was killed by SIGSEGV' -> 139 (the shell's 128 + signal); '... exited with code 3'
+    (a program's os._exit(3)) -> 3; else 1."""
     found = re.search(r"killed by (SIG[A-Z0-9]+)\b", what)   # (what may go on: "... (out of memory: ...)")
     if found and found.group(1) in signal.Signals.__members__:
         return 128 + signal.Signals[found.group(1)].value
-    return 1
+    found = re.search(r"exited with code (\d+)\b", what)
+    return int(found.group(1)) or 1 if found else 1
 
 
 def run_script(cluster, path, args=(), timeout=None, echo=True, replace_iris=False, out=None, err=None,
@@ -82,10 +113,11 @@ def run_script(cluster, path, args=(), timeout=None, echo=True, replace_iris=Fal
     choice = real_iris.choose(iris, replace_iris)
     cluster.ensure_running()
     run = _ProgramRun(cluster, out or sys.stdout, err or sys.stderr, echo)
+    run.path = path
     if echo:
         print(f"[gemmar] iris: {real_iris.describe(choice)}", file=run.err, flush=True)
     # Where this run's ranks meet for torch.distributed: a fresh file in the cluster's private folder.
-    store_path = os.path.join(cluster.profile_dir, f"dist-{uuid.uuid4().hex}.store")
+    store_path = run.store_path = os.path.join(cluster.profile_dir, f"dist-{uuid.uuid4().hex}.store")
     run.pending = [cluster.client[eid].apply_async(rank_scripts.run_program, path, list(args), os.getcwd(),
                                                    store_path, choice, bool(sanitize))
                    for eid in cluster.engine_ids]
@@ -96,12 +128,17 @@ def run_script(cluster, path, args=(), timeout=None, echo=True, replace_iris=Fal
         cluster.stop_for_restart("its last program was interrupted and its ranks were stopped")
         raise
     finally:
+        out_of_step = departures.out_of_step(store_path, cluster.world_size)
+        departures.forget(store_path, cluster.world_size)
         with contextlib.suppress(OSError):
             os.remove(store_path)
     if run.stopped or any(e and e.startswith("its process") for e in run.errors):
         # a rank may spin forever on a flag: fresh ranks next time
         lost = run.stopped or [r for r, c in enumerate(run.exit_codes) if c]
         cluster.stop_for_restart(f"in its last program rank(s) {lost} were stopped or died")
+    elif out_of_step:   # a heap barrier gave up on a rank that had ended: the ranks' barrier counts differ now
+        cluster.stop_for_restart(f"in its last program the barrier of rank(s) {out_of_step} gave up on a rank "
+                                 f"that had ended")
     result = ProgramResult(path, run.exit_codes, run.errors, run.stopped, run.timed_out, ended_at=run.ended_at)
     if sanitize and all(run.records):
         from ..sanitizer import analyse
@@ -118,6 +155,23 @@ def _check_process_per_rank(cluster, what):
                          f"one engine; start it with Cluster(..., process_per_rank=True)")
 
 
+def _barrier_deadlock(places, running, world_size, timeout):
+    """{rank: line} at the deadline when some ranks wait in a barrier (their line's code calls one: shmem.barrier(),
+    dist.barrier(), Iris's own) that others never reached: a deadlock, said so, rather than "still running"."""
+    waiting = [r for r in running if "barrier" in places.get(r, "")]
+    absent = [r for r in range(world_size) if r not in waiting]
+    if not waiting or not absent:
+        return {}
+    names = lambda ranks: f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {', '.join(map(str, ranks))}"
+    late = f"stopped at the {timeout:g} s deadline"
+    lines = {r: f"deadlock: waits in the barrier at {places[r]}, which {names(absent)} never reached; {late}"
+             for r in waiting}
+    for r in set(running) - set(waiting):
+        at = f": it was at {places[r]}" if r in places else ""
+        lines[r] = f"never reached the barrier {names(waiting)} {'waits' if len(waiting) == 1 else 'wait'} in{at}; {late}"
+    return lines
+
+
 class _ProgramRun:
     """One program running on every rank: its output shown line by line as it comes, each rank's exit code,
     error and sanitizer records, and the stopping of ranks after the deadline or another rank's failure."""
@@ -126,11 +180,14 @@ class _ProgramRun:
         W = cluster.world_size
         self.cluster, self.out, self.err, self.echo = cluster, out, err, echo
         self.pending = []
+        self.path = None         # the program
+        self.store_path = None   # where the ranks meet, and beside it the files their stacks go to (whereabouts)
         self.records = [None] * W
         self.shown = [[0, 0] for _ in range(W)]   # per rank: stdout, stderr characters shown (whole lines)
         self.exit_codes, self.errors, self.stopped = [None] * W, [None] * W, []
         self.ended_at = [None] * W
         self.timed_out = False
+        self.told = []   # the ranks the others were last told have ended (tell_ranks)
 
     def wait(self, timeout):
         """Until every rank has ended, or the rest were stopped."""
@@ -153,14 +210,24 @@ class _ProgramRun:
                 why = f"stopped {FAILURE_GRACE_S:g} s after rank {failed[0]} failed"
             if why:
                 self.stream(final=True)
+                places = self.where(running)
+                deadlock = _barrier_deadlock(places, running, len(self.exit_codes), timeout) if self.timed_out else {}
                 for r in running:
-                    self.exit_codes[r], self.errors[r], self.ended_at[r] = 1, why, time.time()
+                    at = f" (it was at {places[r]})" if r in places else ""
+                    self.exit_codes[r], self.errors[r], self.ended_at[r] = 1, deadlock.get(r, why + at), time.time()
                 self.stopped = running
                 break
             time.sleep(0.05)
         if not self.stopped:
             time.sleep(0.1)   # the last output of ranks that just ended
         self.stream(final=True)
+
+    def where(self, ranks):
+        """The line each of ``ranks`` (still running) is at, by its own stack (``whereabouts.py``)."""
+        pids = getattr(self.cluster, "pids", None) or []
+        asked = {r: (pids[r], whereabouts.stack_file(self.store_path, r)) for r in ranks
+                 if r < len(pids) and pids[r] and self.store_path}
+        return whereabouts.ask(asked, is_program_file, self.path)
 
     def collect(self):
         """Exit codes of ranks whose process ended or froze, and of those whose call returned."""
@@ -176,6 +243,17 @@ class _ProgramRun:
                 self.exit_codes[r], self.errors[r] = outcome["exit_code"], outcome["error"]
                 self.ended_at[r] = outcome.get("ended_at") or time.time()   # (the rank's own clock, same host)
                 self.records[r] = outcome.get("sanitizer")
+        self.tell_ranks()
+
+    def tell_ranks(self):
+        """Tell the ranks still running which ranks have ended, and how (``departures.py``): a barrier waiting
+        for one of them gives up at once. Ranks that ended because one had left are not named."""
+        ended = [(self.ended_at[r], r, departures.how_it_ended(code, self.errors[r]))
+                 for r, code in enumerate(self.exit_codes)
+                 if code is not None and not (self.errors[r] or "").startswith("RankLeftError")]
+        if ended != self.told and self.store_path:
+            departures.tell_ranks(self.store_path, ended)
+            self.told = ended
 
     def stream(self, final=False):
         """Print the whole lines each rank has written since the last call (``final``: the rest too)."""
