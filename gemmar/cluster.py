@@ -14,7 +14,7 @@ from .errors import UsageError
 from .report import log
 from .runtime import rank as rank_runtime
 from .runtime.allreduce import check_all_reduce_fits, run_all_reduce
-from .runtime.problem import input_scale
+from .runtime.problem import input_scale, narrower_dtype_hint
 from .runtime.timing import benchmark_rank
 from .iris import runner as programs
 from .runtime import memory
@@ -323,10 +323,12 @@ class Cluster(EngineCluster):
         RankFailure.raise_first(outs)
         result = Result(config, self.backend, outs, outs[0].C, self.info, mistake)
         if verbose and validate:
+            peak = float(data[1].abs().max()) if data is not None else None
             for r, out in enumerate(outs):
                 verdict = "ok" if out.ok else "MISMATCH"
+                hint = "" if out.ok else narrower_dtype_hint(max(out.max_abs_diff), peak)
                 log(r, W, f"{verdict}: max|C - ref| = {max(out.max_abs_diff):.3g} over {n} iteration(s) "
-                          f"(tolerance {out.tolerance:.3g})")
+                          f"(tolerance {out.tolerance:.3g}){hint}")
         if verbose and config.sanitize:
             for line in str(result.sanitizer).splitlines():
                 log("-", W, line)

@@ -71,7 +71,8 @@ def one_shot_push_kernel(
         stride_am, stride_ak, stride_bk, stride_bn, timeout_ns, trace, trace_counts,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_SIZE_M: tl.constexpr,
         NUM_SMS: tl.constexpr, DOT_PRECISION: tl.constexpr, TRACE_CAPACITY: tl.constexpr, EVEN_K: tl.constexpr,
-        TMA: tl.constexpr, STORE_C: tl.constexpr, EXTRA_ARRIVALS: tl.constexpr, WAIT_SHIFT: tl.constexpr):
+        TMA: tl.constexpr, STORE_C: tl.constexpr, EXTRA_ARRIVALS: tl.constexpr, WAIT_SHIFT: tl.constexpr,
+        SUM_DTYPE: tl.constexpr):
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
     total_tiles = num_pid_m * num_pid_n
@@ -100,8 +101,8 @@ def one_shot_push_kernel(
         n_events, t = event(trace, n_events, t, ARRIVAL_WAIT, tile_id, pid_m, pid_n, 0, -1, TRACE_CAPACITY)
         # 4. Their sum, in rank order.
         total = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
-        for source in range(world_size):
-            total += tl.load(inbox_slot(inbox, half, source, total_tiles, tile_id, BLOCK_M, BLOCK_N))
+        for source in range(world_size):   # (SUM_DTYPE fp16: a participant's partials rounded as they are added)
+            total += tl.load(inbox_slot(inbox, half, source, total_tiles, tile_id, BLOCK_M, BLOCK_N)).to(SUM_DTYPE)
         n_events, t = event(trace, n_events, t, SUM, tile_id, pid_m, pid_n, 0, -1, TRACE_CAPACITY)
         # 5. Into our C.
         STORE_C(C, total, pid_m, pid_n, M, N, BLOCK_M, BLOCK_N)
@@ -128,13 +129,18 @@ def launches_waiting_on_the_next_tiles_flag(ctx):
     return launches_storing_with(ctx, store_tile, wait_shift=1)
 
 
-def launches_storing_with(ctx, store_c, extra_arrivals=0, wait_shift=0):
+def launches_rounding_the_partials_to_fp16(ctx):
+    return launches_storing_with(ctx, store_tile, sum_dtype=tl.float16)
+
+
+def launches_storing_with(ctx, store_c, extra_arrivals=0, wait_shift=0, sum_dtype=tl.float32):
     cfg, buf = ctx.config, ctx.buffers
     return [Launch(one_shot_push_kernel, (cfg.num_sms,), ctx.tuning(
         A=ctx.A, B=ctx.B, C=buf.C, inbox=buf.inbox, arrived=buf.arrived, watchdog=ctx.watchdog,
         heap_bases=ctx.heap.heap_bases, rank=ctx.rank, world_size=ctx.world_size, epoch=0, M=cfg.m, N=cfg.n,
         K=ctx.K, **ctx.strides, timeout_ns=ctx.timeout_ns, trace=ctx.trace, trace_counts=ctx.trace_counts,
-        STORE_C=store_c, EXTRA_ARRIVALS=extra_arrivals, WAIT_SHIFT=wait_shift, **ctx.gemm), per_launch=("epoch",))]
+        STORE_C=store_c, EXTRA_ARRIVALS=extra_arrivals, WAIT_SHIFT=wait_shift, SUM_DTYPE=sum_dtype, **ctx.gemm),
+        per_launch=("epoch",))]
 
 
 def launches_with_rows_masked_by_columns(ctx):
@@ -167,3 +173,6 @@ SPEC_WAITING_FOR_ONE_TOO_MANY = dataclasses.replace(SPEC, name="one_shot_push_wa
 # ... and with a wait on the next tile's flag (notebook 7's `WAIT_READY(ready + (tile_id + 1) % tiles, ...)`).
 SPEC_WAITING_ON_THE_NEXT_TILES_FLAG = dataclasses.replace(SPEC, name="one_shot_push_waiting_on_the_next_tiles_flag",
                                                           launches=launches_waiting_on_the_next_tiles_flag)
+# ... and with each partial rounded to fp16 as it is added (notebook 7's precision mistake).
+SPEC_ROUNDING_THE_PARTIALS_TO_FP16 = dataclasses.replace(SPEC, name="one_shot_push_rounding_the_partials_to_fp16",
+                                                         launches=launches_rounding_the_partials_to_fp16)

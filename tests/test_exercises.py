@@ -521,6 +521,75 @@ def test_the_owners_sum_must_be_in_rank_order_bit_for_bit(clusters, world_size, 
         "add the partials in fp32" in said, said
 
 
+PRECISION_AND_TYPE_MISTAKES = '''
+import triton
+import triton.language as tl
+from gemmar.kernels import device
+
+
+@triton.jit
+def push_rounded_to_fp16(C_tile, acc, mask, step, rank, world_size, heap_bases):
+    peer = (rank + step) % world_size
+    device.atomic_add(C_tile, acc.to(tl.float16).to(tl.float32), rank, peer, heap_bases, mask=mask, sem="relaxed",
+                      scope="sys")
+    return peer
+
+
+@triton.jit
+def sum_rounded_to_fp16(total, received):
+    return (total + received).to(tl.float16).to(tl.float32), received
+
+
+@triton.jit
+def payload_rounded_to_fp16(total, received):
+    return total + received, received.to(tl.float16).to(tl.float32)
+
+
+@triton.jit
+def owners_sum_returned_in_fp16(slot, rank, world_size, heap_bases, PEER_CACHE: tl.constexpr):
+    total = tl.zeros(slot.shape, tl.float32)
+    for source in range(world_size):
+        total += tl.load(device.translate(slot, rank, source, heap_bases), cache_modifier=PEER_CACHE).to(tl.float32)
+    return total.to(tl.float16)
+
+
+@triton.jit
+def float_column(tile_id, num_pid_m, num_pid_n, GROUP_SIZE_M: tl.constexpr):
+    tiles_per_group = GROUP_SIZE_M * num_pid_n
+    first_row = (tile_id // tiles_per_group) * GROUP_SIZE_M
+    rows = tl.minimum(num_pid_m - first_row, GROUP_SIZE_M)
+    within = tile_id % tiles_per_group
+    return first_row + within % rows, within / rows
+'''
+
+
+@pytest.mark.parametrize("world_size", [3])
+@pytest.mark.parametrize("check_name,answer,verdict", [
+    # Workshop dry run 4: the first three passed (whole-number inputs are exact in fp16); the fourth was told its
+    # summation order was wrong; the fifth got Triton's type error from inside the kernel, with no line of its own.
+    ("check_push_partial", "push_rounded_to_fp16",
+     r"not quite: every partial is in C once, but your push_partial rounds each partial to fp16 before it is added: "
+     r"C is off by \S+, where the package's own push_partial is off by \S+ on the same inputs .*"),
+    ("check_reduce_step", "sum_rounded_to_fp16",
+     r"not quite: every partial is in C once, but your reduce_step rounds the sum to fp16: every value in C is an "
+     r"fp16 number\. .*"),
+    ("check_reduce_step", "payload_rounded_to_fp16",
+     r"not quite: every partial is in C once, but your reduce_step rounds a value to fp16 on its way into C .*about "
+     r"what rounding to fp16 costs\. Keep partials and sums in fp32"),
+    ("check_sum_partials", "owners_sum_returned_in_fp16",
+     r"not quite: every partial is in C once, but your sum_partials' sum was rounded to fp16: every value in C is an "
+     r"fp16 number .*Return the fp32 sum \(tl\.float32\).*"),
+    ("check_tile_coords", "float_column",
+     r"not yet: the pid_n your tile_coords returned at `return first_row \+ within % rows, within / rows` is not a "
+     r"whole number \(a float\): the kernel needs integers \(int32\) for pid_m and pid_n.*// keeps whole numbers"),
+])
+def test_a_precision_or_type_mistake_is_named(clusters, world_size, check_name, answer, verdict, tmp_path):
+    module = _module_from(tmp_path / f"mistake_{answer}.py", PRECISION_AND_TYPE_MISTAKES)
+    said = getattr(exercises, check_name)(clusters(world_size), getattr(module, answer))
+    assert re.fullmatch(verdict, said, re.DOTALL), said
+    assert "order" not in said, said   # (the dtype is checked before the order of the sum)
+
+
 UNCOMPILABLE = '''
 import triton
 from gemmar.kernels import device

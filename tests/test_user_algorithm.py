@@ -92,6 +92,26 @@ def test_a_wrong_wait_in_a_users_algorithm_is_named_within_15_s():
         assert time.monotonic() - started < 15, found.value
 
 
+def test_partials_rounded_to_fp16_are_a_mismatch_named_as_such(clusters, capsys):
+    """Workshop dry run 4: notebook 7's kernel with its pulled partials rounded to fp16 passed (0.0087 against a
+    tolerance of 0.0091, where the right kernel errs by 2e-6). On cpu ranks the tolerance is the bound no correct
+    fp32 kernel exceeds (problem.fp32_sum_bound); the right kernel passes it, the rounded one fails, and the
+    verbose line says what rounding its error is the size of."""
+    cluster = clusters(3)
+    torch.manual_seed(0)
+    A, B = torch.randn(48, 90, dtype=torch.bfloat16), torch.randn(90, 32, dtype=torch.bfloat16)   # notebook 7's
+    settings = dict(BLK_M=16, BLK_N=16, BLK_K=16, num_sms=2, sanitize=False)
+    right = cluster.gemm_all_reduce(A, B, algorithm=one_shot_push.SPEC, **settings)
+    rounded = cluster.gemm_all_reduce(A, B, algorithm=one_shot_push.SPEC_ROUNDING_THE_PARTIALS_TO_FP16, verbose=True,
+                                      **settings)
+    tolerance = right.ranks[0].tolerance
+    assert right.ok and right.max_abs_diff < tolerance / 100 and tolerance < 1e-3, (right.max_abs_diff, tolerance)
+    assert not rounded.ok and rounded.max_abs_diff > 5 * tolerance, (rounded.max_abs_diff, tolerance)
+    said = capsys.readouterr().out
+    assert re.search(r"MISMATCH: max\|C - ref\| = \S+ over 1 iteration\(s\) \(tolerance \S+\): about what rounding "
+                     r"to fp16 costs .*was a partial or a sum rounded to fp16 on its way into C\?", said), said
+
+
 def test_a_wait_on_another_tiles_flag_is_named_by_the_flag_it_polled_and_its_line(clusters):
     """Workshop dry run 4: `wait(ready + (tile_id + 1) % tiles, ...)` was reported as a wait on ready[tile_id],
     the right flag (the report printed the index argument). Now the address polled is named, by buffer and

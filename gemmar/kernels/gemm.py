@@ -85,6 +85,9 @@ def traced_gemm_tile(A, B, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, 
     ``TILE_COORDS`` is the tile-id -> (pid_m, pid_n) function: :func:`tile_coords`, or a participant's own
     (notebook 1's puzzle, through the kernels' ``TILE_COORDS`` argument)."""
     pid_m, pid_n = TILE_COORDS(tile_id, num_pid_m, num_pid_n, GROUP_SIZE_M)
+    # (A float here failed deep in the address arithmetic below, in Triton's words, with no line of the part.)
+    tl.static_assert(pid_m.dtype.is_int(), "TILE_COORDS returned a pid_m that is not a whole number")
+    tl.static_assert(pid_n.dtype.is_int(), "TILE_COORDS returned a pid_n that is not a whole number")
     t = stamp(TRACE_CAPACITY)
     acc = gemm_tile(A, B, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, pid_m, pid_n,
                     BLOCK_M, BLOCK_N, BLOCK_K, DOT_PRECISION, EVEN_K, TMA)
