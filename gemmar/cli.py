@@ -4,7 +4,8 @@ flags of Iris's GEMM + all-reduce benchmark.py where the meaning is the same, pl
 command then does is in ``commands.py``.
 
 Exit codes: 0 success, 1 a check failed (C differs from the reference), 2 bad arguments,
-3 a deadlock or a dead rank.
+3 a deadlock or a dead rank, 4 the run passed but a file it was asked to write could not be written (the line says
+where its results are).
 """
 
 import argparse
@@ -14,6 +15,7 @@ from .algorithms import builtin_names
 from .commands import IRIS_AMD_ONLY, cmd_allreduce, cmd_bench, cmd_gantt, cmd_run
 from .config import BACKENDS, DTYPES, RunConfig
 from .errors import ClusterError, DeadlockError, GemmarError, RankDiedError, UsageError
+from .outputs import OutputNotWritten
 from .runtime.allreduce import SCHEMES
 from .tune_command import cmd_tune
 
@@ -241,6 +243,9 @@ def main(argv=None):
     except UsageError as e:
         print(f"gemmar: error: {e}", file=sys.stderr)
         return 2
+    except OutputNotWritten as e:   # (after the work: the line says where its results are)
+        print(f"gemmar: {e}", file=sys.stderr)
+        return e.exit_code
     except (DeadlockError, RankDiedError) as e:
         print(f"gemmar: {type(e).__name__}: {e}", file=sys.stderr)
         return 3

@@ -11,7 +11,8 @@ from .analysis.auto_rule import AUTO_RULE, choose_algorithm
 from .analysis.plots import plural
 from .config import DTYPES, RunConfig
 from .errors import UsageError
-from .outputs import DEFAULT_TRACE_FILE, check_output_path, iris_report, trace_path_for, write_report, written_to
+from .outputs import (DEFAULT_TRACE_FILE, check_output_path, iris_report, raise_if_not_written, trace_path_for,
+                      write_report, write_whole)
 from .progress import ProgressBar
 from .report import log, print_figures
 from .runtime import memory
@@ -117,7 +118,7 @@ def _check_args_before_work(args):
     if args.heap_size is not None and args.heap_size <= 0:
         raise UsageError(f"--heap_size {args.heap_size} is not allowed: give bytes per rank, or leave it out for "
                          f"what the run needs")
-    if args.output_file:
+    if args.output_file is not None:
         check_output_path("--output_file", args.output_file)
         if args.trace_tiles:
             check_output_path("--output_file", trace_path_for(args.output_file))
@@ -175,17 +176,20 @@ def _report_bench(args, config, result, figures):
                         f"kernels as Python), so there are no register or spill counts")
         for k in kernels:
             log("-", W, f"-d: {k['kernel']}: {k['registers']} registers per thread, {k['spills']} spilled")
-    trace_path = (trace_path_for(args.output_file) if args.output_file else DEFAULT_TRACE_FILE) \
+    trace_path = (trace_path_for(args.output_file) if args.output_file is not None else DEFAULT_TRACE_FILE) \
         if args.trace_tiles else None
-    if args.output_file:
-        write_report(args, W, iris_report(args, config, median_ms, len(seconds), success, kernels),
-                     success=success, validated=args.validate,
-                     max_abs_diff=result.max_abs_diff if args.validate else None, seconds_per_iteration=seconds,
-                     backend=result.backend, ranks=result.info, config=config.to_dict(), timings_ms=figures)
+    failures = []
+    if args.output_file is not None:
+        failures.append(write_report(args, W, iris_report(args, config, median_ms, len(seconds), success, kernels),
+                                     success=success, validated=args.validate,
+                                     max_abs_diff=result.max_abs_diff if args.validate else None,
+                                     seconds_per_iteration=seconds, backend=result.backend, ranks=result.info,
+                                     config=config.to_dict(), timings_ms=figures))
     if trace_path:
-        result.trace.save(trace_path)
-        log("-", W, f"wrote {trace_path}")
-    return 0 if success else 1
+        failures.append(write_whole(trace_path, result.trace.save, "the trace"))
+        if failures[-1] is None:
+            log("-", W, f"wrote {trace_path}")
+    return raise_if_not_written(failures, 0 if success else 1)
 
 
 def run_unfused(args, backend):
@@ -193,7 +197,7 @@ def run_unfused(args, backend):
     in sequence and overlapped in row blocks, timed; the overlapped C checked against the reference."""
     from .cluster import Cluster, check_memory
 
-    if args.output_file:
+    if args.output_file is not None:
         check_output_path("--output_file", args.output_file)
     problem = config_from_args(args, backend, RunConfig.algorithm)   # (its shape and dtype only)
     W = problem.world_size
@@ -205,8 +209,9 @@ def run_unfused(args, backend):
     success = figures["overlap_max_abs_diff"] <= figures["overlap_tolerance"]
     log("-", W, f"{'PASSED' if success else 'FAILED'}: the overlapped path's max|C - ref| = "
                 f"{figures['overlap_max_abs_diff']:.3g} (tolerance {figures['overlap_tolerance']:.3g})")
-    if args.output_file:
-        write_report(args, W, success=success, timings_ms=figures, config=problem.to_dict())
+    if args.output_file is not None:
+        return raise_if_not_written([write_report(args, W, success=success, timings_ms=figures,
+                                                  config=problem.to_dict())], 0 if success else 1)
     return 0 if success else 1
 
 
@@ -214,7 +219,7 @@ def cmd_allreduce(args):
     from .cluster import Cluster
     from .runtime.allreduce import all_reduce_heap_bytes
 
-    if args.output_file:
+    if args.output_file is not None:
         check_output_path("--output_file", args.output_file)
     check_world_size(args.num_ranks)
     backend = resolve_backend(args.backend, args.num_ranks)
@@ -260,9 +265,10 @@ def cmd_allreduce(args):
                                   W)
             log("-", W, line)
             rows.append(dict(mib=mib, **f))
-    if args.output_file:
-        write_report(args, W, backend=backend, results=rows)
-    return 0 if all(r["ok"] for r in rows) else 1
+    verdict = 0 if all(r["ok"] for r in rows) else 1
+    if args.output_file is not None:
+        return raise_if_not_written([write_report(args, W, backend=backend, results=rows)], verdict)
+    return verdict
 
 
 def allreduce_line(f, what, scheme, bus_bytes, world_size):
@@ -295,22 +301,25 @@ def cmd_gantt(args):
     if not args.output.lower().endswith((".png", ".svg")):
         raise UsageError(f"--output {args.output} must end in .png or .svg")
     for flag, path in (("--output", args.output), ("--perfetto", args.perfetto), ("--tile_grid", args.tile_grid)):
-        if path:
+        if path is not None:
             check_output_path(flag, path)
     trace = Trace.load(args.trace)
-    with written_to(args.output):
-        trace.gantt(iteration=args.iteration, max_lanes=args.max_lanes, path=args.output)
-    print(f"[gemmar] wrote {args.output}: {trace}")
+    kept = f"the trace is still at {args.trace}"
+    failures = [write_whole(args.output, lambda path: trace.gantt(iteration=args.iteration, max_lanes=args.max_lanes,
+                                                                  path=path), "the Gantt chart", kept)]
+    if failures[-1] is None:
+        print(f"[gemmar] wrote {args.output}: {trace}")
     print(trace.summary(args.iteration).round(2).to_string())
-    if args.tile_grid:
-        with written_to(args.tile_grid):
-            trace.tile_grid(iteration=args.iteration, path=args.tile_grid)
-        print(f"[gemmar] wrote {args.tile_grid}")
-    if args.perfetto:
-        with written_to(args.perfetto):
-            trace.to_perfetto(args.perfetto)
-        print(f"[gemmar] wrote {args.perfetto} (open it at ui.perfetto.dev)")
-    return 0
+    if args.tile_grid is not None:
+        failures.append(write_whole(args.tile_grid, lambda path: trace.tile_grid(iteration=args.iteration, path=path),
+                                    "the tile grid", kept))
+        if failures[-1] is None:
+            print(f"[gemmar] wrote {args.tile_grid}")
+    if args.perfetto is not None:
+        failures.append(write_whole(args.perfetto, trace.to_perfetto, "the Perfetto trace", kept))
+        if failures[-1] is None:
+            print(f"[gemmar] wrote {args.perfetto} (open it at ui.perfetto.dev)")
+    return raise_if_not_written(failures, 0)
 
 
 def cmd_run(args):

@@ -241,3 +241,189 @@ def test_a_full_or_read_only_folder_is_one_line_naming_it(tmp_path, attack):
     expected = {"tmp full": f"the temp folder (TMPDIR) {tmp} is full", "shm inodes": "/dev/shm is out of inodes",
                 "shm read-only": "/dev/shm is not writable (read-only)"}[attack]
     assert expected in line, line
+
+
+# -- An attacker's fourth round (issue 61 item 6) ---------------------------------------------------------------
+
+def _iris_trace(path, ranks, program=0, pid_m=0, pid_n=0):
+    """An Iris device trace of ``ranks`` ranks, an event per rank; rank 0's names ``program``, ``pid_m``, ``pid_n``."""
+    import json
+
+    events = [dict(name="compute", cat="iris", ph="X", ts=float(r), dur=1.0, pid=r, tid=0,
+                   args=dict(program_id=program if r == 0 else 0, pid_m=pid_m if r == 0 else 0,
+                             pid_n=pid_n if r == 0 else r % 4, target_rank=-1, op_index=r)) for r in range(ranks)]
+    path.write_text(json.dumps(dict(traceEvents=events, metadata=dict(time_unit="us"))))
+    return str(path)
+
+
+def test_a_trace_naming_program_2_to_the_20_draws_its_tile_grid(tmp_path, capsys):
+    """A trace of 9 ranks whose one event names program 2**20 - 1: a colour per program (3.2 GiB, then an
+    OverflowError in matplotlib) before; now a ramp of colours, ranks in rows of 8. A grid too large to draw is
+    refused in one line before anything is allocated."""
+    from gemmar import cli
+
+    trace = _iris_trace(tmp_path / "wide.trace.json", 9, program=(1 << 20) - 1)
+    assert cli.main(["gantt", trace, "-o", str(tmp_path / "g.png"), "--tile_grid", str(tmp_path / "t.png")]) == 0, \
+        capsys.readouterr().err
+    assert (tmp_path / "t.png").stat().st_size > 1000 and (tmp_path / "g.png").stat().st_size > 1000
+    huge = _iris_trace(tmp_path / "huge.trace.json", 8, pid_m=1023, pid_n=1023)
+    assert cli.main(["gantt", huge, "-o", str(tmp_path / "g2.png"), "--tile_grid", str(tmp_path / "t2.png")]) == 2
+    line, = capsys.readouterr().err.strip().splitlines()
+    assert "tile grid of 8 ranks x 1024 x 1024 tiles is too large to draw" in line, line
+    assert not (tmp_path / "t2.png").exists()
+
+
+@pytest.mark.parametrize("path, message", [("", "--output_file '' is not a file name"),
+                                           ("/proc/version", "/proc/version cannot be written: a new file in /proc")])
+def test_a_report_path_that_cannot_be_written_is_refused_before_the_run(capsys, path, message):
+    """--output_file '' wrote nothing and said nothing; /proc/version failed after the run."""
+    from gemmar import cli
+
+    assert cli.main(["bench", "-r", "2", "-m", "32", "-n", "32", "-k", "32", "--output_file", path]) == 2
+    line, = capsys.readouterr().err.strip().splitlines()
+    assert message in line, line
+
+
+def test_another_users_report_in_a_sticky_folder_is_refused_before_the_run(tmp_path):
+    """In /tmp (sticky), a report of another user's cannot be replaced by a rename (nor, with
+    fs.protected_regular, opened): refused before the run (uid 65534 against root's file)."""
+    import shutil
+    import tempfile
+
+    _needs("setpriv")
+    folder = tempfile.mkdtemp(prefix="gemmar-sticky-", dir="/tmp")   # (tmp_path's parents are root's, 0700)
+    try:
+        os.chmod(folder, 0o1777)
+        theirs = os.path.join(folder, "report.json")
+        with open(theirs, "w") as f:
+            f.write('{"theirs": true}\n')
+        os.chmod(theirs, 0o666)
+        caps = "+dac_read_search,+dac_override"
+        p = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", f"--inh-caps={caps}",
+                            f"--ambient-caps={caps}", *GEMMAR, "bench", "-r", "2", "--output_file", theirs],
+                           capture_output=True, text=True, timeout=120, env={**os.environ, "HOME": "/nonexistent"})
+        assert p.returncode == 2, p.stderr
+        line, = p.stderr.strip().splitlines()
+        assert "belongs to another user (uid 0) in the sticky folder" in line, line
+        assert open(theirs).read() == '{"theirs": true}\n'
+    finally:
+        shutil.rmtree(folder)
+
+
+def test_a_disk_that_fills_during_the_run_keeps_the_earlier_report_and_says_where_the_new_one_is(tmp_path):
+    """The report's folder (a 64 KiB tmpfs of its own, in a mount namespace) fills while the run runs: the earlier
+    report is left whole, one line says the report was not written and where it is instead (TMPDIR), exit 4."""
+    _needs("unshare", "mount")
+    full, out = tmp_path / "full", tmp_path / "out"
+    full.mkdir()
+    out.mkdir()
+    gemmar = " ".join(GEMMAR + ["bench", "-r", "2", "-m", "32", "-n", "32", "-k", "32", "-v", "--output_file",
+                                f"{full}/report.json"])
+    script = (f"mount -t tmpfs -o size=64k tmpfs {full} && echo '{{\"earlier\": true}}' > {full}/report.json && "
+              f"{{ TMPDIR={out} {gemmar} > {out}/stdout 2> {out}/stderr & }} && "
+              f"while ! grep -q 'ranks up' {out}/stdout; do sleep 0.1; done; "
+              f"head -c 1000000 /dev/zero > {full}/fill 2>/dev/null; wait $!; echo $? > {out}/rc; "
+              f"cat {full}/report.json > {out}/earlier")
+    probe = subprocess.run(["unshare", "-m", "sh", "-c", "mount -t tmpfs tmpfs /mnt"], capture_output=True)
+    if probe.returncode:
+        pytest.skip(f"no mount namespace here: {probe.stderr.decode().strip()}")
+    subprocess.run(["unshare", "-m", "sh", "-c", script], timeout=180)
+    stderr = (out / "stderr").read_text()
+    assert (out / "rc").read_text().strip() == "4", stderr
+    assert "PASSED" in (out / "stdout").read_text()
+    line, = [line for line in stderr.splitlines() if not line.startswith("[gemmar]")]
+    assert f"the report was not written to {full}/report.json (No space left on device); an earlier file there " \
+           f"is left as it was; it is at {out}/gemmar-" in line, line
+    assert (out / "earlier").read_text() == '{"earlier": true}\n'
+    copy, = out.glob("gemmar-*-report.json")
+    assert '"success": true' in copy.read_text()
+
+
+def test_a_report_whose_rename_fails_stays_at_its_temporary_name(tmp_path):
+    """Where only the rename fails (the path became a folder meanwhile), the line names the temporary file."""
+    from gemmar.outputs import write_whole
+
+    (tmp_path / "report.json").mkdir()
+    (tmp_path / "report.json" / "inside").write_text("")
+    line = write_whole(str(tmp_path / "report.json"), lambda path: open(path, "w").write("{}"))
+    kept = line.rsplit("it is at ", 1)[1]
+    assert line.startswith(f"the report was not written to {tmp_path}/report.json (") and open(kept).read() == "{}"
+
+
+def test_a_rank_ending_with_os_exit_makes_gemmar_run_exit_with_its_code(tmp_path):
+    """os._exit(3) ends the rank's process (no SystemExit): exit 1 before, as for a crash; sys.exit(3) gave 3."""
+    program = tmp_path / "exit3.py"
+    program.write_text("import os\nif os.environ['RANK'] == '1':\n    os._exit(3)\n")
+    p = subprocess.run(GEMMAR + ["run", "-r", "2", str(program)], capture_output=True, text=True, timeout=180)
+    assert p.returncode == 3, p.stderr
+    assert "rank 1: its process" in p.stderr and "exited with code 3" in p.stderr, p.stderr
+
+
+def test_a_barrier_a_rank_never_reaches_is_a_deadlock_at_the_deadline(tmp_path):
+    """Rank 1 sleeps while rank 0 waits in the barrier: "still running" for both before; now rank 0's line says
+    deadlock and where, rank 1's where it is instead; exit 3."""
+    program = tmp_path / "never_arrives.py"
+    program.write_text("import time, iris\nshmem = iris.iris(1 << 20)\nif shmem.get_rank() == 1:\n"
+                       "    time.sleep(300)\nshmem.barrier()\n")
+    p = subprocess.run(GEMMAR + ["run", "-r", "2", "--timeout", "5", str(program)], capture_output=True, text=True,
+                       timeout=180)
+    assert p.returncode == 3, p.stderr
+    line, = [line for line in p.stderr.splitlines() if line.startswith("gemmar run:")]
+    assert ("rank 0: deadlock: waits in the barrier at never_arrives.py:5 (shmem.barrier()), which rank 1 never "
+            "reached") in line, line
+    assert "rank 1: never reached the barrier rank 0 waits in: it was at never_arrives.py:4 (time.sleep(300))" in line
+
+
+STATE_CHANGES = """
+import os, sys
+print("before")
+os.environ.clear()
+os.umask(0o777)
+os.chdir("/")
+sys.setrecursionlimit(10 ** 6)
+sys.stdout = sys.stderr = None
+"""
+
+STATE_AFTER = """
+import os, sys
+import torch, triton, triton.language as tl
+
+@triton.jit
+def iota(x):
+    tl.store(x + tl.arange(0, 4), tl.arange(0, 4).to(tl.float32))
+
+x = torch.zeros(4)
+iota[(1,)](x)                     # (Triton: "0 active drivers" when the environment was left cleared)
+print(x.tolist(), os.environ.get("TRITON_INTERPRET"), oct(os.umask(0o022)), os.getcwd(), sys.getrecursionlimit())
+"""
+
+RECURSION = """
+import sys
+sys.setrecursionlimit(10 ** 6)
+def deeper(n):
+    return deeper(n + 1) + 1
+deeper(0)
+"""
+
+
+def test_what_a_program_changes_in_its_rank_is_undone_for_the_next(tmp_path):
+    """In one Cluster: a program that sets sys.stdout = None (its results were lost, the run waited out its
+    deadline), clears the environment, sets umask 0o777, changes folder and the recursion limit; the next
+    program finds the rank as it was. Then a RecursionError at a recursion limit of 10**6 (a million frames,
+    whose traceback took 71 s to walk) is one line naming the line."""
+    import io
+
+    import gemmar
+
+    for name, text in (("changes.py", STATE_CHANGES), ("after.py", STATE_AFTER), ("recursion.py", RECURSION)):
+        (tmp_path / name).write_text(text)
+    out = io.StringIO()
+    with gemmar.Cluster(world_size=2, process_per_rank=True, timeout_s=30) as cluster:
+        first = cluster.run_script(tmp_path / "changes.py", timeout=60, out=out)
+        assert first.exit_codes == [0, 0] and out.getvalue().count("before") == 2, (first.errors, out.getvalue())
+        after = cluster.run_script(tmp_path / "after.py", timeout=60, out=out)
+        assert after.exit_codes == [0, 0], after.errors
+        expected = f"[0.0, 1.0, 2.0, 3.0] 1 0o22 {os.getcwd()} {sys.getrecursionlimit()}"
+        assert out.getvalue().count(expected) == 2, out.getvalue()
+        deep = cluster.run_script(tmp_path / "recursion.py", timeout=120, out=out)
+        assert deep.errors == ["RecursionError: maximum recursion depth exceeded (recursion.py:5)"] * 2, deep.errors

@@ -19,13 +19,20 @@ def phase_labels(protocol):
     return {**GROUP_LABELS, **protocol.get("labels", {})}
 
 
+MAX_LISTED_PROGRAMS = 4096   # above this many programs, colours come from a ramp, not a list of one per program
+MAX_GRID_CELLS = 1 << 22     # tile-grid cells (ranks x tiles) one figure draws
+GRID_COLUMNS = 8             # ranks side by side in the tile grid; more ranks go on further rows
+
+
 def program_colormap(num_programs):
     """One colour per program, the same in every figure (schedule, tile grid): distinct colours for up to 20
     programs, a smooth ramp beyond (so 132 programs never reuse a colour), with colour-bar bounds 0..P-1."""
-    from matplotlib.colors import BoundaryNorm, ListedColormap
+    from matplotlib.colors import BoundaryNorm, ListedColormap, Normalize
     import matplotlib.pyplot as plt
 
     P = max(1, int(num_programs))
+    if P > MAX_LISTED_PROGRAMS:   # (a trace may name program 2**20 - 1: a colour per program would take GiBs)
+        return plt.get_cmap("turbo"), Normalize(-0.5, P - 0.5)
     base = plt.get_cmap("tab10" if P <= 10 else "tab20" if P <= 20 else "turbo")
     colors = base.colors[:P] if P <= 20 else base(np.linspace(0, 1, P))
     return ListedColormap(colors), BoundaryNorm(np.arange(-0.5, P), P)
@@ -351,10 +358,20 @@ def tile_grid(trace, iteration=-1, path=None, show=True):
     m = trace.meta
     tm, tn = trace.tiles
     trace.check_grid_drawable()
-    ranks = sorted(df["rank"].unique())
+    ranks = sorted(df["rank"].unique())   # (the ranks that have events: a 64-rank trace may hold two)
+    if len(ranks) * tm * tn > MAX_GRID_CELLS:   # (two float arrays per rank, before any is made)
+        raise UsageError(f"the tile grid of {len(ranks)} ranks x {tm} x {tn} tiles is too large to draw: at most "
+                         f"{MAX_GRID_CELLS} rank-tiles in all (fewer ranks, or a smaller C)")
     scale, unit = time_unit(df["end_us"].max())
-    fig, axes = plt.subplots(2, len(ranks), figsize=(3.2 * len(ranks) + 1, 6.2), squeeze=False)
-    for c, rank in enumerate(ranks):
+    columns = min(len(ranks), GRID_COLUMNS)
+    blocks = -(-len(ranks) // columns)
+    fig, grid = plt.subplots(2 * blocks, columns, figsize=(3.2 * columns + 1, 6.2 * blocks), squeeze=False)
+    for ax in grid[-2:, len(ranks) % columns or columns:].flat:
+        ax.set_visible(False)   # (the last row of ranks, where it is not full)
+    programs_total = m["num_sms"] + (m.get("comm_sms") or 0)
+    cmap, norm = program_colormap(programs_total)
+    for number, rank in enumerate(ranks):
+        axes, c = grid[2 * (number // columns):2 * (number // columns) + 2, :], number % columns
         d = df[df["rank"] == rank]
         program = np.full((tm, tn), np.nan)
         finish = np.full((tm, tn), np.nan)
@@ -370,8 +387,6 @@ def tile_grid(trace, iteration=-1, path=None, show=True):
         for _, e in done.iterrows():
             cur = finish[e["pid_m"], e["pid_n"]]
             finish[e["pid_m"], e["pid_n"]] = e["end_us"] if np.isnan(cur) else max(cur, e["end_us"])
-        programs_total = m["num_sms"] + (m.get("comm_sms") or 0)
-        cmap, norm = program_colormap(programs_total)
         im0 = axes[0, c].imshow(program, cmap=cmap, norm=norm)
         axes[0, c].set_title(f"rank {rank}: program per tile", fontsize=9)
         im1 = axes[1, c].imshow(finish / scale, cmap="viridis")
@@ -386,7 +401,7 @@ def tile_grid(trace, iteration=-1, path=None, show=True):
         for ax in axes[:, c]:
             ax.set_xlabel("pid_n")
             ax.set_ylabel("pid_m")
-    program_colorbar(fig, im0, axes[0, -1], programs_total, label="program")
+    program_colorbar(fig, im0, im0.axes, programs_total, label="program")
     grouping = f"GROUP_SIZE_M={m['gsize_m']}, " if m.get("gsize_m") else ""   # (an Iris trace has none)
     fig.suptitle(f"{m['algorithm']}: tile schedule ({grouping}{m['num_sms']} programs)")
     return finish_figure(fig, path, show)

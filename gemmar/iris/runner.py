@@ -158,7 +158,8 @@ def _check_process_per_rank(cluster, what):
 def _barrier_deadlock(places, running, world_size, timeout):
     """{rank: line} at the deadline when some ranks wait in a barrier (their line's code calls one: shmem.barrier(),
     dist.barrier(), Iris's own) that others never reached: a deadlock, said so, rather than "still running"."""
-    waiting = [r for r in running if "barrier" in places.get(r, "")]
+    code = lambda place: (re.match(r"\S+:\d+ \((.*?)\)(?:, from |$)", place) or [None, ""])[1]   # (whereabouts' form)
+    waiting = [r for r in running if "barrier" in code(places.get(r, ""))]
     absent = [r for r in range(world_size) if r not in waiting]
     if not waiting or not absent:
         return {}
