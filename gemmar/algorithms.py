@@ -2,27 +2,42 @@
 
 The built-in ones are listed here and nowhere else; a user's own is added with :func:`register_algorithm` (or by
 passing its spec as ``algorithm=`` to ``Cluster.gemm_all_reduce`` / ``bench``, which registers it).
+
+The kernels (and with them torch and Triton) are imported on first use of the registry, not with this module:
+the command line lists the built-in names and refuses a bad flag without waiting for them (issue 61).
 """
 
 from .errors import UsageError
-from .kernels import atomics, ring, two_shot
-from .kernels.spec import AlgorithmSpec
 
-BUILTIN = (atomics.SPEC, ring.SPEC, two_shot.SPEC, two_shot.ONE_SHOT_SPEC)
-_registry = {spec.name: spec for spec in BUILTIN}
+BUILTIN_NAMES = ("atomics", "ring", "two_shot", "one_shot")   # the specs' names, in BUILTIN's order
+_registry = {}
+
+
+def _builtin():
+    """The built-in specs, registered on first use."""
+    from .kernels import atomics, ring, two_shot
+
+    builtin = (atomics.SPEC, ring.SPEC, two_shot.SPEC, two_shot.ONE_SHOT_SPEC)
+    if not _registry:
+        _registry.update({spec.name: spec for spec in builtin})
+    return builtin
 
 
 def names():
     """Every registered algorithm's name, the built-in ones first."""
+    _builtin()
     return tuple(_registry)
 
 
 def builtin_names():
-    return tuple(spec.name for spec in BUILTIN)
+    return BUILTIN_NAMES
 
 
 def register_algorithm(spec):
     """Add (or replace) a user's algorithm; returns its name. A built-in one cannot be replaced."""
+    from .kernels.spec import AlgorithmSpec
+
+    _builtin()
     if not isinstance(spec, AlgorithmSpec):
         raise UsageError(f"register() takes an AlgorithmSpec, got {type(spec).__name__}")
     known = _registry.get(spec.name)
@@ -34,6 +49,9 @@ def register_algorithm(spec):
 
 def get(algorithm):
     """The spec of ``algorithm`` (a registered name, or a spec, which is registered first)."""
+    from .kernels.spec import AlgorithmSpec
+
+    _builtin()
     if isinstance(algorithm, AlgorithmSpec):
         register_algorithm(algorithm)
         return algorithm

@@ -12,12 +12,22 @@ import argparse
 import sys
 
 from .algorithms import builtin_names
-from .commands import IRIS_AMD_ONLY, cmd_allreduce, cmd_bench, cmd_gantt, cmd_run
-from .config import BACKENDS, DTYPES, RunConfig
+from .config import BACKENDS, DTYPES, IRIS_AMD_ONLY, SCHEMES, RunConfig
 from .errors import ClusterError, DeadlockError, GemmarError, RankDiedError, UsageError
 from .outputs import OutputNotWritten
-from .runtime.allreduce import SCHEMES
 from .tune_command import cmd_tune
+
+
+def _command(name):
+    """A command of commands.py, imported when it runs: parsing the arguments (and refusing a bad one) needs
+    none of torch, Triton or ipyparallel, which take seconds to import (issue 61)."""
+    def command(args):
+        from . import commands
+
+        return getattr(commands, name)(args)
+
+    command.__name__ = name
+    return command
 
 
 class _Parser(argparse.ArgumentParser):
@@ -92,7 +102,7 @@ def _bench_parser(sub):
         p.add_argument(f"--{name}", help="(Iris, AMD) an AMD compiler setting of Iris's benchmark; means "
                                          "nothing here")
     _add_run_flags(p)
-    p.set_defaults(func=cmd_bench)
+    p.set_defaults(func=_command("cmd_bench"))
 
 
 def _add_run_flags(p):
@@ -153,7 +163,7 @@ def _allreduce_parser(sub):
                                                                  "(and torch's symmetric-memory two-shot)")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds before a wait counts as a hang")
     p.add_argument("--output_file", help="write the figures as JSON here")
-    p.set_defaults(func=cmd_allreduce)
+    p.set_defaults(func=_command("cmd_allreduce"))
 
 
 def _gantt_parser(sub):
@@ -165,7 +175,7 @@ def _gantt_parser(sub):
     p.add_argument("--tile_grid", help="also draw the per-rank tile-grid heat maps here")
     p.add_argument("--iteration", type=int, default=-1, help="which iteration to draw (default: the last)")
     p.add_argument("--max_lanes", type=int, default=48, help="above this many lanes, draw per-rank aggregates")
-    p.set_defaults(func=cmd_gantt)
+    p.set_defaults(func=_command("cmd_gantt"))
 
 
 def _heap_bytes(text):
@@ -224,7 +234,7 @@ def _run_parser(sub):
                         "and programs, and accesses outside their buffer (docs/sanitizer.md); exit 1 on a race")
     p.add_argument("script", help="the Python program each rank runs")
     p.add_argument("args", nargs=argparse.REMAINDER, help="its arguments")
-    p.set_defaults(func=cmd_run)
+    p.set_defaults(func=_command("cmd_run"))
 
 
 def main(argv=None):

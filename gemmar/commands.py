@@ -9,7 +9,7 @@ import sys
 from .algorithms import builtin_names, get as get_algorithm
 from .analysis.auto_rule import AUTO_RULE, choose_algorithm
 from .analysis.plots import plural
-from .config import DTYPES, RunConfig
+from .config import DTYPES, IRIS_AMD_ONLY, RunConfig
 from .errors import UsageError
 from .outputs import (DEFAULT_TRACE_FILE, check_output_path, iris_report, raise_if_not_written, trace_path_for,
                       write_report, write_whole)
@@ -22,9 +22,6 @@ from .runtime.heap import size_text
 from .runtime.launch import heap_bytes_needed
 from .tuning import TUNED_KNOBS, reads_by_tma, tuned_defaults
 from .tune_command import tile_source_line
-
-# Iris's benchmark flags that set AMD compiler knobs: accepted so that an Iris command line runs unchanged.
-IRIS_AMD_ONLY = ("two_tiles", "waves_per_eu", "mfmaInstrSize", "kpack")
 
 
 def starting_line(backend, W):

@@ -1,13 +1,35 @@
 """One run's settings, checked in one place for the Python API and the CLI alike."""
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
-
-import torch
 
 from .errors import UsageError
 
-DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
+
+class _TorchDtypes(Mapping):
+    """Dtype name -> torch dtype. The names are known without torch, which is imported on the first look-up:
+    the command line refuses a bad flag without waiting seconds for torch (issue 61)."""
+
+    NAMES = ("fp16", "bf16", "fp32")
+
+    def __getitem__(self, name):
+        if name not in self.NAMES:
+            raise KeyError(name)
+        import torch
+
+        return {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}[name]
+
+    def __iter__(self):
+        return iter(self.NAMES)
+
+    def __len__(self):
+        return len(self.NAMES)
+
+
+DTYPES = _TorchDtypes()
 BACKENDS = ("auto", "cpu", "cuda", "iris")
+SCHEMES = ("two_shot", "one_shot")   # the standalone all-reduce's (runtime/allreduce.py)
+IRIS_AMD_ONLY = ("two_tiles", "waves_per_eu", "mfmaInstrSize", "kpack")   # Iris's AMD compiler flags: mean nothing here
 
 MAX_DIM = 1 << 20            # a side longer than this is a typo, not a workload
 MAX_WORLD_SIZE = 64
@@ -150,6 +172,8 @@ class RunConfig:
         """The dtype of the all-reduced C: out_dtype, else the algorithm's choice (fp32 if it sums in C)."""
         if self.out_dtype is not None:
             return DTYPES[self.out_dtype]
+        import torch
+
         spec = self.spec
         return spec.c_dtype(self) if spec.c_dtype is not None else torch.float32
 

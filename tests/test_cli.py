@@ -146,3 +146,16 @@ def test_algorithm_auto_says_what_it_chose_and_why():
     assert p.returncode == 0, p.stderr[-2000:]
     assert "--algorithm auto: two_shot, because there is no NCCL path between these ranks" in p.stdout
     assert "PASSED" in p.stdout
+
+
+@pytest.mark.parametrize("argv", [["bench", "--bad_flag"], ["bench", "--algorithm", "rung"], ["allreduce", "--schemes", "x"],
+                                  ["run"], ["bench", "--datatype", "int8"]])
+def test_a_bad_flag_is_refused_before_torch_triton_or_ipyparallel_is_imported(argv):
+    """Issue 61: a bad flag took 11-14 s to be refused on a loaded machine, the time torch and Triton take to
+    import. The parser needs none of them: the refusal comes first, and they were never imported."""
+    code = ("import sys\nfrom gemmar.console import main\ntry:\n    main()\nexcept SystemExit as e:\n    code = e.code\n"
+            "print(sorted(m for m in ('torch', 'triton', 'ipyparallel', 'numpy') if m in sys.modules), code)\n")
+    done = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=120)
+    assert done.stdout.strip() == "[] 2", (done.stdout, done.stderr)
+    assert done.stderr.startswith("gemmar") and ": error: " in done.stderr and len(done.stderr.strip().splitlines()) == 1, \
+        done.stderr

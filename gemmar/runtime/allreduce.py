@@ -18,6 +18,7 @@ import hashlib
 
 import torch
 
+from ..config import SCHEMES
 from ..errors import UsageError
 from ..kernels import allreduce
 from ..kernels.device import FLAG_WORDS, WATCHDOG_WORDS
@@ -27,7 +28,6 @@ from .problem import EPSILON, scale_inputs
 from .rank import _publish, check_all, errors_as_results, local_ranks
 from .timing import median_ms, symm_mem_ms
 
-SCHEMES = ("two_shot", "one_shot")
 
 # ``scheme="auto"``: one-shot below this size with a GPU per rank and more than one rank, else two-shot: the line
 # lies between the measured sizes where one-shot's one exchange won and where it lost (docs/decisions.md,
