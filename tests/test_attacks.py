@@ -427,3 +427,47 @@ def test_what_a_program_changes_in_its_rank_is_undone_for_the_next(tmp_path):
         assert out.getvalue().count(expected) == 2, out.getvalue()
         deep = cluster.run_script(tmp_path / "recursion.py", timeout=120, out=out)
         assert deep.errors == ["RecursionError: maximum recursion depth exceeded (recursion.py:5)"] * 2, deep.errors
+
+
+def test_a_rank_that_kills_its_parent_is_refused_in_one_line(tmp_path):
+    """os.kill(os.getppid(), 9) on a rank killed `gemmar run`'s client: "Killed", exit 137, no line of gemmar's."""
+    program = tmp_path / "kill_parent.py"
+    program.write_text("import os\nif os.environ['RANK'] == '1':\n    os.kill(os.getppid(), 9)\n")
+    p = subprocess.run(GEMMAR + ["run", "-r", "2", str(program)], capture_output=True, text=True, timeout=180)
+    assert p.returncode == 1, p.stderr
+    line, = [line for line in p.stderr.splitlines() if line.startswith("gemmar run:")]
+    assert "rank 1: PermissionError: os.kill(" in line and ", SIGKILL) refused: pid " in line, line
+    assert "(kill_parent.py:3)" in line, line
+
+
+SHM_FILLER = """
+import iris, torch
+shmem = iris.iris(48 << 20)
+if shmem.get_rank() == 0:
+    with open("/dev/shm/fill", "wb") as f:          # /dev/shm fills after the start-up check
+        try:
+            while True:
+                f.write(bytes(1 << 20))
+                f.flush()
+        except OSError:
+            pass
+    x = shmem.zeros(8 << 20, dtype=torch.float32)   # new heap pages, and no room left for them
+shmem.barrier()
+"""
+
+
+def test_a_dev_shm_that_fills_during_the_run_is_named(tmp_path):
+    """/dev/shm (a 200 MiB tmpfs of this test's own, in a mount namespace) fills after the start-up check: the
+    rank touching new heap pages dies by SIGBUS, and its line now says /dev/shm is full and why it matters."""
+    _needs("unshare", "mount")
+    probe = subprocess.run(["unshare", "-m", "sh", "-c", "mount -t tmpfs tmpfs /mnt"], capture_output=True)
+    if probe.returncode:
+        pytest.skip(f"no mount namespace here: {probe.stderr.decode().strip()}")
+    program = tmp_path / "fill_shm.py"
+    program.write_text(SHM_FILLER)
+    gemmar = " ".join(GEMMAR + ["run", "-r", "2", "--heap_size", "64M", "--timeout", "60", str(program)])
+    p = subprocess.run(["unshare", "-m", "sh", "-c", f"mount -t tmpfs -o size=200m tmpfs /dev/shm && exec {gemmar}"],
+                       capture_output=True, text=True, timeout=180)
+    assert p.returncode == 128 + 7, p.stderr   # (SIGBUS)
+    line, = [line for line in p.stderr.splitlines() if line.startswith("gemmar run:")]
+    assert "rank 0: its process" in line and "was killed by SIGBUS (/dev/shm is full: " in line, line

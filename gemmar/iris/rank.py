@@ -27,7 +27,7 @@ from .. import sanitizer
 from ..errors import UsageError, gemmar_cause
 from ..runtime.processes import descendants, end_descendants_since
 from ..runtime import rank as rank_runtime
-from . import launch, real_iris, whereabouts
+from . import guard, launch, real_iris, whereabouts
 from .host_calls import adapt_launches, cuda_on_cpu, is_program_file, warn_false_assumes
 
 
@@ -221,7 +221,7 @@ def run_program(path, args, cwd, store_path, iris_choice=real_iris.STAND_IN, san
     try:
         with launch.program_run(rank, heap.world_size, heap.backend, heap.device, heap.ranks_on_device == 1,
                                 store_path, heap.timeout_s), sanitizer.recording(heap, sanitize) as records, \
-                whereabouts.answering(whereabouts.stack_file(store_path, rank)):
+                whereabouts.answering(whereabouts.stack_file(store_path, rank)), guard.ancestors_guarded(rank):
             runpy.run_path(path, run_name="__main__")
     except SystemExit as e:
         if e.code is None or isinstance(e.code, int):

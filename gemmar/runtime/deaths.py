@@ -3,6 +3,7 @@ stopped, and the one-line RankDiedError that names the rank, how it ended and it
 ``EngineCluster`` (``engines.py``) holds one :class:`DeathWatch` per start of its engines."""
 
 import os
+import signal
 import sys
 import time
 
@@ -42,7 +43,8 @@ class DeathWatch:
                 code = _reaped_exit_code(proc)
             except psutil.TimeoutExpired:
                 continue
-            why = memory.sigkill_cause(self.oom_kills_before) if code == -9 else ""
+            why = memory.sigkill_cause(self.oom_kills_before) if code == -9 else memory.sigbus_cause() \
+                if code == -signal.SIGBUS else ""
             lost[i] = ("died", f"engine process {proc.pid} {_exit_text(code)}{why}")
         return lost
 

@@ -126,3 +126,20 @@ def sigkill_cause(kills_before):
     if free < (256 << 20):
         return f" (most likely out of memory: {where})"
     return ""
+
+
+def sigbus_cause():
+    """Words to add to 'was killed by SIGBUS' when /dev/shm (where cpu heaps live) is full now: a heap's pages
+    are taken from it as they are first touched, so a /dev/shm that fills after the start-up check (another
+    program, or this one writing there) ends a rank with SIGBUS at its next new page; else ''."""
+    from .heap import shm_dir
+
+    try:
+        stats = os.statvfs(shm_dir())
+    except OSError:
+        return ""
+    free, total = stats.f_bavail * stats.f_frsize, stats.f_blocks * stats.f_frsize
+    if total and free < max(16 << 20, total // 100):
+        return (f" ({shm_dir()} is full: {size_text(free)} free of {size_text(total)}, and a heap takes its memory "
+                f"from there page by page as it is first used: free space there, or use a smaller heap)")
+    return ""
