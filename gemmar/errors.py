@@ -61,6 +61,11 @@ class ClusterError(GemmarError):
     """The cluster could not start, or is not running."""
 
 
+class RankLeftError(GemmarError):
+    """A barrier that can no longer complete: a rank it waits for has ended its program (``gemmar run``;
+    ``gemmar/iris/departures.py``). The message names that rank and how it ended."""
+
+
 def gemmar_cause(error):
     """The GemmarError that ``error`` wraps (the interpreter re-raises a kernel's exception as its own
     InterpreterError, once per @triton.jit call level), or None."""

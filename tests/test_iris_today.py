@@ -272,3 +272,59 @@ def test_a_trace_written_by_iris_on_amd_reads_in_cycles(tmp_path):
     path.write_text(json.dumps(doc))
     with pytest.raises(UsageError, match="is not a gemmar trace"):
         Trace.load(str(path))
+
+
+LEAVES_BEFORE_THE_BARRIER = textwrap.dedent("""\
+    import argparse, os, sys
+    import torch.distributed as dist
+    import iris
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--exit", choices=["sys.exit", "os._exit"], required=True)
+    parser.add_argument("--barrier", choices=["iris", "dist"], required=True)
+    args = parser.parse_args()
+    shmem = iris.iris(1 << 20)
+    if args.barrier == "dist":
+        dist.init_process_group("gloo")
+    print(f"rank {shmem.get_rank()} started", flush=True)
+    if shmem.get_rank() == 1:
+        sys.exit(0) if args.exit == "sys.exit" else os._exit(0)
+    try:
+        shmem.barrier() if args.barrier == "iris" else dist.barrier()   # (the barrier the others wait in)
+    except Exception as error:   # as pytest would: the rank goes on, its output kept
+        print(f"rank {shmem.get_rank()} caught {type(error).__name__}")
+        raise
+""")
+
+
+@pytest.mark.parametrize("world_size", [2])
+@pytest.mark.parametrize("barrier", ["iris", "dist"])
+@pytest.mark.parametrize("how", ["sys.exit", "os._exit"])
+def test_a_rank_that_leaves_releases_the_others_from_a_barrier(clusters, world_size, barrier, how, tmp_path):
+    """Rank 1 ends (exit code 0) before a barrier rank 0 waits in, gemmar's heap barrier or torch.distributed's:
+    the wait ends long before the deadline, in one line naming rank 1, how it ended and where rank 0 waited;
+    rank 0's output is kept."""
+    program = tmp_path / "leaves.py"
+    program.write_text(LEAVES_BEFORE_THE_BARRIER)
+    line = LEAVES_BEFORE_THE_BARRIER.splitlines().index(next(x for x in LEAVES_BEFORE_THE_BARRIER.splitlines()
+                                                              if "(the barrier the others wait in)" in x)) + 1
+    result, out, err = run(clusters(world_size), str(program), "--exit", how, "--barrier", barrier, timeout=120)
+    assert not result.timed_out and result.exit_codes[0] == 1, (result, out, err)
+    where = f"{'barrier' if barrier == 'iris' else 'dist.barrier'} at leaves.py:{line}"
+    assert f"rank 1 ended (exit code 0) before the {where}; rank 0 was waiting there" in result.failure_lines(), \
+        result
+    assert len(result.failure_lines()) == 1, result.failure_lines()
+    assert by_rank(out, world_size)[0] == ["rank 0 started", "rank 0 caught RankLeftError"], out
+    # The next program's barriers meet (a barrier that gave up left the ranks' counts out of step: fresh ranks)
+    (tmp_path / "meets.py").write_text("import iris\nshmem = iris.iris(1 << 20)\nfor _ in range(3):\n"
+                                       "    shmem.barrier()\n")
+    assert run(clusters(world_size), str(tmp_path / "meets.py"), timeout=120)[0].ok
+
+
+def test_the_ranks_that_waited_for_a_rank_that_left_are_one_line():
+    from gemmar.iris.runner import ProgramResult
+
+    left = "RankLeftError: rank 1 ended (exit code 4) before the barrier (prog.py:12)"
+    result = ProgramResult("prog.py", [1, 4, 1, 1], [left, "exit code 4", left, "ValueError: late (prog.py:20)"])
+    assert result.failure_lines() == ["rank 1 ended (exit code 4) before the barrier at prog.py:12; ranks 0, 2 were "
+                                      "waiting there", "rank 3: ValueError: late (prog.py:20)"]

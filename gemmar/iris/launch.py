@@ -15,6 +15,8 @@ reaper, so while a program runs on a rank:
   backend and for ranks sharing a GPU, on ``nccl`` with a GPU per rank. A backend or ``device_id`` that cannot
   apply is mapped, said once; a ``rank`` or ``world_size`` other than gemmar's is refused in one line.
 A process group the program leaves open is closed when it ends, so the next program can start one.
+A collective that fails because a rank of the run has ended (gloo: "Connection closed by peer") says which rank
+and how it ended, in one line (``departures.py``).
 """
 
 import contextlib
@@ -22,7 +24,8 @@ import datetime
 import os
 import sys
 
-from ..errors import UsageError
+from ..errors import RankLeftError, UsageError
+from . import departures
 
 TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR",
                       "MASTER_PORT")
@@ -126,13 +129,25 @@ def _told_to_sanitizer(name, collective):
         counts[ranks] = counts.get(ranks, 0) + 1
         meeting = (ranks, counts[ranks])
         sanitizer.host_event("arrive", meeting=meeting)
-        out = collective(*args, **kwargs)
+        try:
+            out = collective(*args, **kwargs)
+        except Exception as error:   # noqa: BLE001 - re-raised as it is unless a rank has left
+            _raise_if_a_rank_left(error, name)
+            raise
         sanitizer.host_event("leave", meeting=meeting)
         return out
 
     meet.__name__ = meet.__qualname__ = name
     meet.__doc__ = collective.__doc__
     return meet
+
+
+def _raise_if_a_rank_left(error, name):
+    """A collective that failed because a rank of this run has ended (gloo fails at once when a peer's process
+    group is gone): a RankLeftError naming that rank and how it ended, as soon as the client has said so."""
+    left = _run and departures.who_left(_run["store_path"], _run["rank"], wait_s=2.0)
+    if left:
+        raise RankLeftError(f"{left} before the dist.{name}") from error
 
 
 _original = {}
@@ -170,8 +185,12 @@ def program_run(rank, world_size, backend, device, gpu_per_rank, store_path, tim
                       MASTER_PORT="0")   # (nothing listens: init_process_group meets through the file store)
     _run = dict(rank=rank, world_size=world_size, backend=backend, device=device, gpu_per_rank=gpu_per_rank,
                 store_path=store_path, timeout_s=timeout_s, told=set(), meetings={})
+    from ..runtime import rank as rank_runtime
+
     try:
-        yield
+        # (a barrier of gemmar's heap that a rank which has ended can no longer reach gives up: departures.py)
+        with departures.watching(store_path, rank, rank_runtime.local_ranks()[0].heap):
+            yield
     finally:
         import torch.distributed as dist
 

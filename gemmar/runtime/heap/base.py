@@ -23,7 +23,7 @@ import time
 import numpy as np
 import torch
 
-from ...errors import ClusterError, DeadlockError, UsageError
+from ...errors import ClusterError, DeadlockError, RankLeftError, UsageError
 from ...sanitizer import host_event
 from ...sanitizer.record import element_text
 from ...kernels.device import (EXPIRED_WAIT_LINES, FLAG_WORDS, WATCHDOG_WORDS, place, read_watchdog,
@@ -32,6 +32,9 @@ from ...kernels import barrier as barrier_kernels
 
 ALIGN = 256
 HEADER_BYTES = 256         # barrier counter + barrier watchdog at the start of every arena
+# The barrier watchdog's first word when a rank the barrier waits for has ended (an expiry writes 1): the
+# waiting kernel polls the word and gives up (give_up_barrier; gemmar/iris/departures.py).
+RANK_LEFT = -1
 DEFAULT_HEAP_BYTES = 256 << 20
 
 
@@ -69,6 +72,7 @@ class SymmetricHeap:
         self._end = self.size
         self._program_allocations = False   # inside allocating_for_program(): every allocation from the end
         self._barriers = 0
+        self._rank_left, self._barrier_out_of_step = None, False   # (give_up_barrier)
         # What lives where, for the sanitizer's bounds checks and reports: offset -> [bytes, name, shape, dtype].
         self._allocations = {0: [HEADER_BYTES, "heap header (barrier, watchdog)", (HEADER_BYTES,), "uint8"]}
         self._table = None
@@ -219,7 +223,30 @@ class SymmetricHeap:
         return int(self._barrier_exit.item())
 
     def check_barrier(self):
+        if self._rank_left is not None and int(self._barrier_watchdog[0]) == RANK_LEFT:
+            if self._barrier_count() < self._barriers * self.world_size:   # (not completed after all)
+                self._barrier_out_of_step = True
+                raise RankLeftError(f"{self._rank_left} before the barrier")
+            return
         self.raise_if_expired(self._barrier_watchdog, barrier_kernels.WAIT_FLAGS)
+
+    def give_up_barrier(self, why):
+        """Make this rank's barrier waits (the one running now, and every later one) give up, where the host
+        can write the watchdog under a running barrier kernel (cpu): ``why`` ('rank 1 ended (exit code 0)')
+        begins the RankLeftError that the barrier then raises. Called from another thread."""
+
+    def forget_given_up_barrier(self):
+        """Clear what :meth:`give_up_barrier` set; True when a barrier gave up since (this rank's barrier count
+        is out of step with the others': fresh ranks are needed)."""
+        out_of_step, self._barrier_out_of_step = self._barrier_out_of_step, False
+        if self._rank_left is not None:
+            self._rank_left = None
+            self._barrier_watchdog.zero_()
+        return out_of_step
+
+    def _barrier_count(self):
+        """The barrier counter (in rank 0's heap) as this host sees it."""
+        raise NotImplementedError
 
     def raise_if_expired(self, watchdog, wait_flags):
         """Raise DeadlockError if a wait of the kernel that wrote ``watchdog`` expired, naming its flag from

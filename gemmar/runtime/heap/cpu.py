@@ -24,7 +24,7 @@ import torch
 
 from ...errors import ClusterError, UsageError
 from ...sanitizer.record import BASES_GUARD
-from .base import ALIGN, HEADER_BYTES, SymmetricHeap
+from .base import ALIGN, HEADER_BYTES, RANK_LEFT, SymmetricHeap
 
 
 def shm_dir():
@@ -151,6 +151,13 @@ class CpuHeap(SymmetricHeap):
         finally:
             os.unlink(paths[rank])  # ... so the name can go; the memory lives while it is mapped
         return heap
+
+    def give_up_barrier(self, why):
+        self._rank_left = why
+        self._barrier_watchdog[0] = RANK_LEFT   # (shared memory: the interpreted wait's next poll sees it)
+
+    def _barrier_count(self):
+        return int(self._peer_arenas[0][:8].view(torch.int64)[0])
 
     def close(self):
         super().close()
