@@ -24,6 +24,10 @@ from .runtime.results import RankFailure
 from .runtime.shipping import ship, ship_parts
 
 
+# A run given progress=True draws its bar only once it has taken this long: a short one draws nothing.
+PROGRESS_AFTER_S = 2.0
+
+
 def check_memory(config, engines, backend, client_copy=False):
     """Refuse a run the machine's memory cannot hold, before anything is allocated. On cpu every engine
     builds the global inputs (fp32, then their dtype) and a float64 reference, and holds C and the part of
@@ -141,12 +145,14 @@ class Cluster(EngineCluster):
         return programs.activate(self, suffix, iris=iris, replace_iris=replace_iris)
 
     def bench(self, config=None, validate=True, verbose=False, mistake="none", return_c=False, on_progress=None,
-              parts=None, **settings):
+              parts=None, progress=False, **settings):
         """Run with seeded inputs built on each rank (nothing but settings travel). Returns a Result.
         ``algorithm`` (a setting) may be a registered name or an AlgorithmSpec (a user's own algorithm).
 
         ``on_progress(rank, {"iteration", "max_abs_diff", "seconds"})`` is called as ranks finish iterations.
         ``parts``: {name: @triton.jit function} run in place of the kernel's own (``runtime/shipping.py``).
+        ``progress``: a run longer than ``PROGRESS_AFTER_S`` draws a progress bar (launches checked, the time of
+        the one running; tqdm: a widget in a notebook, a line in a terminal).
         """
         if config is not None and not isinstance(config, RunConfig):
             raise UsageError(f"config={config!r} is not allowed: give a RunConfig (or leave it out and pass settings, "
@@ -157,10 +163,10 @@ class Cluster(EngineCluster):
             settings["algorithm"] = algorithms.get(settings["algorithm"]).name
         config = RunConfig.from_settings({**base, **settings}, world_size=self.world_size)
         check_memory(config, len(self.engine_ranks), self.backend)
-        return self._run(config, None, validate, verbose, mistake, return_c, on_progress, parts)
+        return self._run(config, None, validate, verbose, mistake, return_c, on_progress, parts, progress=progress)
 
     def gemm_all_reduce(self, A, B, algorithm=RunConfig.algorithm, validate=True, mistake="none", verbose=False,
-                        parts=None, launch_deadline_s=None, **settings):
+                        parts=None, launch_deadline_s=None, progress=False, **settings):
         """C = A @ B with K split over the ranks, reduced by ``algorithm`` (a registered name, or a user's
         own AlgorithmSpec: it is registered, and its source travels to the ranks); checked against torch.
 
@@ -174,6 +180,7 @@ class Cluster(EngineCluster):
         its buffer or a race is named, though C may come out right).
         ``launch_deadline_s``: how long a rank may go without finishing a launch before every rank is stopped
         (a launch that waits on no flag never meets the watchdog; default ``2 x timeout_s + 10``).
+        ``progress``: as in :meth:`bench`.
         Returns a Result whose ``C`` is rank 0's copy (and every rank's is in ``ranks[r].C``).
         """
         check_matrix("A", A)
@@ -215,7 +222,7 @@ class Cluster(EngineCluster):
         check_no_overflow(config, _largest(reference), partial_largest)
         inputs = [(A[:, s:e].contiguous(), B[s:e, :].contiguous()) for s, e in slices]
         return self._run(config, (inputs, reference, input_scale(A, B)), validate, verbose, mistake,
-                         True, parts=parts, launch_deadline_s=launch_deadline_s)
+                         True, parts=parts, launch_deadline_s=launch_deadline_s, progress=progress)
 
     def compare_to_unfused(self, configs, reps=20, warmup=5, baseline=True, problem=None):
         """GPU only: time each fused kernel and the unfused baseline (cuBLAS matmul, NCCL all-reduce, both in
@@ -289,14 +296,26 @@ class Cluster(EngineCluster):
         return figures
 
     def _run(self, config, data, validate, verbose, mistake, return_c, on_progress=None, parts=None,
-             launch_deadline_s=None):
+             launch_deadline_s=None, progress=False):
         W, n = self.world_size, config.iterations
         sources = ship_parts(parts, config.spec)
         shipped = ship(config.spec)
+        bar, checked = None, {}   # checked: rank -> launches it has finished and checked
+        if progress:
+            from .progress import ProgressBar
 
-        def progress(r, d):
+            bar = ProgressBar(n, label=f"{config.algorithm}: launches ", delay_s=PROGRESS_AFTER_S, ticking=True,
+                              what=f"launch 1 of {n} running")
+
+        def report(r, d):
             if on_progress is not None:
                 on_progress(r, d)
+            if bar is not None and "iteration" in d:
+                checked[r] = d["iteration"]
+                done = min(checked.values()) if len(checked) == W else 0
+                bar.update(done, f"launch {done + 1} of {n} running" if done < n else "all checked")
+                if verbose:   # (on a terminal: the log line below goes where the bar was; the ticker redraws it)
+                    bar.clear()
             if verbose:
                 diff = "" if d.get("max_abs_diff") is None else f"  max|C - ref| = {d['max_abs_diff']:.3g}"
                 log(r, W, f"{config.algorithm} iteration {d['iteration']}/{n}  {d['seconds'] * 1e3:.1f} ms{diff}")
@@ -316,10 +335,14 @@ class Cluster(EngineCluster):
                         f"backend {self.backend}{shared}")
         # Each launch reports when it ends; a rank silent for longer than this is stuck in a launch that
         # waits on no flag (the watchdog catches those that do), and every rank is stopped.
-        outs = self.run_ranks(rank_runtime.run_gemm_all_reduce, engine_args=engine_args, on_progress=progress,
-                              launch_deadline_s=launch_deadline_s or 2 * config.timeout_s + 10, mistake=mistake,
-                              return_c=return_c,
-                              validate=validate, parts=sources, algorithm=shipped)
+        try:
+            outs = self.run_ranks(rank_runtime.run_gemm_all_reduce, engine_args=engine_args, on_progress=report,
+                                  launch_deadline_s=launch_deadline_s or 2 * config.timeout_s + 10, mistake=mistake,
+                                  return_c=return_c,
+                                  validate=validate, parts=sources, algorithm=shipped)
+        finally:
+            if bar is not None:
+                bar.close()
         RankFailure.raise_first(outs)
         result = Result(config, self.backend, outs, outs[0].C, self.info, mistake)
         if verbose and validate:

@@ -97,7 +97,7 @@ def cmd_bench(args):
     with Cluster(world_size=W, backend=backend, heap_size=heap_size, timeout_s=args.timeout) as cluster:
         log("-", W, f"ranks up on backend {cluster.backend}: {cluster.info[0]['device']}, "
                     f"torch {cluster.info[0]['torch']}, triton {cluster.info[0]['triton']}")
-        result = cluster.bench(config, validate=args.validate, verbose=True)
+        result = cluster.bench(config, validate=args.validate, verbose=True, progress=True)
         if args.baseline:
             log("-", W, f"timing every fused kernel and the unfused baseline ({args.reps} reps, median of 5)")
             configs = {alg: config_from_args(args, backend, alg) for alg in builtin_names()}

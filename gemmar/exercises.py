@@ -61,7 +61,7 @@ def _run_part(cluster, algorithm, parts, A, B, **settings):
         # A check's launch takes a second or two: one still running after CHECK_LAUNCH_DEADLINE_S loops.
         result = cluster.gemm_all_reduce(A, B, algorithm=algorithm, parts=parts, trace=True, timeout_s=CHECK_WAIT_S,
                                          sanitize=cluster.backend == "cpu", launch_deadline_s=CHECK_LAUNCH_DEADLINE_S,
-                                         **settings)
+                                         progress=True, **settings)   # (a bar, once a check runs past 2 s)
         return result, None
     except RankDiedError as e:
         if "finished no launch" in str(e):

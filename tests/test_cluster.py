@@ -163,3 +163,27 @@ def test_a_gemmar_error_in_a_notebook_is_its_one_line(tmp_path):
     assert len(lines) == 1 and "UsageError" in lines[0] and "world_size" in lines[0] and "Traceback" not in ours, \
         p.stdout + p.stderr
     assert "Traceback" in other and "ZeroDivisionError" in other, p.stdout + p.stderr
+
+
+def test_a_run_draws_its_progress_with_tqdm(clusters, monkeypatch, capsys):
+    """Issue 61: progress is drawn by tqdm (tqdm.auto: a widget in a notebook, a line in a terminal or a log), not a
+    bar of gemmar's own; a run given progress=True (a puzzle's check, gemmar bench) that lasts past PROGRESS_AFTER_S
+    shows the launches checked, and the time of the one running moves on while it runs."""
+    import io
+
+    import tqdm
+
+    from gemmar import cluster as cluster_module
+    from gemmar.progress import ProgressBar
+
+    bar = ProgressBar(3, label="steps ", stream=io.StringIO())
+    assert isinstance(bar.bar, tqdm.std.tqdm)
+    bar.close()
+    monkeypatch.setattr(cluster_module, "PROGRESS_AFTER_S", 0.0)
+    A, B = random_inputs(64, 48, 40, torch.float32, seed=3)
+    result = clusters(2).gemm_all_reduce(A, B, algorithm="ring", BLK_M=16, BLK_N=16, BLK_K=16, iterations=2,
+                                         progress=True)
+    assert result.ok
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("[gemmar] ring: launches [")]
+    assert lines and "] 2/2 " in lines[-1] and lines[-1].endswith("all checked"), lines
+    assert any(line.startswith("[gemmar] ring: launches [....") and "launch 1 of 2 running" in line for line in lines)
