@@ -282,7 +282,7 @@ def test_parts_are_checked_before_anything_runs():
         part_sources([reduce_step], get("ring"))
     # gemmar's own function travels as an import, not as source
     shipped = part_sources({"reduce_step": reduce_step}, get("ring"))["reduce_step"]
-    assert shipped["function"] == ("gemmar.kernels.answers", "reduce_step") and shipped["sources"] == {}
+    assert shipped["function"] == ("gemmar.kernels.sealed", "reduce_step") and shipped["sources"] == {}
 
 
 HELPER = '''
