@@ -57,6 +57,53 @@ def _device_to_cpu(fn):
     return on_cpu
 
 
+def cuda_ordinals_to(device):
+    """Ranks sharing one GPU: every ``cuda:N`` a program names (Iris's tests build tensors on ``cuda:{rank}``) is
+    this rank's GPU, in torch's factories, ``.to`` and ``.cuda``; said once by ``launch.set_device``'s rule."""
+    if getattr(torch, "__gemmar_cuda_ordinals__", None) == device:
+        return
+
+    def mapped(where):
+        if isinstance(where, torch.device) and where.type == "cuda" or \
+                isinstance(where, str) and where.split(":")[0] == "cuda":
+            return device
+        if isinstance(where, int) and not isinstance(where, bool):
+            return device
+        return where
+
+    if getattr(torch, "__gemmar_cuda_ordinals__", None) is None:
+        for name in _FACTORIES:
+            setattr(torch, name, _device_mapped(getattr(torch, name), lambda d: _ORDINALS["map"](d)))
+        original_to, original_cuda = torch.Tensor.to, torch.Tensor.cuda
+
+        def to(self, *args, **kwargs):
+            args = tuple(_ORDINALS["map"](a) if isinstance(a, (str, torch.device)) else a for a in args)
+            if "device" in kwargs:
+                kwargs["device"] = _ORDINALS["map"](kwargs["device"])
+            return original_to(self, *args, **kwargs)
+
+        def cuda(self, device=None, non_blocking=False, **kwargs):
+            return original_cuda(self, _ORDINALS["map"](device if device is not None else "cuda"), non_blocking,
+                                 **kwargs)
+
+        torch.Tensor.to, torch.Tensor.cuda = to, cuda
+    _ORDINALS["map"] = mapped
+    torch.__gemmar_cuda_ordinals__ = device
+
+
+_ORDINALS = {"map": lambda where: where}
+
+
+def _device_mapped(fn, mapping):
+    @functools.wraps(fn)
+    def on_device(*args, **kwargs):
+        if "device" in kwargs:
+            kwargs["device"] = mapping(kwargs["device"])
+        return fn(*args, **kwargs)
+
+    return on_device
+
+
 class CpuEvent:
     """torch.cuda.Event on the cpu backend: the host clock when recorded (kernels have run by then). For the
     sanitizer it orders as on a GPU: recorded on a stream, waited for by another stream or the host."""

@@ -72,6 +72,12 @@ def init_process_group(backend=None, init_method=None, timeout=None, world_size=
         if given not in (-1, None, ours):
             raise UsageError(f"dist.init_process_group({name}={given}): this process is gemmar's rank {run['rank']} of "
                              f"{run['world_size']} (gemmar run -r {run['world_size']})")
+    if dist.is_initialized():
+        # With a GPU per rank the heap's symmetric memory needs the ranks' default group, made when the rank
+        # started (on gloo for CPU tensors and nccl for GPU ones): the program uses it, and never ends it.
+        _say_once("made", f"dist.init_process_group(backend={backend!r}): the ranks' process group exists already "
+                          f"({dist.get_backend()}, made with gemmar's heap); the program uses it")
+        return
     chosen = "nccl" if run["backend"] == "cuda" and run["gpu_per_rank"] else "gloo"
     asked = (backend or "").split(":")[0].lower() or None
     if asked not in (None, chosen):
@@ -93,6 +99,22 @@ def init_process_group(backend=None, init_method=None, timeout=None, world_size=
     if device_id is not None:
         options["device_id"] = device_id
     _original["init_process_group"](**options)
+
+
+def _heap_group():
+    """Whether the default process group is the one this rank's heap made (a GPU per rank), not a program's."""
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized()
+
+
+def destroy_process_group(group=None):
+    """``dist.destroy_process_group``: a program's own groups end; the heap's default group stays (the heap
+    lives on after the program, and Iris programs end theirs as they finish)."""
+    run = _run
+    if group is None and run is not None and run["heap_group"]:
+        return None
+    return _original["destroy_process_group"](group)
 
 
 def set_device(device):
@@ -168,6 +190,8 @@ def install():
     mp.spawn = spawn
     torch.cuda.set_device = set_device
     dist.init_process_group = c10d.init_process_group = init_process_group
+    _original["destroy_process_group"] = dist.destroy_process_group
+    dist.destroy_process_group = c10d.destroy_process_group = destroy_process_group
     for name in HOST_COLLECTIVES:
         if hasattr(dist, name):
             _original[name] = getattr(dist, name)
@@ -184,7 +208,7 @@ def program_run(rank, world_size, backend, device, gpu_per_rank, store_path, tim
                       LOCAL_WORLD_SIZE=str(world_size), GROUP_RANK="0", MASTER_ADDR="127.0.0.1",
                       MASTER_PORT="0")   # (nothing listens: init_process_group meets through the file store)
     _run = dict(rank=rank, world_size=world_size, backend=backend, device=device, gpu_per_rank=gpu_per_rank,
-                store_path=store_path, timeout_s=timeout_s, told=set(), meetings={})
+                store_path=store_path, timeout_s=timeout_s, told=set(), meetings={}, heap_group=_heap_group())
     from ..runtime import rank as rank_runtime
 
     try:
@@ -194,9 +218,9 @@ def program_run(rank, world_size, backend, device, gpu_per_rank, store_path, tim
     finally:
         import torch.distributed as dist
 
-        if dist.is_available() and dist.is_initialized():
+        if dist.is_available() and dist.is_initialized() and not _run["heap_group"]:
             with contextlib.suppress(Exception):
-                dist.destroy_process_group()
+                _original["destroy_process_group"]()
         _run = None
         for name, value in saved.items():
             if value is None:

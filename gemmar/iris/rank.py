@@ -28,7 +28,7 @@ from ..errors import UsageError, gemmar_cause
 from ..runtime.processes import descendants, end_descendants_since
 from ..runtime import rank as rank_runtime
 from . import guard, launch, real_iris, whereabouts
-from .host_calls import adapt_launches, cuda_on_cpu, is_program_file, warn_false_assumes
+from .host_calls import adapt_launches, cuda_on_cpu, cuda_ordinals_to, is_program_file, warn_false_assumes
 
 
 
@@ -107,16 +107,18 @@ def install_iris(choice=real_iris.STAND_IN):
         raise UsageError(f"Iris programs need one process per rank; this engine hosts ranks {[c.rank for c in ranks]} "
                          f"sharing one GPU: use as many GPUs as ranks, or the cpu backend")
     this_rank.heap = ranks[0].heap
+    backend = ranks[0].backend
+    if backend == "cpu":
+        cuda_on_cpu()
+        warn_false_assumes()
+    elif ranks[0].heap.ranks_on_device > 1:
+        cuda_ordinals_to(ranks[0].heap.device)
+    adapt_launches(backend)
     if choice == real_iris.STAND_IN:
         real_iris.forget_iris_modules()
         _install_package()
     else:
         real_iris.host(choice)
-    backend = ranks[0].backend
-    if backend == "cpu":
-        cuda_on_cpu()
-        warn_false_assumes()
-    adapt_launches(backend)
     return ranks[0].rank
 
 

@@ -273,9 +273,10 @@ def _stale_value(acquire, release, by_thread):
              and x.sem in RELEASES and keys & set(x.keys.tolist())]
     if not older:
         return f" (it saw {acquire.values[0]:g}, an older value)"
-    return (f" (it saw {acquire.values[0]:g}, which rank {older[-1].rank} left at {older[-1].line} in its kernel call "
-            f"{older[-1].call}, not this one: a flag that keeps its value from one call to the next needs a value "
-            f"only this call sets, or a reset before each call)")
+    return (f" (it saw {acquire.values[0]:g}, which rank {older[-1].rank} left at {older[-1].line} in an earlier "
+            f"kernel launch, its launch {older[-1].call} ({older[-1].kernel}); this write is in its launch "
+            f"{release.call}: a flag that keeps its value from one launch to the next needs a value only this launch "
+            f"sets, or a reset before each launch)")
 
 
 def _hint(race, by_thread, names):

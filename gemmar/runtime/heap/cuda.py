@@ -57,9 +57,13 @@ class CudaHeap(SymmetricHeap):
         torch.cuda.set_device(device)
         check_gpu_memory(device, size, f"heap_size={size}")
         if not dist.is_initialized():
+            # The default group is the heap's (symmetric memory rendezvous on it); an Iris program run on these ranks
+            # uses it too, for CPU tensors as well as GPU ones: gloo beside nccl.
+            if "GLOO_SOCKET_IFNAME" not in os.environ and os.path.exists("/sys/class/net/lo"):
+                os.environ["GLOO_SOCKET_IFNAME"] = "lo"   # (gloo's ranks talk over TCP: keep it on this machine)
             store = dist.FileStore(store_path(folder), world_size)
-            dist.init_process_group("nccl", store=store, rank=rank, world_size=world_size, device_id=device,
-                                    timeout=datetime.timedelta(seconds=max(60, timeout_s)))
+            dist.init_process_group("cpu:gloo,cuda:nccl", store=store, rank=rank, world_size=world_size,
+                                    device_id=device, timeout=datetime.timedelta(seconds=max(60, timeout_s)))
         group = dist.group.WORLD
         if hasattr(symm_mem, "enable_symm_mem_for_group"):  # needed by torch < 2.9, harmless after
             symm_mem.enable_symm_mem_for_group(group.group_name)

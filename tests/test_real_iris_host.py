@@ -1,0 +1,134 @@
+"""The real Iris hosted on gemmar's ranks (gemmar/iris/real_iris.py), tested without Iris's files: an Iris-shaped
+package (tests/iris_shaped) whose GPU runtime import and GPU heap would fail here unless gemmar supplies its own.
+Also: which Iris a run gets and says it got, torch.distributed's collectives ordering ranks for the sanitizer, a
+flag left from an earlier call named as stale, and where a rank stopped at the deadline was."""
+
+import io
+import os
+import textwrap
+
+import pytest
+
+from gemmar.errors import UsageError
+from gemmar.iris import real_iris
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SHAPED = os.path.join(HERE, "iris_shaped")
+PROGRAMS = os.path.join(HERE, "iris_programs")
+
+
+def run(cluster, path, *args, timeout=120, **kwargs):
+    out, err = io.StringIO(), io.StringIO()
+    result = cluster.run_script(path, *args, timeout=timeout, out=out, err=err, **kwargs)
+    return result, out.getvalue(), err.getvalue()
+
+
+def test_which_iris_a_run_gets(tmp_path, monkeypatch):
+    assert real_iris.choose(None, replace_iris=True) == real_iris.STAND_IN
+    assert real_iris.choose(SHAPED) == SHAPED
+    assert real_iris.choose(os.path.join(SHAPED, "iris")) == SHAPED          # (the package folder works too)
+    assert real_iris.choose() == real_iris.STAND_IN                            # (no Iris installed here)
+    monkeypatch.syspath_prepend(SHAPED)                                        # an installed one is hosted
+    assert real_iris.choose() == SHAPED
+    with pytest.raises(UsageError, match="two different Iris"):
+        real_iris.choose(SHAPED, replace_iris=True)
+    with pytest.raises(UsageError) as refused:
+        real_iris.choose(str(tmp_path))
+    assert str(tmp_path) in str(refused.value) and "iris/host/iris.py" in str(refused.value)
+    assert "\n" not in str(refused.value)
+
+
+def test_the_cli_refuses_a_path_without_iris_in_one_line(tmp_path, capsys):
+    from gemmar import cli
+
+    program = tmp_path / "prog.py"
+    program.write_text("pass\n")
+    code = cli.main(["run", "-r", "2", "--backend", "cpu", "--iris", str(tmp_path), str(program)])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and "no Iris package there" in err, err
+
+
+def test_an_iris_shaped_package_runs_on_gemmars_heap(clusters):
+    """Its hip module (which loads a GPU runtime) and its GPU heap are gemmar's; its device code reads the
+    neighbour's buffer through heap_bases; its aggregate keeps a plain int as a constexpr and its jit method; its
+    ops say in one line that tritonBLAS is missing; the run says which Iris it is."""
+    result, out, err = run(clusters(2), os.path.join(PROGRAMS, "hosted_iris_shaped.py"), iris=SHAPED)
+    assert result.ok, (result, out, err)
+    assert f"[gemmar] iris: the real Iris from {os.path.join(SHAPED, 'iris')}" in err
+    for rank in range(2):
+        peer = (rank + 1) % 2
+        assert f"[rank {rank}/2] rank {rank} read {[float(10 + peer)] * 8} from rank {peer}" in out, out
+    assert out.count("hip from module: gemmar's answers to Iris's device queries") == 2, out
+    assert out.count("ops: UsageError: tritonblas.kernels.stages.GemmContext: tritonBLAS is not installed") == 2, out
+
+
+def test_the_stand_in_says_it_is_one(clusters):
+    result, out, err = run(clusters(2), os.path.join(PROGRAMS, "hosted_iris_shaped.py"), replace_iris=True)
+    assert "[gemmar] iris: gemmar's Iris stand-in" in err
+    assert not result.ok   # (the stand-in has no read_from: the program is the shaped package's)
+
+
+STALE_FLAG = textwrap.dedent('''
+    import time
+    import torch, torch.distributed as dist, triton, triton.language as tl
+    import iris
+
+    @triton.jit
+    def publish_then_read(mine, theirs, out, flags, rank, peer, heap_bases, BLOCK: tl.constexpr):
+        offsets = tl.arange(0, BLOCK)
+        tl.store(mine + offsets, tl.load(out + offsets) * 0 + rank + 1.0)
+        tl.atomic_xchg(flags, 1, sem="release", scope="sys")              # "ready": the constant 1, every call
+        while iris.atomic_add(flags, 0, rank, peer, heap_bases, sem="acquire", scope="sys") != 1:
+            pass
+        tl.store(out + offsets, iris.load(mine + offsets, rank, peer, heap_bases))
+
+    dist.init_process_group(backend="gloo")
+    ctx = iris.iris(1 << 20)
+    rank = ctx.get_rank()
+    mine, out = ctx.zeros(16, dtype=torch.float32), ctx.zeros(16, dtype=torch.float32)
+    flags = ctx.zeros(1, dtype=torch.int32)
+    for call in range(2):
+        torch.cuda.synchronize()   # (a host barrier orders kernels only after the host waited for them)
+        dist.barrier()
+        if rank == 1 and call == 1:
+            time.sleep(0.5)
+        publish_then_read[(1,)](mine, None, out, flags, rank, 1 - rank, ctx.get_heap_bases(), BLOCK=16)
+    torch.cuda.synchronize()
+    dist.barrier()
+''')
+
+
+def test_a_flag_left_by_an_earlier_call_is_named_stale(clusters, tmp_path):
+    """The second launch's wait sees the 1 the peer left in its first: the sanitizer says so, ordering the two
+    launches of each rank by the program's dist.barrier calls (no race reported between them)."""
+    program = tmp_path / "stale.py"
+    program.write_text(STALE_FLAG)
+    result, out, err = run(clusters(2), str(program), sanitize=True)
+    assert result.ok, (result, out, err)
+    races = result.sanitizer.races
+    assert races and all("mine" in r.text for r in races), out
+    assert any("left at stale.py:10 in an earlier kernel launch" in r.text and "flags[0]" in r.text for r in races), out
+
+
+def test_a_rank_stopped_at_the_deadline_is_named_with_its_line(clusters, tmp_path):
+    program = tmp_path / "spin.py"
+    program.write_text(textwrap.dedent('''
+        import time, torch, triton, triton.language as tl, iris
+
+        @triton.jit
+        def wait_for(flag):
+            while tl.atomic_add(flag, 0, sem="acquire", scope="sys") == 0:
+                pass
+
+        shmem = iris.iris(1 << 20)
+        flag = shmem.zeros(1, dtype=torch.int32)
+        if shmem.get_rank() == 0:
+            wait_for[(1,)](flag)
+        else:
+            time.sleep(600)
+    '''))
+    result, out, err = run(clusters(2), str(program), timeout=8)
+    assert result.timed_out, (result, out, err)
+    assert "(it was at spin.py:6 (while tl.atomic_add(flag, 0, sem=\"acquire\", scope=\"sys\") == 0:)" in \
+        result.errors[0], result.errors
+    assert "(it was at spin.py:14 (time.sleep(600)))" in result.errors[1], result.errors
