@@ -253,9 +253,11 @@ class HeapOverGemmar:
         if heap_size > heap.size and cur_rank == 0:
             print(f"[gemmar] iris.iris(heap_size={heap_size}): each rank's heap is {heap.size} bytes "
                   f"(gemmar run --heap_size); allocations past that are refused", file=sys.stderr, flush=True)
-        heap.release_program_memory()
         self.heap_bases = heap.heap_bases
+        # The ranks meet first (as Iris's constructor does), then each hands its heap out afresh: no rank reuses the
+        # memory while a peer still works on the tensors of the last Iris object (Iris's would be a new heap).
         self.refresh_peer_access()
+        heap.release_program_memory()
 
     def allocate(self, num_elements, dtype, alignment=1024):
         import torch
