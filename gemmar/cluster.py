@@ -28,6 +28,15 @@ from .runtime.shipping import ship, ship_parts
 PROGRESS_AFTER_S = 2.0
 
 
+def _launches_bar(config):
+    """The progress bar of a run's launches (drawn once the run has taken PROGRESS_AFTER_S)."""
+    from .progress import ProgressBar
+
+    n = config.iterations
+    return ProgressBar(n, label=f"{config.algorithm}: launches ", delay_s=PROGRESS_AFTER_S, ticking=True,
+                       what=f"launch 1 of {n} running")
+
+
 def check_memory(config, engines, backend, client_copy=False):
     """Refuse a run the machine's memory cannot hold, before anything is allocated. On cpu every engine
     builds the global inputs (fp32, then their dtype) and a float64 reference, and holds C and the part of
@@ -300,12 +309,7 @@ class Cluster(EngineCluster):
         W, n = self.world_size, config.iterations
         sources = ship_parts(parts, config.spec)
         shipped = ship(config.spec)
-        bar, checked = None, {}   # checked: rank -> launches it has finished and checked
-        if progress:
-            from .progress import ProgressBar
-
-            bar = ProgressBar(n, label=f"{config.algorithm}: launches ", delay_s=PROGRESS_AFTER_S, ticking=True,
-                              what=f"launch 1 of {n} running")
+        bar, checked = _launches_bar(config) if progress else None, {}   # checked: rank -> launches checked
 
         def report(r, d):
             if on_progress is not None:

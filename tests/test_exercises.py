@@ -485,6 +485,41 @@ def test_a_part_that_never_ends_is_stopped_in_seconds_and_said_plainly(tmp_path,
             capsys.readouterr().out
 
 
+
+@pytest.mark.slow   # (out of the fast tier: README, "Run the tests")
+def test_after_a_deadlock_the_next_call_finds_its_ranks_up(tmp_path, capfd):
+    """Issue 61: a wrong wait cost 22-24 s in the cell, twice the 10 s deadline, waiting for ranks to start. A wait
+    the watchdog names (DeadlockError) leaves the ranks running, and the next call reuses them; a launch stopped for
+    not ending leaves none, and in interactive use (restart_early, on in a notebook) fresh ones start at once, in
+    the background, so that the next call finds them up and says why they are new."""
+    import torch
+
+    import gemmar
+    from inputs import wait_until
+
+    wrong = _module_from(tmp_path / "endless_two.py", ENDLESS)
+    A, B = torch.randn(32, 40), torch.randn(40, 32)
+    with gemmar.Cluster(world_size=2, timeout_s=1) as cluster:
+        cluster.restart_early = True
+        first = cluster.run(os.getpid)
+        with pytest.raises(gemmar.DeadlockError):
+            cluster.gemm_all_reduce(A, B, algorithm="ring", BLK_M=16, BLK_N=16, BLK_K=16,
+                                    mistake="wait_for_missing_message")
+        assert cluster.running and cluster.run(os.getpid) == first   # the same ranks, still up
+        with pytest.raises(gemmar.RankDiedError, match="finished no launch"):
+            cluster.gemm_all_reduce(A, B, algorithm="ring", BLK_M=16, BLK_N=16, BLK_K=16, launch_deadline_s=2,
+                                    parts={"reduce_step": wrong.endless})
+        # No call since: fresh ranks come up by themselves.
+        assert wait_until(lambda: cluster.running, 180), "no ranks were started after the hang"
+        capfd.readouterr()
+        result = cluster.gemm_all_reduce(A, B, algorithm="ring", BLK_M=16, BLK_N=16, BLK_K=16)
+        assert result.ok and cluster.restart_reason is None
+        again = cluster.run(os.getpid)
+        assert not set(again) & set(first)
+        said = capfd.readouterr().err
+        assert "[gemmar] restarted the cluster: in its last run" in said and "restarting" not in said, said
+
+
 RING_ORDER = '''
 import triton
 import triton.language as tl

@@ -36,7 +36,6 @@ import triton
 import triton.language as tl
 
 from ..errors import HeapBoundsError
-from .sealed import FILENAME as SEALED_FILENAME
 
 # Read once, when gemmar is imported, exactly as Triton itself decides at decoration time.
 INTERPRETER = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") == "1")
@@ -75,11 +74,10 @@ _host_pause.__triton_builtin__ = True
 _TRITON_DIR = os.path.dirname(os.path.dirname(os.path.abspath(triton.__file__)))
 _GEMMAR_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Frames in these files are the device API, not the kernel: a report names the line that called them. The
-# package's own puzzle parts too (kernels/sealed.py): a report names the kernel line that calls the part, never
-# a line of an answer.
+# package's own puzzle parts too (kernels/sealed.py's FILENAME): a report names the line that calls the part.
 PASS_THROUGH = (os.path.join(_TRITON_DIR, "triton") + os.sep, os.path.join(_GEMMAR_DIR, "sanitizer") + os.sep,
                 os.path.join(_GEMMAR_DIR, "kernels", "device.py"), os.path.join(_GEMMAR_DIR, "iris", "device.py"),
-                os.path.join(_GEMMAR_DIR, "iris", "tiles.py"), SEALED_FILENAME)
+                os.path.join(_GEMMAR_DIR, "iris", "tiles.py"), "<gemmar sealed parts>")
 
 
 def place(where):

@@ -31,10 +31,11 @@ from .backends import check_heap_fits, check_world_size, resolve_backend, shares
 from .deaths import DeathWatch
 from .processes import _children, _kill, _session
 from .reaper import TAG_VARIABLE, end_sessions
+from .restarts import RestartsEarly, interactive
 from .results import RankFailure
 
 
-class EngineCluster:
+class EngineCluster(RestartsEarly):
     def __init__(self, world_size=2, backend="auto", heap_size=DEFAULT_HEAP_BYTES, start_timeout_s=120.0,
                  timeout_s=60.0, start=True, process_per_rank=False):
         check_world_size(world_size)
@@ -64,6 +65,10 @@ class EngineCluster:
         self._restart_reason = None   # why the last run stopped the ranks; the next run starts fresh ones
         self._in_run = False
         self._owner_pid = os.getpid()   # only this process stops the cluster (not a forked child)
+        # Interactive use (a notebook, IPython): ranks stopped by a hang or a crash are started again at once, in the
+        # background, so that the next call (a puzzle's check) finds them up instead of waiting a whole start.
+        self.restart_early = interactive()
+        self._early_start = None   # the thread of that start, while it runs
         self.deaths = DeathWatch()   # the engine processes of the current start, watched
         if start:
             self.start()
@@ -71,6 +76,9 @@ class EngineCluster:
     # -- life cycle -----------------------------------------------------------------------------------
     @property
     def running(self):
+        early = getattr(self, "_early_start", None)
+        if early is not None and early.is_alive() and early is not threading.current_thread():
+            return False   # (being started again in the background: not ready yet)
         return self.client is not None
 
     @property
@@ -80,11 +88,13 @@ class EngineCluster:
         return self._restart_reason
 
     def start(self):
+        self._wait_for_early_start()
         if self.running:
             return self
         self.cluster_id = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self._owner_pid = os.getpid()
-        self._restart_reason = None
+        if threading.current_thread() is not self._early_start:   # (the next call says why the ranks are new)
+            self._restart_reason = None
         self._stopped_during_run.clear()
         # A private ipyparallel profile: this cluster's logs and connection files only, removed on stop; and a
         # private folder in /dev/shm for the heaps (both 0700, random names: nothing another user can take).
@@ -278,21 +288,13 @@ class EngineCluster:
             except KeyboardInterrupt:
                 # The ranks would go on with the interrupted work and the next call would queue behind it:
                 # stop them now; the next call starts fresh ranks, and says so.
-                self.stop_for_restart("its last run was interrupted and its ranks were stopped")
+                self.stop_for_restart("its last run was interrupted and its ranks were stopped", early=False)
                 raise
             except RankDiedError as e:
                 # The other ranks may spin on flags the dead or frozen one will never set: end them all now;
                 # the next call starts fresh ranks and says so.
                 self.stop_for_restart(f"in its last run {e}")
                 raise
-
-    def ensure_running(self):
-        """Before a call on the ranks: start fresh ones if the last call stopped them (saying why)."""
-        if not self.running and self._restart_reason:
-            print(f"[gemmar] restarting the cluster: {self._restart_reason}", file=sys.stderr, flush=True)
-            self.start()
-        if not self.running:
-            raise ClusterError("the cluster is not running: call start() (or restart()) first")
 
     @contextlib.contextmanager
     def in_run(self):
@@ -302,13 +304,6 @@ class EngineCluster:
             yield
         finally:
             self._in_run = False
-
-    def stop_for_restart(self, reason):
-        """Stop every rank now (one may spin forever on a flag); the next call starts fresh ones, saying
-        ``reason``."""
-        self._in_run = False
-        self.stop()
-        self._restart_reason = reason
 
     def _stop_after_stray_access(self, results):
         """A rank the sanitizer stopped mid-launch (HeapBoundsError) leaves its peers' flags and barrier counts
