@@ -1,10 +1,13 @@
 """The ``gemmar`` command's entry point. It imports the CLI (torch and Triton: seconds) inside the Ctrl-C
 guard, so that an interrupt while the command starts is one line too, not a traceback from an import.
 
-While the CLI is imported, Ctrl-C ends the process at once from the signal handler: nothing has started
-yet that needs cleaning up, and a KeyboardInterrupt raised inside a library's import can be swallowed by
-that library or reported again at shutdown (CI once saw the line printed and then the process end by
-SIGINT, exit -2, depending on where in torch's import the signal landed).
+Ctrl-C ends the command at once from the signal handler, whenever it comes: while the CLI is imported (a
+KeyboardInterrupt raised inside a library's import can be swallowed by that library or reported again at
+shutdown; CI once saw the line printed and then the process end by SIGINT, exit -2), while the engines start
+(an asyncio "Task was destroyed" dump), mid-run (2.3-3.7 s of cleanup at a load of 10), just after PASSED (an
+``EngineCluster.__del__`` traceback) or a second time during the cleanup of the first (a traceback). Nothing is
+lost by not cleaning up here: every cluster's reaper (runtime/reaper.py) ends its engines and removes its files
+when their owner, this process, ends, however it ends; output already written is flushed first.
 """
 
 import os
@@ -14,25 +17,31 @@ import sys
 from .errors import UsageError
 
 
-def main():
-    def interrupted(signum, frame):
-        sys.stderr.write("gemmar: interrupted\n")
-        sys.stderr.flush()
-        os._exit(130)
+def _interrupted(signum, frame):
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # noqa: BLE001 - a closed or broken stream: exiting anyway
+            pass
+    os.write(2, b"gemmar: interrupted\n")
+    os._exit(130)
 
-    # (Only where Ctrl-C is not ignored: a command started in the background keeps ignoring it.)
-    previous = signal.getsignal(signal.SIGINT)
-    guarded = previous is not signal.SIG_IGN
-    if guarded:
-        signal.signal(signal.SIGINT, interrupted)
+
+def exit_on_interrupt():
+    """From now on Ctrl-C (SIGINT) ends this process at once with one line and exit code 130: for the command
+    line only (in Python and notebooks Ctrl-C stays a KeyboardInterrupt that stops the call's ranks). Not where
+    Ctrl-C is ignored: a command started in the background keeps ignoring it."""
+    if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
+        signal.signal(signal.SIGINT, _interrupted)
+
+
+def main():
+    exit_on_interrupt()
     try:
         from .cli import main as cli_main
     except UsageError as e:   # e.g. a Triton release gemmar does not accept
         print(f"gemmar: error: {e}", file=sys.stderr)
         return 2
-    finally:
-        if guarded:
-            signal.signal(signal.SIGINT, previous)
     return cli_main()
 
 

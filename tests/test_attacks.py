@@ -471,3 +471,36 @@ def test_a_dev_shm_that_fills_during_the_run_is_named(tmp_path):
     assert p.returncode == 128 + 7, p.stderr   # (SIGBUS)
     line, = [line for line in p.stderr.splitlines() if line.startswith("gemmar run:")]
     assert "rank 0: its process" in line and "was killed by SIGBUS (/dev/shm is full: " in line, line
+
+
+@pytest.mark.parametrize("moment", ["while the engines start", "mid-run, twice", "just after PASSED"])
+def test_ctrl_c_at_any_moment_is_one_line_and_leaves_nothing(moment):
+    """Ctrl-C while the engines start (3.8 s, and once an asyncio "Task was destroyed" dump), twice mid-run (a
+    traceback from the second), just after PASSED (an EngineCluster.__del__ traceback): now the command ends at
+    once with its one line and exit 130, and the cluster's reaper ends what it had started."""
+    import contextlib
+    import signal
+
+    iterations = "100000" if moment == "mid-run, twice" else "1"
+    cli = subprocess.Popen(GEMMAR + ["bench", "-r", "2", "-m", "32", "-n", "32", "-k", "32", "-v", "--iterations",
+                                     iterations], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    cue = {"while the engines start": "starting 2 ipyparallel", "mid-run, twice": "iteration 2/",
+           "just after PASSED": "PASSED"}[moment]
+    try:
+        for line in cli.stdout:
+            if cue in line:
+                break
+        children = psutil.Process(cli.pid).children(recursive=True)
+        cli.send_signal(signal.SIGINT)
+        if moment == "mid-run, twice":   # (while the first one's cleanup ran: exit -2, killed by SIGINT, before)
+            time.sleep(0.3)
+            with contextlib.suppress(ProcessLookupError):
+                cli.send_signal(signal.SIGINT)
+        _, err = cli.communicate(timeout=30)
+    finally:
+        cli.kill()
+    if moment == "just after PASSED" and cli.returncode == 0:   # (it ended before the signal came)
+        assert err == "", err
+    else:
+        assert (cli.returncode, err) == (130, "gemmar: interrupted\n"), (cli.returncode, err)
+    assert _gone_within([p.pid for p in children], 15), [p for p in children if _alive(p.pid)]
