@@ -6,8 +6,8 @@ ranks) swapped, which crashes the ranks, then the right one, which passes with n
 chart changed; start a long run, stop it with the explorer's Stop button, and see the next Run start at once
 and finish. Notebook 7: the participant's own kernel stores C with the row mask built from the column offsets,
 on a C with edge tiles: the run cell says the write past C in one line (row, column, the line of their
-kernel), where the values alone would have passed. Saves
-screenshots (out/browser-*.png).
+kernel), where the values alone would have passed. Notebooks 7 and 8: after Run All, an image under every cell
+tagged "draws". Saves screenshots (out/browser-*.png).
 
 Needs Debian's chromium (/usr/bin/chromium; .ci/run installs it) and Playwright for Python (which drives
 it; Playwright's own browser download is not used). Where either is missing, the test is skipped with a
@@ -44,7 +44,7 @@ def _free_port():
 def jupyterlab(tmp_path):
     # Copies of the notebooks: JupyterLab saves outputs into the file it has open.
     for name in ("01_persistent_gemm.ipynb", "02_atomic_accumulation.ipynb", "04_tile_explorer.ipynb",
-                 "06_two_shot.ipynb", "07_your_own_algorithm.ipynb"):
+                 "06_two_shot.ipynb", "07_your_own_algorithm.ipynb", "08_iris_programs.ipynb"):
         shutil.copy(ROOT / "notebooks" / name, tmp_path)
     port, token = _free_port(), secrets.token_hex(16)
     log = open(tmp_path / "jupyterlab.log", "w")
@@ -305,6 +305,36 @@ def test_participant_writes_past_c_in_their_own_algorithm_and_is_told_where(jupy
         # (the cell starts 3 ranks, then runs: the error itself comes within seconds of the launch)
         assert seconds < 60, f"the run cell took {seconds:.0f} s to say it"
         run_cell(page, "cluster.stop()")
+
+
+@pytest.mark.parametrize("notebook", ["07_your_own_algorithm.ipynb", "08_iris_programs.ipynb"])
+def test_every_cell_that_draws_shows_its_chart_after_run_all(jupyterlab, notebook):
+    """Workshop dry run 4, item 1: after Run All in JupyterLab, notebook 7's Gantt chart of the run without the
+    wait and notebook 8's bar chart of reads showed nothing (inline plotting was never turned on there). Every
+    cell tagged "draws" must show an image under it; each is saved as out/browser-<nb>-cell<i>.png."""
+    cells = json.loads((ROOT / "notebooks" / notebook).read_text())["cells"]
+    drawing = [i for i, c in enumerate(cells) if "draws" in c["metadata"].get("tags", [])]
+    assert drawing, f"{notebook} has no cell tagged 'draws'"
+    last_code = max(i for i, c in enumerate(cells) if c["cell_type"] == "code")
+    with notebook_page(jupyterlab, notebook) as page:
+        page_cells = page.locator(".jp-Notebook .jp-Cell")
+        assert page_cells.count() == len(cells)
+        last_prompt = page_cells.nth(last_code).locator(".jp-InputPrompt").first
+        started = time.monotonic()
+        while not re.search(r"\[\d+\]", last_prompt.inner_text()):   # Run All ends with the last cell
+            assert time.monotonic() - started < 300, f"Run All of {notebook} did not end in 300 s"
+            time.sleep(1)
+        errors = page.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']",
+                              has_text="Traceback")
+        assert errors.count() == 0, errors.first.inner_text()
+        for i in drawing:
+            cell = page_cells.nth(i)
+            cell.scroll_into_view_if_needed()
+            image = cell.locator(".jp-OutputArea .jp-RenderedImage img")
+            image.first.wait_for(timeout=10_000)
+            cell.screenshot(path=str(SHOTS / f"browser-{notebook[:2]}-cell{i}.png"))
+            assert image.count() == 1, f"{notebook} cell {i} shows {image.count()} images"
+            assert image.first.evaluate("img => img.naturalWidth") > 200   # (a chart, not a broken image)
 
 
 def knob(page, name):
