@@ -120,21 +120,23 @@ def check_tile_coords(cluster, my_tile_coords):
     if missing:
         twice = got[got.duplicated(["pid_m", "pid_n"], keep=False)]
         first = twice[(twice.pid_m == twice.iloc[0].pid_m) & (twice.pid_n == twice.iloc[0].pid_n)]
-        plot_tile_order(got, tiles_m, tiles_n, group)
-        return _say(f"not quite: {len(missing)} tile(s) were never computed, so C is wrong there: the first is "
+        said = _say(f"not quite: {len(missing)} tile(s) were never computed, so C is wrong there: the first is "
                     f"{missing[0]}; tile ids {', '.join(map(str, first.tile))} all went to "
                     f"({first.iloc[0].pid_m}, {first.iloc[0].pid_n}) {setting}", result)
+        plot_tile_order(got, tiles_m, tiles_n, group)   # (shown at once in a notebook: under the verdict)
+        return said
     if not result.ok:
         return _say(f"not quite: every tile was computed once but C is off by {result.max_abs_diff:.3g}", result)
     expected = [tile_coords(t, tiles_m, tiles_n, group) for t in got.tile]
     differs = [(t, p) for t, p, e in zip(got.tile, place, expected) if p != e]
     if differs:
         t, p = differs[0]
-        plot_tile_order(got, tiles_m, tiles_n, group)
         short = tiles_m % group
-        return _say(f"not quite: C is right (every tile once), but not in grouped order {setting}: tile id {t} "
+        said = _say(f"not quite: C is right (every tile once), but not in grouped order {setting}: tile id {t} "
                     f"went to {p}. Consecutive ids walk down a column of GROUP_SIZE_M tile-rows before moving one "
                     f"column right" + (f", and the last group has only {short} row(s)" if short else ""), result)
+        plot_tile_order(got, tiles_m, tiles_n, group)
+        return said
     return _say(_race_verdict(result) or _gpu_verdict(result, {"tile_coords": my_tile_coords}) or
                 f"right! every tile once, in grouped order, the short last group included {setting}", result)
 
