@@ -7,6 +7,7 @@ from pathlib import Path
 import nbformat
 import pytest
 from nbclient import NotebookClient
+from nbclient.exceptions import CellExecutionError
 
 NOTEBOOKS = sorted((Path(__file__).parent.parent / "notebooks").glob("*.ipynb"))
 # A cell that draws says so with the tag "draws", and after a run must hold an image (issue 61: two charts of
@@ -53,3 +54,32 @@ def test_notebook_runs_top_to_bottom(path):
     else:
         assert images, "every notebook draws at least one figure"
     print(f"{path.name}: {elapsed:.0f} s, {len(images)} figures")
+
+
+def test_notebook_7_run_again_after_a_wrong_wait_reuses_its_ranks():
+    """Issue 61: a wrong wait in notebook 7 took 22-24 s in the cell, because running the cell again started a new
+    cluster before the 10 s deadline. Run again (after the kernel's wait is broken), the cell reuses the ranks it
+    started, and the wait is named as a DeadlockError, the line of the wait in it."""
+    path = next(p for p in NOTEBOOKS if p.stem.startswith("07"))
+    nb = nbformat.read(path, as_version=4)
+    kernel = next(i for i, c in enumerate(nb.cells) if "def one_shot_pull(" in c.source)
+    run = next(i for i, c in enumerate(nb.cells) if "cluster = gemmar.Cluster(" in c.source)
+    wait = "WAIT_READY(ready + tile_id, world_size * (epoch + 1), "
+    assert wait in nb.cells[kernel].source
+    client = NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}})
+    with client.setup_kernel():
+        for i in range(run + 1):
+            client.execute_cell(nb.cells[i], i)
+        nb.cells.append(nbformat.v4.new_code_cell("import os\nprint('engines', sorted(cluster.run(os.getpid)))"))
+        client.execute_cell(nb.cells[-1], len(nb.cells) - 1)
+        before = nb.cells[-1].outputs[0]["text"]
+        nb.cells[kernel].source = nb.cells[kernel].source.replace(wait, wait.replace("+ 1), ", "+ 1) + 1, "))
+        client.execute_cell(nb.cells[kernel], kernel)
+        with pytest.raises(CellExecutionError):
+            client.execute_cell(nb.cells[run], run)
+        said = "".join(o.get("evalue", "") + o.get("text", "") for o in nb.cells[run].outputs)
+        assert "deadlock" in said and "WAIT_READY(ready + tile_id, world_size * (epoch + 1) + 1" in said, said
+        client.execute_cell(nb.cells[-1], len(nb.cells) - 1)
+        assert nb.cells[-1].outputs[0]["text"] == before   # the same engine processes: no new cluster
+        nb.cells.append(nbformat.v4.new_code_cell("cluster.stop()"))
+        client.execute_cell(nb.cells[-1], len(nb.cells) - 1)
