@@ -209,3 +209,14 @@ def test_environment_yml_holds_every_package_pyproject_names():
     listed = {re.match(r"\s*-\s*([A-Za-z0-9_.-]+)", line).group(1).lower()
               for line in open(os.path.join(ROOT, "environment.yml")) if re.match(r"\s*-\s*[A-Za-z]", line)}
     assert names <= listed, f"environment.yml lacks {sorted(names - listed)}"
+
+
+def test_the_kernel_lines_notebook_3_names_are_the_ones_it_describes():
+    """Notebook 3 names the ring kernel's lines the sanitizer reports (file:line): they must still be the slot's
+    read and store (they were off by 10-14 lines until issue 61)."""
+    text = notebook_text("03_ring_lock_handoff.ipynb")
+    found = re.search(r"`ring\.py:(\d+)` is step 4's read of the slot and `ring\.py:(\d+)` step 2's store", text)
+    assert found, "notebook 3 no longer names the two lines"
+    lines = open(os.path.join(ROOT, "gemmar", "kernels", "ring.py")).read().splitlines()
+    read, store = (lines[int(n) - 1].strip() for n in found.groups())
+    assert read.startswith("received = tl.load(slot") and store.startswith("device.store(slot, payload"), (read, store)
