@@ -88,12 +88,14 @@ def run(args):
     import triton
 
     from gemmar.algorithms import builtin_names
+    from gemmar import tuner
     from gemmar.runtime.backends import gpu_properties
     from gemmar.tuner import config_for, inputs, one_gpu_rank, tile_knobs, time_config, time_matmul
     from gemmar.tuning import tuned_defaults
     from gemmar.tuning_cache import candidates, choose, rule_tile
 
     gpu, capability, sms = gpu_properties("cuda")
+    tuner.TRIALS = args.trials
     # Every other shape first: a run stopped by --max_seconds has still measured every model, at half the shapes.
     shapes = SHAPES[::2] + SHAPES[1::2]
     if args.shard:
@@ -106,7 +108,7 @@ def run(args):
     cache = args.cache or os.path.join(os.path.dirname(os.path.abspath(args.out)), "no-tuning-cache.json")
     report = dict(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), gpu=gpu, sms=sms,
                   torch=torch.__version__, triton=triton.__version__, datatype=args.datatype,
-                  command=" ".join(sys.argv), cache=args.cache, results=[])
+                  command=" ".join(sys.argv), cache=args.cache, trials=args.trials, results=[])
     started = time.monotonic()
     with one_gpu_rank(8 << 30) as heap:
         for i, s in enumerate(shapes):
@@ -339,6 +341,7 @@ def main():
     parser.add_argument("--lomo", help="leave-one-model-out rules ({model: rule}, from --analyse --rules_out): time "
                                        "each shape with the rule fitted without its model")
     parser.add_argument("--trace", action="store_true", help="also trace auto's tile once per shape (the shares)")
+    parser.add_argument("--trials", type=int, default=5, help="trials per figure, the median taken (default 5)")
     parser.add_argument("--trace_worst", type=int, default=0, help="then trace auto's tile at the N worst shapes")
     parser.add_argument("--shard", help="I/N: only every N-th shape from the I-th (to split the sweep over calls)")
     parser.add_argument("--only", help="MxNxK,...: only these shapes of SHAPES")
