@@ -76,6 +76,17 @@ with tempfile.TemporaryDirectory() as folder, gemmar.Cluster(world_size=2) as cl
     drawn = program.ok and len(gemmar.Trace.load(str(trace_file)).events) == 2 * 3   # 2 ranks x (put, wait, reduce)
     step("an Iris program's device trace, exported and read", drawn and said.getvalue().count("sums right") == 4)
 
+# Casts to bf16 and fp16 under this release's interpreter give torch's (a compiled kernel's) bits: every count full.
+import re  # noqa: E402
+import subprocess  # noqa: E402
+
+casts = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "cast_bits.py")], capture_output=True, text=True,
+                       env={**os.environ, "CUDA_VISIBLE_DEVICES": ""}).stdout
+counts = [(int(a), int(b)) for line in casts.splitlines() for a, b in
+          re.findall(r"(\d+)/(\d+)", line.split("as torch")[0])]
+step("casts to bf16 and fp16 round as a GPU does", len(counts) == 20 and all(a == b for a, b in counts)
+     and "by 3 programs: 3.0" in casts, f"({len(counts)} counts)")
+
 import nbformat  # noqa: E402 - the notebook step needs no cluster; imported where it runs
 from nbclient import NotebookClient  # noqa: E402
 
