@@ -32,9 +32,9 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from iris_tests_plugin import AS_SYMMETRIC, INTERNAL_TESTS, amd_only_reason  # noqa: E402
+from iris_tests_plugin import AS_SYMMETRIC, INTERNAL_TESTS, TOO_LARGE, amd_only_reason  # noqa: E402
 
-OURS = {AS_SYMMETRIC} | {reason for _, reason in INTERNAL_TESTS}   # skips the plugin makes, by reason
+OURS = {AS_SYMMETRIC, TOO_LARGE} | {reason for _, reason in INTERNAL_TESTS}   # skips the plugin makes, by reason
 
 FOLDERS = ["tests/unittests", "tests/context", "tests/ccl", "tests/ops", "tests/examples"]
 ORDER = {"failed": 3, "error": 3, "skipped": 1, "passed": 0}
@@ -115,13 +115,14 @@ def cause_of(message):
     return text[:160] or "(no message)"
 
 
-def run_folder(checkout, folder, ranks, out, timeout, heap_bytes, extra, real=False):
+def run_folder(checkout, folder, ranks, out, timeout, heap_bytes, extra, real=False, max_dim=None):
     name = folder.strip("/").replace("/", "_")
     results = os.path.join(out, name)
     os.makedirs(results, exist_ok=True)
     for stale in os.listdir(results):
         os.unlink(os.path.join(results, stale))
     env = dict(os.environ, GEMMAR_IRIS_RESULTS=results, GEMMAR_IRIS_REAL="1" if real else "",
+               GEMMAR_IRIS_MAX_DIM=str(max_dim or ""),
                PYTHONPATH=os.pathsep.join([HERE] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
     which = ["--iris", os.path.abspath(checkout)] if real else ["--replace_iris"]
     command = [sys.executable, "-m", "gemmar", "run", *which, "-r", str(ranks), "--timeout", str(timeout),
@@ -145,6 +146,9 @@ def main():
     parser.add_argument("checkout", help="an Iris checkout (holds tests/run_tests_distributed.py)")
     parser.add_argument("--real", action="store_true",
                         help="run the checkout's own Iris package (gemmar run --iris), not gemmar's stand-in")
+    parser.add_argument("--max_dim", type=int, default=None,
+                        help="skip cases with a dimension (M, N, K, size, a shape's) over this, each counted with its "
+                             "reason (Iris's own kernels at 8192 x 8192 take minutes per case under the interpreter)")
     parser.add_argument("--ranks", type=int, default=2)
     parser.add_argument("--folders", nargs="+", default=FOLDERS)
     parser.add_argument("--out", default=None, help="where logs and the summary go (default: a new temp folder)")
@@ -169,7 +173,8 @@ def main():
     not_run, skipped_cases = collections.Counter(), collections.Counter()   # files' test functions; cases
     for folder in args.folders:
         code, seconds, last, results = run_folder(args.checkout, folder, args.ranks, out, args.timeout,
-                                                  int(args.heap_gib * (1 << 30)), args.pytest_args, args.real)
+                                                  int(args.heap_gib * (1 << 30)), args.pytest_args, args.real,
+                                                  args.max_dim)
         merged = merge(case_outcomes(results), collected(results), args.ranks)
         counts = collections.Counter(outcome for outcome, _ in merged.values())
         ours = collections.Counter(m for o, m in merged.values() if o == "skipped" and m in OURS)

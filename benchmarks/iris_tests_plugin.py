@@ -55,8 +55,23 @@ def pytest_ignore_collect(collection_path, config):
     return None
 
 
+TOO_LARGE = ("too large for the Triton interpreter in this run: a dimension over $GEMMAR_IRIS_MAX_DIM (Iris's own "
+             "kernels take minutes per case at 8192 x 8192 on cpu ranks)")
+DIMENSIONS = {"m", "n", "k", "size", "n_elements", "num_elements"}
+
+
+def _too_large(item):
+    limit = int(os.environ.get("GEMMAR_IRIS_MAX_DIM") or 0)
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    dims = [v for name, v in params.items() if name.lower() in DIMENSIONS and isinstance(v, int)]
+    dims += [d for v in params.values() if isinstance(v, tuple) for d in v if isinstance(d, int)]
+    return limit and any(d > limit for d in dims)
+
+
 def pytest_collection_modifyitems(session, config, items):
     for item in items:
+        if _too_large(item):
+            item.add_marker(pytest.mark.skip(reason=TOO_LARGE))
         source = getattr(getattr(item, "function", None), "__code__", None)
         names = source.co_names if source is not None else ()
         if "as_symmetric" in names and not os.environ.get("GEMMAR_IRIS_REAL"):   # (a real Iris copies, as its torch
