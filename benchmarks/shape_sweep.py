@@ -1,7 +1,8 @@
 """Real models' tensor-parallel shapes on one GPU: every fused kernel and ``auto`` against torch.matmul at world
 size 1, each checked against torch; a JSON and a heat map (M against N x K) beside it.
 
-    python3 benchmarks/shape_sweep.py OUT.json [--grid] [--cache FILE] [--lomo RULES.json] [--shard 1/2]
+    python3 benchmarks/shape_sweep.py OUT.json [--grid] [--cache FILE] [--rule RULE.json] [--lomo RULES.json]
+                                      [--trace_worst 10] [--shard 1/2] [--max_seconds S]
     python3 benchmarks/shape_sweep.py --analyse OUT.json [--rules_out RULES.json]   (no GPU: figures, fits, maps)
 
 Each shape is one rank's share of a layer whose output is all-reduced under tensor parallelism (Megatron's row-
@@ -10,9 +11,10 @@ parallel layers: the attention output projection and the MLP's or an expert's do
 each. At world size 1 a fused launch is its GEMM alone, so the ratio to torch.matmul is the GEMM core's share of a
 fused kernel's time at every world size.
 
-Per shape: torch.matmul; each fused kernel with the package's defaults before this sweep's rule (``defaults``:
+Per shape: torch.matmul; each fused kernel with the package's defaults before any cache or rule (``defaults``:
 ``tuning.tuned_defaults`` with no GPU name, the tiles measured at N = 8192); ``auto``, the kernel and tile that
-``tuning_cache.choose`` gives (the cache given by --cache, else the fitted rule); with --grid every candidate tile
+``tuning_cache.choose`` gives (the cache given by --cache, else the rule of --rule or gemmar's RULE, else the
+defaults); with --grid every candidate tile
 (``tuning_cache.candidates``: the tuner's choices, and what the rule is fitted on); with --lomo, the tile of a rule
 fitted with the shape's own model left out (``--analyse --rules_out`` writes those rules from a --grid run).
 Ratios are fused time / torch.matmul's, as a user's loop sees them (``wall``: host time included) and with the
@@ -92,7 +94,7 @@ def run(args):
     from gemmar.runtime.backends import gpu_properties
     from gemmar.tuner import config_for, inputs, one_gpu_rank, tile_knobs, time_config, time_matmul
     from gemmar.tuning import tuned_defaults
-    from gemmar.tuning_cache import candidates, choose, rule_tile
+    from gemmar.tuning_cache import TILE_KNOBS, candidates, choose, rule_tile
 
     gpu, capability, sms = gpu_properties("cuda")
     tuner.TRIALS = args.trials
@@ -105,6 +107,7 @@ def run(args):
         shapes = [s for s in shapes if shape_name(s) in args.only.split(",")]
     shapes = shapes[args.start:]
     lomo = json.load(open(args.lomo)) if args.lomo else None
+    rule = {int(b): tuple(t) for b, t in json.load(open(args.rule)).items()} if args.rule else None
     cache = args.cache or os.path.join(os.path.dirname(os.path.abspath(args.out)), "no-tuning-cache.json")
     report = dict(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), gpu=gpu, sms=sms,
                   torch=torch.__version__, triton=triton.__version__, datatype=args.datatype,
@@ -124,11 +127,16 @@ def run(args):
                 knobs = tuned_defaults("cuda", algorithm, capability, sms, shape=(m, n, k, 1), given={})
                 row["kernels"][algorithm] = dict(time_config(heap, config_for(m, n, k, args.datatype, algorithm, knobs),
                                                              A, B, ref, mm["gpu_ms"]), tile=_tile_of(knobs))
-            choice = choose(gpu, args.datatype, 1, (m, n, k), path=cache)
-            tile = tuple(choice.tile[key] for key in ("BLK_M", "BLK_N", "BLK_K", "num_warps", "num_stages", "gsize_m"))
-            row["auto"] = dict(time_config(heap, config_for(m, n, k, args.datatype, choice.algorithm,
+            choice = choose(gpu, args.datatype, 1, (m, n, k), path=cache, rule=rule)
+            if choice is not None:
+                algorithm, tile, source = choice.algorithm, tuple(choice.tile[key] for key in TILE_KNOBS), choice.source
+            else:   # (no cache entry and no fitted rule: what the package runs today)
+                knobs = tuned_defaults("cuda", "two_shot", capability, sms, shape=(m, n, k, 1), given={})
+                algorithm, tile, source = "two_shot", tuple(knobs[key] for key in TILE_KNOBS), \
+                    "the algorithm's measured tiles (no cache entry, no fitted rule)"
+            row["auto"] = dict(time_config(heap, config_for(m, n, k, args.datatype, algorithm,
                                                             tile_knobs(tile, sms)), A, B, ref, mm["gpu_ms"]),
-                               algorithm=choice.algorithm, tile=list(tile), source=choice.source)
+                               algorithm=algorithm, tile=list(tile), source=source)
             if lomo:
                 held = tuple(rule_tile(m, {int(b): t for b, t in lomo[s["model"]].items()}))
                 row["lomo"] = dict(time_config(heap, config_for(m, n, k, args.datatype, "two_shot",
@@ -272,7 +280,10 @@ def analyse(paths, rules_out, how="wall"):
         if rules_out:
             with open(rules_out, "w") as f:
                 json.dump(summary["rules_lomo"], f, indent=1)
-            print(f"wrote {rules_out}")
+            with open(os.path.splitext(rules_out)[0] + "-all.json", "w") as f:
+                json.dump(summary["rule_all"], f, indent=1)
+            print(f"wrote {rules_out} (each model's rule fitted without it; --lomo) and "
+                  f"{os.path.splitext(rules_out)[0]}-all.json (fitted on every model; --rule)")
     print(f"{'choice':<48} {'n':>3} {'bad':>3} {'median':>7} {'worst':>7} {'M<=64 worst':>11} {'geomean':>7}")
     for name, pick in picks.items():
         f = figures(rows, pick)
@@ -338,6 +349,8 @@ def main():
     parser.add_argument("--datatype", default="bf16", choices=("bf16", "fp16"))
     parser.add_argument("--grid", action="store_true", help="also time every candidate tile (what the rule is fitted on)")
     parser.add_argument("--cache", help="auto reads this tuning cache (default: none, so the rule answers)")
+    parser.add_argument("--rule", help="auto takes this fitted rule ({most rows: tile}, from --analyse --rules_out: its -all.json) "
+                                       "where the cache has no entry, instead of gemmar's RULE")
     parser.add_argument("--lomo", help="leave-one-model-out rules ({model: rule}, from --analyse --rules_out): time "
                                        "each shape with the rule fitted without its model")
     parser.add_argument("--trace", action="store_true", help="also trace auto's tile once per shape (the shares)")

@@ -29,7 +29,10 @@ def cmd_tune(args):
     from .runtime.backends import gpu_properties
     from .tuner import heap_bytes_for, one_gpu_rank, tune_shape
 
-    gpu, _, sms = gpu_properties("cuda")
+    from .tuning import tuned_defaults
+    from .tuning_cache import TILE_KNOBS
+
+    gpu, capability, sms = gpu_properties("cuda")
     todo = [s for s in shapes if args.retune or
             tuning_cache.cache_key(gpu, args.datatype, 1, s) not in cached]
     for s in shapes:
@@ -40,13 +43,15 @@ def cmd_tune(args):
     if not todo:
         return 0
     log("-", 1, f"tuning {len(todo)} shape(s) on {gpu} ({args.datatype}, world size 1); the cache: {path}")
-    bar = ProgressBar(sum(len(tuning_cache.candidates(m)) + 1 for m, _, _ in todo), label="tiles timed ")
+    bar = ProgressBar(sum(len(tuning_cache.candidates(m)) + 2 for m, _, _ in todo), label="tiles timed ")
     done, failed = 0, []
     with one_gpu_rank(heap_bytes_for(todo, args.datatype)) as heap:
         for shape in todo:
             name = "x".join(map(str, shape))
             bar.update(done, name)
-            entry, tried, matmul = tune_shape(heap, shape, args.datatype, gpu, sms,
+            today = tuned_defaults("cuda", "two_shot", capability, sms, shape=(*shape, 1), gpu=gpu,
+                                   datatype=args.datatype)
+            entry, tried, matmul = tune_shape(heap, shape, args.datatype, gpu, sms, first=[today[k] for k in TILE_KNOBS],
                                               on_tile=lambda i, name=name: bar.update(done + i, name))
             done += len(tried)
             bar.clear()

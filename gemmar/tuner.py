@@ -133,14 +133,16 @@ def tile_knobs(tile, sms):
     return dict(zip(TILE_KNOBS, tile), num_sms=sms, comm_sms=sms)
 
 
-def tune_shape(heap, shape, datatype, gpu, sms, algorithm="two_shot", tiles=None, seed=0, on_tile=None):
-    """Time every candidate tile (and the rule's) at ``shape`` (M, N, K_r); return (cache entry or None when none
-    was right, [per-tile figures], torch.matmul's figures). ``on_tile(count)``: called after each tile."""
+def tune_shape(heap, shape, datatype, gpu, sms, algorithm="two_shot", tiles=None, seed=0, on_tile=None, first=None):
+    """Time every candidate tile (``first``, the tile the shape gets today, then the rule's and the candidates) at
+    ``shape`` (M, N, K_r); return (cache entry or None when none was right, [per-tile figures], torch.matmul's
+    figures). ``on_tile(count)``: called after each tile."""
     m, n, k = shape
     A, B, ref = inputs(m, n, k, datatype, seed)
     matmul = time_matmul(A, B)
     tried = []
-    for tile in dict.fromkeys([tuple(rule_tile(m))] + list(tiles or candidates(m))):
+    ahead = [tuple(t) for t in (first, rule_tile(m)) if t is not None]
+    for tile in dict.fromkeys(ahead + [tuple(t) for t in (tiles or candidates(m))]):
         figures = time_config(heap, config_for(m, n, k, datatype, algorithm, tile_knobs(tile, sms)), A, B, ref,
                               matmul["gpu_ms"])
         tried.append(dict(tile=list(tile), **figures))

@@ -76,19 +76,22 @@ def tuned_defaults(backend, algorithm, capability=(0, 0), multiprocessors=0, sha
 
 
 def tile_choice(algorithm, family, shape, gpu, datatype, shared=False):
-    """(tile, where it came from) for a run whose knobs are not given, or (None, why not) where the algorithm's own
+    """(tile, where it came from) for a run whose knobs are not given, or (None, why) where the algorithm's own
     tile stands: the tuning cache's entry for this GPU, dtype, world size and per-rank shape
     (``tuning_cache.choose``), wherever one exists; else, for two_shot and one_shot at world size 1 on Hopper, the
-    rule fitted on the shape sweep (``tuning_cache.RULE``; across GPUs the few-rows tiles measured there stand)."""
+    rule fitted on the shape sweep (``tuning_cache.RULE``, while it is not empty); else the algorithm's measured
+    tiles (its ``gpu_tuning``, with the few-rows tiles of :func:`few_rows_tile`)."""
+    measured = f"the algorithm's measured tile ({algorithm}'s gpu_tuning and few-rows tiles: docs/decisions.md)"
     if shape is None or not gpu or not datatype or shared:
-        return None, "the algorithm's measured tile (no shape, GPU name or dtype to look up, or ranks share a GPU)"
+        return None, measured
     from . import tuning_cache
 
     choice = tuning_cache.choose(gpu, datatype, shape[3], tuple(shape[:3]), algorithm)
-    if choice.cached or (shape[3] == 1 and family == "hopper" and algorithm in tuning_cache.TILED):
+    if choice is not None and (choice.cached or (shape[3] == 1 and family == "hopper" and
+                                                 algorithm in tuning_cache.TILED)):
         return tuple(choice.tile[k] for k in tuning_cache.TILE_KNOBS), choice.source
-    return None, (f"the algorithm's measured tile ({algorithm}'s gpu_tuning; the fitted rule is for two_shot and "
-                  f"one_shot at one rank on Hopper)")
+    return None, measured + ("" if tuning_cache.RULE else "; no cache entry for this GPU, dtype, world size and "
+                                                            "shape, and no fitted rule yet")
 
 
 def few_rows_tile(spec, family, tile, m, n, sms):

@@ -5,9 +5,10 @@ ship beside their model) and the fitted rule that answers for every shape the ca
 
 A cache entry is keyed by the GPU's name, the dtype, the world size and the per-rank shape (M, N, K_r) and gives
 the kernel and its tile (BLK_M, BLK_N, BLK_K, num_warps, num_stages, gsize_m) that measured fastest there. Where
-the cache holds no entry, the rule (:data:`RULE`, by rows per rank) gives the tile; it was fitted on the shape
-sweep's measured grid (benchmarks/shape_sweep.py; docs/decisions.md, "the tile rule"). This module needs no GPU
-and no torch: the CPU tests read, refuse and fall back without either.
+the cache holds no entry, the rule (:data:`RULE`, by rows per rank, fitted on the shape sweep's measured grid:
+benchmarks/shape_sweep.py; docs/decisions.md, "The tile rule") gives the tile, and while the rule is empty the
+algorithm's own measured tiles stand (``tuning.tuned_defaults``). This module needs no GPU and no torch: the CPU
+tests read, refuse and fall back without either.
 """
 
 import datetime
@@ -24,10 +25,11 @@ TILE_KNOBS = ("BLK_M", "BLK_N", "BLK_K", "num_warps", "num_stages", "gsize_m")
 TILED = ("two_shot", "one_shot")
 DATATYPES = ("fp16", "bf16", "fp32")
 
-# The rule: {most rows per rank: (BLK_M, BLK_N, BLK_K, num_warps, num_stages, gsize_m)}, fitted on the shape sweep
-# at world size 1 (fit_rule; docs/decisions.md, "the tile rule"). Rows past the last bound take the last tile.
-RULE = {16: (16, 64, 128, 4, 4, 8), 64: (64, 64, 128, 4, 4, 8), 512: (128, 128, 64, 4, 4, 8),
-        1 << 20: (128, 256, 64, 8, 3, 8)}
+# The rule: {most rows per rank: (BLK_M, BLK_N, BLK_K, num_warps, num_stages, gsize_m)}, to be fitted on the shape
+# sweep's grid at world size 1 (benchmarks/shape_sweep.py --grid, then --analyse: fit_rule). Empty until a sweep has
+# run on a GPU (docs/decisions.md, "The tile rule"): until then a shape the cache does not hold keeps the
+# algorithm's measured tiles (tuning.tuned_defaults).
+RULE = {}
 # The rows-per-rank bounds a fitted rule may use (fit_rule): each bucket gets the tile that was fastest over it.
 M_BUCKETS = (16, 64, 128, 256, 512, 2048, 1 << 20)
 # The tiles the tuner and the sweep time, by the rows per rank they suit (at world size 1 the GEMM reads A and B
@@ -64,8 +66,11 @@ class Choice:
 
 
 def rule_tile(m, rule=None):
-    """The rule's tile for ``m`` rows per rank: the entry of the smallest bound at or above ``m``."""
+    """The rule's tile for ``m`` rows per rank: the entry of the smallest bound at or above ``m``; None when the rule
+    is empty."""
     rule = RULE if rule is None else rule
+    if not rule:
+        return None
     bounds = sorted(rule)
     return tuple(rule[next((b for b in bounds if m <= b), bounds[-1])])
 
@@ -219,14 +224,17 @@ def make_entry(gpu, datatype, world_size, shape, algorithm, tile, **measured):
 def choose(gpu, datatype, world_size, shape, algorithm=None, path=None, rule=None):
     """The kernel and tile for one per-rank ``shape`` (M, N, K_r): the cache's entry for this GPU, dtype, world
     size and shape, where it has one (and, when ``algorithm`` is given, for that algorithm); else the rule's tile
-    for ``algorithm`` (two_shot when none is given)."""
+    for ``algorithm`` (two_shot when none is given); None when the rule is empty too."""
     path = path or default_cache_path()
     entry = load_cache(path).get(cache_key(gpu, datatype, world_size, tuple(shape)))
     if entry is not None and algorithm in (None, entry["algorithm"]):
         return Choice(entry["algorithm"], entry["tile"], f"the tuning cache {path}", cached=True)
-    return Choice(algorithm or "two_shot", dict(zip(TILE_KNOBS, rule_tile(shape[0], rule))),
-                  "the rule (gemmar/tuning_cache.py RULE, fitted on the shape sweep)"
-                  if entry is None else f"the rule (the cache {path} holds {entry['algorithm']} for this shape)")
+    tile = rule_tile(shape[0], rule)
+    if tile is None:
+        return None
+    return Choice(algorithm or "two_shot", dict(zip(TILE_KNOBS, tile)),
+                  "the rule (gemmar/tuning_cache.py RULE, fitted on the shape sweep)" if entry is None else
+                  f"the rule (the cache {path} holds {entry['algorithm']} for this shape)")
 
 
 def parse_shape(text):

@@ -8,7 +8,7 @@ import torch
 
 from gemmar import UsageError
 from gemmar.tuning import tuned_defaults
-from gemmar.tuning_cache import (CACHE_FORMAT, RULE, TILE_KNOBS, choose, fit_rule, load_cache, make_entry,
+from gemmar.tuning_cache import (CACHE_FORMAT, TILE_KNOBS, choose, fit_rule, load_cache, make_entry,
                                  parse_shape, read_shapes_file, rule_tile, save_cache)
 
 H100 = "NVIDIA H100 80GB HBM3"
@@ -39,24 +39,33 @@ def test_a_cache_entry_is_used_for_its_gpu_dtype_world_size_and_shape(cache):
                           given={"BLK_N": 256})["BLK_N"] == 256
 
 
+FITTED = {16: (16, 64, 128, 4, 4, 8), 512: (64, 128, 64, 4, 4, 8), 1 << 20: (128, 256, 64, 8, 3, 8)}
+
+
 @pytest.mark.parametrize("gpu,datatype,world_size,shape", [
     (H100, "bf16", 1, (128, 5120, 3457)),              # another shape
     ("NVIDIA H200", "bf16", 1, (128, 5120, 3456)),     # another GPU
     (H100, "fp16", 1, (128, 5120, 3456)),              # another dtype
     (H100, "bf16", 2, (128, 5120, 3456)),              # another world size
 ])
-def test_a_missing_entry_falls_back_to_the_rule(cache, gpu, datatype, world_size, shape):
-    choice = choose(gpu, datatype, world_size, shape)
+def test_a_missing_entry_falls_back_to_the_rule(cache, gpu, datatype, world_size, shape, monkeypatch):
+    choice = choose(gpu, datatype, world_size, shape, rule=FITTED)
     assert not choice.cached and "rule" in choice.source
-    assert tile_of(choice.tile) == rule_tile(shape[0])
+    assert tile_of(choice.tile) == rule_tile(shape[0], FITTED) == FITTED[512]
+    # With no fitted rule (RULE empty until a sweep has run on a GPU), the algorithm's measured tiles stand.
+    monkeypatch.setattr("gemmar.tuning_cache.RULE", {})
+    assert choose(gpu, datatype, world_size, shape) is None
+    knobs = tuned_defaults("cuda", "two_shot", (9, 0), 132, shape=(*shape, world_size), gpu=gpu, datatype=datatype)
+    assert knobs == tuned_defaults("cuda", "two_shot", (9, 0), 132, shape=(*shape, world_size))
 
 
 def test_the_rule_answers_at_one_rank_on_hopper_and_leaves_the_rest_as_measured(tmp_path, monkeypatch):
     monkeypatch.setenv("GEMMAR_TUNING_CACHE", str(tmp_path / "none.json"))   # (no such file: an empty cache)
+    monkeypatch.setattr("gemmar.tuning_cache.RULE", FITTED)
     for m in (1, 16, 64, 128, 512, 4096, 16384):
         knobs = tuned_defaults("cuda", "two_shot", (9, 0), 132, shape=(m, 5120, 3456, 1), gpu=H100, datatype="bf16")
-        assert tile_of(knobs) == rule_tile(m)
-    # The ring's tile, another GPU family, and two ranks: as before (the rule was fitted at one rank on Hopper).
+        assert tile_of(knobs) == rule_tile(m, FITTED)
+    # The ring's tile, another GPU family, and two ranks: as before (the rule is fitted at one rank on Hopper).
     old = dict(capability=(9, 0), multiprocessors=132, shape=(16, 8192, 1024, 2))
     assert tuned_defaults("cuda", "two_shot", **old, gpu=H100, datatype="bf16") == tuned_defaults("cuda", "two_shot", **old)
     assert tuned_defaults("cuda", "ring", (9, 0), 132, shape=(16, 8192, 1024, 1), gpu=H100, datatype="bf16")["BLK_M"] == 128
@@ -97,7 +106,7 @@ def test_the_cache_keeps_other_entries_and_is_reread_when_it_changes(tmp_path):
     path = str(tmp_path / "c.json")
     save_cache([good_entry()], path)
     assert len(load_cache(path)) == 1
-    other = make_entry(H100, "bf16", 1, (64, 4096, 1024), "one_shot", RULE[64])
+    other = make_entry(H100, "bf16", 1, (64, 4096, 1024), "one_shot", (64, 64, 128, 4, 4, 8))
     save_cache([other], path)
     assert len(load_cache(path)) == 2 and choose(H100, "bf16", 1, (64, 4096, 1024), path=path).algorithm == "one_shot"
     assert json.load(open(path))["format"] == CACHE_FORMAT
@@ -111,7 +120,7 @@ def test_the_rule_is_fitted_per_bucket_of_rows_on_geometric_means():
     rule = fit_rule(rows)
     assert rule[16] == a and rule[64] == b and rule[max(rule)] == b and len(rule) == 3
     assert rule_tile(1, rule) == a and rule_tile(32, rule) == b and rule_tile(1000, rule) == b
-    assert rule_tile(1 << 20, rule) == b
+    assert rule_tile(1 << 20, rule) == b and rule_tile(5, {}) is None
 
 
 def test_shapes_are_read_from_words_and_files(tmp_path):
