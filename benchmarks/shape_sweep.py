@@ -343,6 +343,27 @@ def heat_map(rows, pick, title, path):
     plt.close(fig)
 
 
+def waves(sms=132):
+    """No GPU, arithmetic only: with today's defaults (two_shot at world size 1 on Hopper), each shape's tile, tile
+    count and how full the persistent grid's waves are (tiles / (waves x SMs)); a shape that leaves most SMs idle
+    is where a smaller tile, or split-K, has the most to gain. A lead for the next GPU run, not a measurement."""
+    from gemmar.tuning import tuned_defaults
+
+    print(f"{'model':<16} {'layer':<17} {'TP':>2} {'M x N x K_r':>18} {'tile':>14} {'tiles':>6} {'waves':>5} {'fill':>5}")
+    rows = []
+    for s in SHAPES:
+        knobs = tuned_defaults("cuda", "two_shot", (9, 0), sms, shape=(s["m"], s["n"], s["k"], 1), given={})
+        tiles = -(-s["m"] // knobs["BLK_M"]) * -(-s["n"] // knobs["BLK_N"])
+        w = -(-tiles // sms)
+        rows.append((tiles / (w * sms), s, knobs, tiles, w))
+    for fill, s, knobs, tiles, w in sorted(rows, key=lambda r: r[0]):
+        print(f"{s['model']:<16} {s['layer']:<17} {s['tp']:>2} {shape_name(s):>18} "
+              f"{knobs['BLK_M']}x{knobs['BLK_N']}x{knobs['BLK_K']:>3} {tiles:>6} {w:>5} {fill:>5.2f}")
+    low = [r for r in rows if r[0] < 0.5]
+    print(f"{len(low)} of {len(rows)} shapes fill less than half of {sms} SMs with today's tiles (arithmetic, not a "
+          f"measurement)")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out", nargs="?", help="where the JSON goes (the heat maps go beside it)")
@@ -362,9 +383,12 @@ def main():
     parser.add_argument("--max_seconds", type=float, default=540, help="stop (and write what was measured) after this")
     parser.add_argument("--analyse", nargs="+", metavar="JSON", help="no GPU: figures, fitted rules and heat maps of runs")
     parser.add_argument("--rules_out", help="with --analyse: write the leave-one-model-out rules here")
+    parser.add_argument("--waves", action="store_true", help="no GPU: today's tiles' wave fill at every shape")
     parser.add_argument("--how", choices=("wall", "gpu"), default="wall", help="with --analyse: which time")
     args = parser.parse_args()
-    if args.analyse:
+    if args.waves:
+        waves()
+    elif args.analyse:
         analyse(args.analyse, args.rules_out, args.how)
     elif args.out:
         run(args)

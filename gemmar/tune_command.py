@@ -28,7 +28,6 @@ def cmd_tune(args):
     cached = tuning_cache.load_cache(path)   # (a bad cache file is refused before any work)
     from .runtime.backends import gpu_properties
     from .tuner import heap_bytes_for, one_gpu_rank, tune_shape
-
     from .tuning import tuned_defaults
     from .tuning_cache import TILE_KNOBS
 
