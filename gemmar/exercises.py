@@ -155,10 +155,6 @@ def _not_whole_numbers(failed, part):
             f"Python, / divides into a float; // keeps whole numbers")
 
 
-def _partials_puzzle(*args, **settings):
-    return _say(*_partials_verdict(*args, **settings))
-
-
 def _partials_verdict(cluster, algorithm, part, fn, shape, seed, smallest, too_few, hint, right, **settings):
     """The puzzles whose part decides which partials reach which rank's C: run ``fn`` as ``part`` in
     ``algorithm``'s kernel for two back-to-back launches on whole-number inputs of ``shape`` (M, N, K: not
@@ -266,7 +262,7 @@ def _precision_verdict(cluster, algorithm, part, fn, shape, seed):
     A, B = torch.randn(m, k, generator=g), torch.randn(k, n, generator=g)
     key = (algorithm, part, shape, seed, cluster.world_size, cluster.backend)
     runs = {}
-    for name, parts in (("yours", {part: fn}), ("right", None)):
+    for name, parts in (("yours", {part: fn}), ("right", {})):   # ({}: the package's own parts)
         if name == "right" and key in _right_errors:
             continue
         runs[name], failed = _run_part(cluster, algorithm, parts, A, B, BLK_M=16, BLK_N=16, BLK_K=16, num_sms=2)
