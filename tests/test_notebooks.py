@@ -21,6 +21,22 @@ def cells_that_draw(nb):
     return [i for i, c in enumerate(nb.cells) if c.cell_type == "code" and "draws" in c.metadata.get("tags", [])]
 
 
+def test_a_chart_shows_once_whatever_the_kernels_matplotlib_state():
+    """The package's drawing calls display their figure themselves in a kernel (analysis/plots.py, shown): with
+    inline plotting never turned on (notebooks 7 and 8 before issue 61), turned off, on, or the Agg backend; as a
+    cell's last value without ';' it is not shown twice, and a later cell that names it shows it again."""
+    trace = Path(__file__).parent.parent / "data" / "cpu-atomics-4ranks-48x40x40.trace.json.gz"
+    cells = [f"import gemmar\ntrace = gemmar.Trace.load({str(trace)!r})",
+             "trace.gantt();", "figure = trace.gantt()\nfigure", "import matplotlib.pyplot as plt\nplt.ioff()\n"
+             "trace.tile_grid();", "%matplotlib inline\ntrace.gantt();", "figure",
+             "from gemmar.analysis.plots import ring_handoff_diagram\nring_handoff_diagram(3)",
+             "%matplotlib agg\ntrace.gantt();"]
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(source) for source in cells])
+    NotebookClient(nb, timeout=120, kernel_name="python3").execute()
+    shown = [sum("image/png" in o.get("data", {}) for o in cell.outputs) for cell in nb.cells]
+    assert shown == [0] + [1] * (len(cells) - 1), list(zip(cells, shown))
+
+
 def test_every_cell_that_calls_a_drawing_function_is_tagged_draws():
     for path in NOTEBOOKS:
         nb = nbformat.read(path, as_version=4)
