@@ -123,13 +123,15 @@ def run(args):
             A, B, ref = inputs(m, n, k, args.datatype, seed=i)
             mm = time_matmul(A, B)
             row = dict(s, matmul=mm, kernels={})
-            for algorithm in builtin_names():
+            for algorithm in () if args.auto_only else builtin_names():
                 knobs = tuned_defaults("cuda", algorithm, capability, sms, shape=(m, n, k, 1), given={})
                 row["kernels"][algorithm] = dict(time_config(heap, config_for(m, n, k, args.datatype, algorithm, knobs),
                                                              A, B, ref, mm["gpu_ms"]), tile=_tile_of(knobs))
             choice = choose(gpu, args.datatype, 1, (m, n, k), path=cache, rule=rule)
             if choice is not None:
                 algorithm, tile, source = choice.algorithm, tuple(choice.tile[key] for key in TILE_KNOBS), choice.source
+                if rule and not choice.cached:
+                    source = f"the rule in {args.rule}"
             else:   # (no cache entry and no fitted rule: what the package runs today)
                 knobs = tuned_defaults("cuda", "two_shot", capability, sms, shape=(m, n, k, 1), given={})
                 algorithm, tile, source = "two_shot", tuple(knobs[key] for key in TILE_KNOBS), \
@@ -259,7 +261,8 @@ def analyse(paths, rules_out, how="wall"):
     head = reports[0]
     print(f"{len(rows)} shapes; {head['gpu']}, torch {head['torch']}, Triton {head['triton']}, {head['date']}; "
           f"ratios to torch.matmul ({how})")
-    picks = {f"defaults {a}": (lambda a: lambda row: ratio(row, row["kernels"][a], how))(a) for a in rows[0]["kernels"]}
+    picks = {f"defaults {a}": (lambda a: lambda row: ratio(row, row["kernels"][a], how))(a)
+             for a in rows[0]["kernels"] if all(a in row["kernels"] for row in rows)}
     picks["auto (" + rows[0]["auto"]["source"].split(" (")[0] + ")"] = lambda row: ratio(row, row["auto"], how)
     if all("lomo" in row for row in rows):
         picks["leave-one-model-out rule (timed)"] = lambda row: ratio(row, row["lomo"], how)
@@ -284,12 +287,13 @@ def analyse(paths, rules_out, how="wall"):
                 json.dump(summary["rule_all"], f, indent=1)
             print(f"wrote {rules_out} (each model's rule fitted without it; --lomo) and "
                   f"{os.path.splitext(rules_out)[0]}-all.json (fitted on every model; --rule)")
-    print(f"{'choice':<48} {'n':>3} {'bad':>3} {'median':>7} {'worst':>7} {'M<=64 worst':>11} {'geomean':>7}")
+    # (none: no right figure - wrong, failed, or for a rule read off the grid, its tile not measured at the shape)
+    print(f"{'choice':<48} {'n':>3} {'none':>4} {'median':>7} {'worst':>7} {'M<=64 worst':>11} {'geomean':>7}")
     for name, pick in picks.items():
         f = figures(rows, pick)
         summary[name] = f
         if f["n"]:
-            print(f"{name:<48} {f['n']:>3} {f['failed']:>3} {f['median']:>7.3f} {f['worst']:>7.3f} "
+            print(f"{name:<48} {f['n']:>3} {f['failed']:>4} {f['median']:>7.3f} {f['worst']:>7.3f} "
                   f"{f['few_rows_worst']:>11.3f} {f['geomean']:>7.3f}")
         else:
             print(f"{name:<48} none right")
@@ -305,11 +309,13 @@ def analyse(paths, rules_out, how="wall"):
     base = os.path.splitext(paths[0])[0]
     heat_map(rows, lambda row: ratio(row, row["auto"], how), f"auto / torch.matmul ({how}), {head['gpu']}",
              base + "-auto.png")
-    heat_map(rows, lambda row: ratio(row, row["kernels"]["two_shot"], how),
-             f"two_shot with the earlier defaults / torch.matmul ({how}), {head['gpu']}", base + "-defaults.png")
+    if all("two_shot" in row["kernels"] for row in rows):
+        heat_map(rows, lambda row: ratio(row, row["kernels"]["two_shot"], how),
+                 f"two_shot with the earlier defaults / torch.matmul ({how}), {head['gpu']}", base + "-defaults.png")
     with open(base + "-summary.json", "w") as f:
         json.dump(summary, f, indent=1)
-    print(f"wrote {base}-auto.png, {base}-defaults.png, {base}-summary.json")
+    print(f"wrote {base}-auto.png{', ' + base + '-defaults.png' if all('two_shot' in row['kernels'] for row in rows) else ''}, "
+          f"{base}-summary.json")
     return summary
 
 
@@ -375,6 +381,8 @@ def main():
     parser.add_argument("--lomo", help="leave-one-model-out rules ({model: rule}, from --analyse --rules_out): time "
                                        "each shape with the rule fitted without its model")
     parser.add_argument("--trace", action="store_true", help="also trace auto's tile once per shape (the shares)")
+    parser.add_argument("--auto_only", action="store_true", help="time auto (and --lomo) alone, not every kernel's "
+                                                                  "defaults (a second run, to confirm a fitted rule)")
     parser.add_argument("--trials", type=int, default=5, help="trials per figure, the median taken (default 5)")
     parser.add_argument("--trace_worst", type=int, default=0, help="then trace auto's tile at the N worst shapes")
     parser.add_argument("--shard", help="I/N: only every N-th shape from the I-th (to split the sweep over calls)")
