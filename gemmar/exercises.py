@@ -48,7 +48,8 @@ CHECK_WAIT_S = 10
 
 def _run_part(cluster, algorithm, parts, A, B, **settings):
     """(the Result, None), or (None, what went wrong) when the participant's code did not run through."""
-    if not cluster.running:   # stopped by the notebook's last cell after a Run All, or after a crash
+    if not cluster.running or cluster.restart_reason:   # stopped by the last cell after a Run All, or a crash (in a
+        # notebook the fresh ranks start at once, in the background: then they may be up already)
         reason = cluster.restart_reason or ""
         why = ("the last check's ranks were stopped at an access outside its buffer" if "outside its buffer" in reason
                else "the last check's ranks were stopped in a launch that did not end" if "finished no launch" in

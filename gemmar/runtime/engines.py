@@ -90,6 +90,8 @@ class EngineCluster(RestartsEarly):
     def start(self):
         self._wait_for_early_start()
         if self.running:
+            if threading.current_thread() is not self._early_start:
+                self._restart_reason = None   # (started early, in the background: the caller has said why)
             return self
         self.cluster_id = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self._owner_pid = os.getpid()
