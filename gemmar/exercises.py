@@ -17,9 +17,9 @@ import torch
 
 from .analysis.schedule import plot_tile_order, tile_coords, tile_schedule
 from .errors import GemmarError, RankDiedError
-from .config import k_bounds
-from .partial_counts import integer_problem, judge_partials, order_sensitive_problem
-from .runtime.problem import NARROWER, SIGNIFICANT_BITS, rounded_to
+from .partial_counts import (held_in, integer_problem, judge_partials, judge_precision, not_whole_numbers,
+                             order_sensitive_problem, precision_problem, returned_rank_verdict)
+from .runtime.problem import SIGNIFICANT_BITS
 from .runtime.gpu_compile import compile_error
 
 
@@ -107,7 +107,7 @@ def check_tile_coords(cluster, my_tile_coords):
     result, failed = _run_part(cluster, "atomics", {"tile_coords": my_tile_coords}, A, B, BLK_M=block,
                                BLK_N=block, BLK_K=16, gsize_m=group, num_sms=4)
     if failed:
-        return _say(_not_whole_numbers(failed, my_tile_coords) or failed)
+        return _say(not_whole_numbers(failed, my_tile_coords) or failed)
     events = result.trace.iteration(-1)
     got = events[(events.kind == "gemm") & (events["rank"] == 0)].sort_values("tile")[["tile", "pid_m", "pid_n"]]
     setting = f"({tiles_m} x {tiles_n} tiles, GROUP_SIZE_M = {group})"
@@ -140,20 +140,6 @@ def check_tile_coords(cluster, my_tile_coords):
         return said
     return _say(_race_verdict(result) or _gpu_verdict(result, {"tile_coords": my_tile_coords}) or
                 f"right! every tile once, in grouped order, the short last group included {setting}", result)
-
-
-def _not_whole_numbers(failed, part):
-    """What to say when the kernel refused a tile_coords whose pid_m or pid_n is not a whole number (kernels/gemm.py
-    checks, before the address arithmetic that failed in Triton's words); None for any other failure."""
-    found = re.search(r"TILE_COORDS returned a (pid_[mn]) that is not a whole number", failed)
-    if not found:
-        return None
-    source = getattr(part, "src", "") or ""   # (a @triton.jit function's own source)
-    returns = [line.strip() for line in source.splitlines() if line.strip().startswith("return")]
-    at = f" at `{returns[-1]}`" if returns else ""
-    return (f"not yet: the {found.group(1)} your tile_coords returned{at} is not a whole number (a float): the kernel "
-            f"needs integers (int32) for pid_m and pid_n, to address the tile's rows and columns. In Triton, as in "
-            f"Python, / divides into a float; // keeps whole numbers")
 
 
 def _partials_verdict(cluster, algorithm, part, fn, shape, seed, smallest, too_few, hint, right, **settings):
@@ -195,40 +181,11 @@ def check_push_partial(cluster, my_push_partial):
                                      "with one, every push lands in its own C", _pushes_of,
                                      f"every rank's C holds each of the {cluster.world_size} partials once")
     if said.startswith("right!"):
-        said = _returned_rank_verdict(result) or said
+        said = returned_rank_verdict(result) or said
     if said.startswith("right!"):
         said, result = _precision_verdict(cluster, "atomics", "push_partial", my_push_partial, (40, 44, 64), 2) or \
             (said, result)
     return _say(said, result)
-
-
-def _returned_rank_verdict(result):
-    """None when every push's returned rank is the rank whose C its atomic add went to (the sanitizer's record
-    of the last launch, cpu ranks), else what to say. Not judged where there is no record (GPU ranks)."""
-    events = result.trace.iteration(-1)
-    pushes = events[events.kind == "push"].sort_values(["rank", "program", "start_us"])
-    for record in (r.sanitizer for r in result.ranks):
-        if not record:
-            return None
-        rank = record["rank"]
-        kernels = [e[2] for e in record["events"] if e[0] == "start" and e[3] == "gemm_all_reduce_atomics"]
-        if not kernels:
-            return None
-        went = {}   # program -> ranks its adds into C went to, in order
-        for e in record["events"]:
-            if e[0] == "access" and e[2] == kernels[-1] and e[4] == "rmw" and e[12] and e[12][0] == "C_pair":
-                went.setdefault(e[3], []).append(int(e[13]))
-        for program, said in pushes[pushes["rank"] == rank].groupby("program"):
-            targets = went.get(program, [])
-            if len(targets) != len(said):   # (a part that adds in pieces: nothing to pair up)
-                continue
-            for (_, push), target in zip(said.iterrows(), targets):
-                if int(push.peer) != target:
-                    return (f"not quite: every rank's C is right, but your push_partial returned rank {int(push.peer)} "
-                            f"for a push that went to rank {target} (rank {rank}, tile ({int(push.pid_m)}, "
-                            f"{int(push.pid_n)}), step {int(push.step)}): return the rank whose C you added into, "
-                            f"the kernel records each push (and when a tile is done) by it")
-    return None
 
 
 def check_reduce_step(cluster, my_reduce_step):
@@ -247,59 +204,24 @@ def check_reduce_step(cluster, my_reduce_step):
     return _say(said, result)
 
 
-# The puzzles' first inputs are whole numbers, exact in every dtype (so that the partial counts are exact), and a
-# part that rounded a partial to fp16 on its way passed. So a right answer runs once more on fp32 inputs, whose
-# partials fp16 cannot hold, and must err by at most PRECISION_MARGIN x what the package's own part errs by on the
-# same inputs (about 1e-6 of C's largest value; rounding to fp16 costs about 1e-4 of it, to bf16 1e-3).
-PRECISION_MARGIN = 16
-_right_errors = {}   # the package's own part's max |C - reference| on the precision inputs, by run
+_right_errors = {}   # the package's own part's max |C - reference| on partial_counts.precision_problem, by run
 
 
 def _precision_verdict(cluster, algorithm, part, fn, shape, seed):
-    """None when ``fn`` as ``part`` is as precise as the package's own part on fp32 inputs of ``shape`` (M, N, K);
-    else (what to say, the run), naming the rounding where its error shows which."""
-    g = torch.Generator().manual_seed(seed)
-    m, n, k = shape
-    A, B = torch.randn(m, k, generator=g), torch.randn(k, n, generator=g)
+    """None when ``fn`` as ``part`` is as precise as the package's own part on fp32 inputs of ``shape`` (M, N, K:
+    partial_counts.judge_precision); else (what to say, the run)."""
+    A, B = precision_problem(*shape, seed=seed)
     key = (algorithm, part, shape, seed, cluster.world_size, cluster.backend)
-    runs = {}
-    for name, parts in (("yours", {part: fn}), ("right", {})):   # ({}: the package's own parts)
-        if name == "right" and key in _right_errors:
-            continue
-        runs[name], failed = _run_part(cluster, algorithm, parts, A, B, BLK_M=16, BLK_N=16, BLK_K=16, num_sms=2)
+    yours, failed = _run_part(cluster, algorithm, {part: fn}, A, B, BLK_M=16, BLK_N=16, BLK_K=16, num_sms=2)
+    if failed:
+        return failed, None
+    if key not in _right_errors:   # ({}: the package's own parts)
+        right, failed = _run_part(cluster, algorithm, {}, A, B, BLK_M=16, BLK_N=16, BLK_K=16, num_sms=2)
         if failed:
             return failed, None
-    yours = runs["yours"]
-    partials = [A[:, s:e].double() @ B[s:e, :].double() for s, e in (k_bounds(k, cluster.world_size, q)
-                                                                     for q in range(cluster.world_size))]
-    exact = sum(partials)
-    peak = float(exact.abs().max())
-    if key not in _right_errors:
-        _right_errors[key] = max(runs["right"].max_abs_diff, 2.0 ** -24 * peak)
-    allowed = PRECISION_MARGIN * _right_errors[key]
-    if yours.max_abs_diff <= allowed:
-        return None
-    off = (f"C is off by {yours.max_abs_diff:.2g}, where the package's own {part} is off by "
-           f"{_right_errors[key]:.2g} on the same inputs (fp32 values, whose partials fp16 cannot hold)")
-    held = _held_in(yours.C) if _held_in(exact.float()) is None else None
-    if held is not None:
-        return (f"not quite: every partial is in C once, but your {part} rounds the sum to {held}: every value in "
-                f"C is {'an' if held == 'fp16' else 'a'} {held} number. {off}. Keep the sum in fp32"), yours
-    wrong_by = sum(float((r.C.double() - exact).abs().mean()) for r in yours.ranks)
-    for name, dtype in NARROWER.items():
-        # C as if each rank's partial had been rounded to this dtype and then added: far nearer to it than to the
-        # exact sum (on average: the kernel's fp32 partial can round the other way where it is near a tie).
-        rounded = sum(p.float().to(dtype).double() for p in partials)
-        if sum(float((r.C.double() - rounded).abs().mean()) for r in yours.ranks) < wrong_by / 10:
-            return (f"not quite: every partial is in C once, but your {part} rounds each partial to {name} before it "
-                    f"is added: {off}. Add the fp32 partial as it is ({name} keeps {SIGNIFICANT_BITS[name]} "
-                    f"significant bits)"), yours
-    name = rounded_to(yours.max_abs_diff, peak)
-    if name is not None:
-        return (f"not quite: every partial is in C once, but your {part} rounds a value to {name} on its way into "
-                f"C (a partial, a sum, or what it passes on): {off}; that is about what rounding to {name} costs. "
-                f"Keep partials and sums in fp32"), yours
-    return f"not quite: every partial is in C once, but not precisely: {off}", yours
+        _right_errors[key] = right.max_abs_diff
+    said = judge_precision(part, yours, _right_errors[key], A, B)
+    return (said, yours) if said else None
 
 
 def check_sum_partials(cluster, my_sum_partials):
@@ -334,7 +256,7 @@ def check_sum_partials(cluster, my_sum_partials):
         if failed:
             return _say(failed)
         if tile is not None:
-            narrow = _held_in(runs["yours"].C) if _held_in(runs["rank order"].C) is None else None
+            narrow = held_in(runs["yours"].C) if held_in(runs["rank order"].C) is None else None
             if narrow is not None:   # (the dtype first: a sum returned in fp16 has other bits whatever its order)
                 return _say(f"not quite: every partial is in C once, but your sum_partials' sum was rounded to "
                             f"{narrow}: every value in C is {'an' if narrow == 'fp16' else 'a'} {narrow} number "
@@ -343,14 +265,6 @@ def check_sum_partials(cluster, my_sum_partials):
                             f"written into C", runs["yours"])
             return _say(f"not quite: {wrong.format(tile=tile)}", runs["yours"])
     return _say(f"right! {said[len('right! '):]}; summed in fp32 in rank order, bit for bit", runs["yours"])
-
-
-def _held_in(C):
-    """"bf16" or "fp16" when every value of C is a number of that dtype (a sum rounded to it); else None."""
-    for name in ("bf16", "fp16"):   # (bf16 first: its numbers are mostly fp16 numbers too, not the other way)
-        if torch.equal(C, C.to(NARROWER[name]).to(C.dtype)):
-            return name
-    return None
 
 
 def _tile_with_other_bits(cluster, my_sum_partials, A, B, block):

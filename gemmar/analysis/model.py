@@ -366,7 +366,7 @@ def draw(shape, W, machine, one_gpu, ax=None, gpu=None):
     ax.set_title(f"PREDICTED, not measured: {m} x {n} x {shape[2]} per rank on {W} GPUs - two_shot "
                  f"{end + tail:.3f} ms, matmul + NCCL {mm + nccl:.3f} ms", fontsize=9)
     if own_figure:
-        from .plots import finish_figure
+        from .figures import finish_figure
 
         finish_figure(ax.figure)
     return ax

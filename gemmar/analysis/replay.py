@@ -150,7 +150,7 @@ class ReplayWidget:
     def draw(self, step):
         import matplotlib.pyplot as plt
         from matplotlib.colors import ListedColormap
-        from .plots import display_png, plain_text, time_unit
+        from .figures import display_png, plain_text, time_unit
 
         state = self.timeline.state_at(step)
         W = self.timeline.W

@@ -36,6 +36,7 @@ import triton
 import triton.language as tl
 
 from ..errors import HeapBoundsError
+from .watchdog import EXPIRED_WAIT_LINES, WATCHDOG_WORDS, read_watchdog  # noqa: F401 (the record, read by the host)
 
 # Read once, when gemmar is imported, exactly as Triton itself decides at decoration time.
 INTERPRETER = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") == "1")
@@ -323,10 +324,6 @@ def atomic_xor(ptr, value, from_rank, to_rank, heap_bases, mask=None, sem=None, 
 # all-reduce and the barrier.
 # ---------------------------------------------------------------------------------------------------------
 
-# The watchdog record is 9 int64 words in the caller's own heap: a report of the first wait that expired, the
-# last word the address it polled (a wait given a wrong address is reported by the flag it really waited on).
-WATCHDOG_WORDS = 9
-
 # Each algorithm names the flags it waits on by the ids its kernels pass to wait_at_least as ``flag_kind``
 # (``AlgorithmSpec.wait_flags``: name -> id), so that a DeadlockError says which flag, in its own words.
 
@@ -336,28 +333,12 @@ FLAG_WORDS = 32                        # host side
 FLAG_STRIDE = tl.constexpr(FLAG_WORDS)   # kernels
 
 
-def read_watchdog(words, wait_flags):
-    """A watchdog record (WATCHDOG_WORDS int64s, host side) -> a dict for DeadlockError, or None when nothing
-    expired. ``wait_flags``: the waiting kernel's flag names -> ids. ``address``: the address polled (the
-    heap says which buffer and element it is)."""
-    words = [int(x) for x in words]
-    if words[0] == 0:
-        return None
-    names = {flag_id: name for name, flag_id in wait_flags.items()}
-    return dict(rank=words[1], tile=words[2], flag=names.get(words[3], f"flag {words[3]}"), index=words[4],
-                expected=words[5], seen=words[6], program=words[7], address=words[8])
-
-
-# Under the interpreter, the kernel line of each expired wait, by the address of the watchdog it was reported
-# in (the host adds it to the DeadlockError: the line that called the wait, not this file's).
-EXPIRED_WAIT_LINES = {}
-
-
-def _note_expired_wait(watchdog):
+def note_expired_wait(watchdog):
+    """Interpreter only: keep the kernel line of the wait that just wrote its expiry into ``watchdog``."""
     EXPIRED_WAIT_LINES[host_int(watchdog)] = kernel_line()
 
 
-_note_expired_wait.__triton_builtin__ = True
+note_expired_wait.__triton_builtin__ = True
 
 
 @triton.jit
@@ -396,7 +377,7 @@ def wait_at_least(flag, target, timeout_ns, watchdog, rank, tile_id, flag_kind, 
                 tl.store(watchdog + 7, tl.cast(tl.program_id(0), tl.int64))
                 tl.store(watchdog + 8, tl.cast(flag, tl.int64))
                 if INTERPRETER:
-                    _note_expired_wait(watchdog)
+                    note_expired_wait(watchdog)
     return seen
 
 

@@ -26,8 +26,8 @@ import torch
 from ...errors import ClusterError, DeadlockError, RankLeftError, UsageError
 from ...sanitizer import host_event
 from ...sanitizer.record import element_text
-from ...kernels.device import (EXPIRED_WAIT_LINES, FLAG_WORDS, WATCHDOG_WORDS, place, read_watchdog,
-                               register_heap_bases)
+from ...kernels.device import FLAG_WORDS, place, register_heap_bases
+from ...kernels.watchdog import EXPIRED_WAIT_LINES, WATCHDOG_WORDS, read_watchdog
 from ...kernels import barrier as barrier_kernels
 
 ALIGN = 256
