@@ -156,8 +156,11 @@ def main():
     parser.add_argument("--heap_gib", type=float, default=2.0,
                         help="symmetric heap per rank (Iris's tests ask for up to 8 GiB; the largest case, an all-to-all "
                              "of 8192 x 16384 fp32 in and out, needs over 1 GiB)")
-    parser.add_argument("pytest_args", nargs="*", help="more pytest arguments after --, e.g. -- -k get")
-    args = parser.parse_args()
+    parser.epilog = "More pytest arguments after --, e.g. -- -k get"
+    argv = sys.argv[1:]
+    cut = argv.index("--") if "--" in argv else len(argv)   # (after --: pytest's own arguments, whatever they are)
+    args = parser.parse_args(argv[:cut])
+    args.pytest_args = argv[cut + 1:]
     launcher = os.path.join(args.checkout, "tests", "run_tests_distributed.py")
     if not os.path.isfile(launcher):
         parser.error(f"{args.checkout} is not an Iris checkout: it has no tests/run_tests_distributed.py")

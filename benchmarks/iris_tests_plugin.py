@@ -80,10 +80,14 @@ def pytest_collection_modifyitems(session, config, items):
         for pattern, reason in INTERNAL_TESTS:
             if re.search(pattern, getattr(item, "originalname", item.name)):
                 item.add_marker(pytest.mark.skip(reason=reason))
+
+
+def pytest_collection_finish(session):
+    """The cases this rank will run: after ``-k``/``-m`` deselected theirs (those are not cases of this run)."""
     path = _out("collected")
     if path:
         with open(path, "w") as f:
-            f.write("".join(item.nodeid + "\n" for item in items))
+            f.write("".join(item.nodeid + "\n" for item in session.items))
 
 
 def _first_line(report):

@@ -268,7 +268,7 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    from .console import exit_on_interrupt
+    from .interrupts import exit_on_interrupt
 
     exit_on_interrupt()
     sys.exit(main())

@@ -13,7 +13,8 @@ import pytest
 PACKAGE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "gemmar")
 LAYER = {"__init__": 5, "__main__": 5, "cluster": 4, "cli": 4, "commands": 4, "outputs": 4, "console": 4, "exercises": 4, "partial_counts": 4, "progress": 4,
          "explorer": 4, "report": 4, "iris": 4, "runtime": 3, "analysis": 3, "sanitizer": 2, "algorithms": 2, "config": 2,
-         "tuning": 2, "kernels": 1, "errors": 0}
+         "tuning": 2, "kernels": 1, "errors": 0, "interrupts": 0,
+         "tune_command": 4, "tuner": 4, "tuning_cache": 2}
 
 
 def module_imports():

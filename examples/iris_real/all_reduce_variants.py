@@ -56,7 +56,7 @@ def main():
             ctx.barrier()
             expected = mine.to(torch.float64)
             dist.all_reduce(expected)
-            diff = (result.to(torch.float64) - expected).abs().max().item()
+            diff = (result.to(torch.float64).cpu() - expected).abs().max().item()
             ok = diff <= TOLERANCE[dtype] * world
             wrong += not ok
             print(f"{variant:9s} call {call}: max |C - sum| = {diff:.3g} {'ok' if ok else 'WRONG'}", flush=True)

@@ -48,13 +48,7 @@ def _cpu_device(device):
 
 
 def _device_to_cpu(fn):
-    @functools.wraps(fn)
-    def on_cpu(*args, **kwargs):
-        if "device" in kwargs:
-            kwargs["device"] = _cpu_device(kwargs["device"])
-        return fn(*args, **kwargs)
-
-    return on_cpu
+    return _device_mapped(fn, _cpu_device)
 
 
 def cuda_ordinals_to(device):

@@ -13,7 +13,6 @@ options, a false ``tl.assume``) are adapted by ``host_calls.py``.
 
 import builtins
 import contextlib
-import importlib.util
 import os
 import runpy
 import signal
@@ -30,27 +29,6 @@ from ..runtime import rank as rank_runtime
 from . import guard, launch, real_iris, whereabouts
 from .host_calls import adapt_launches, cuda_on_cpu, cuda_ordinals_to, is_program_file, warn_false_assumes
 
-
-
-def installed_iris():
-    """Where an Iris other than gemmar's module is installed or imported in this process, or None."""
-    from . import host
-
-    if sys.modules.get("iris") is host:
-        return None
-    try:
-        spec = importlib.util.find_spec("iris")
-    except ValueError:   # an `iris` already imported without a spec
-        return getattr(sys.modules.get("iris"), "__file__", None) or "imported"
-    return spec.origin if spec is not None else None
-
-
-def refuse_installed_iris():
-    where = installed_iris()
-    if where is not None:
-        raise UsageError(f"an installed Iris was found ({where}) that gemmar cannot host (no iris/host/iris.py): "
-                         f"gemmar will not put its own iris module in its place unless asked: add --replace_iris "
-                         f"(replace_iris=True), give a checkout with --iris PATH, or run the program with mpirun")
 
 
 # Iris's package layout -> gemmar's modules (``gemmar.iris.<name>``); the AMD-only ones are refused on use.

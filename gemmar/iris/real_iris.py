@@ -70,8 +70,6 @@ def choose(iris=None, replace_iris=False):
         return checkout_root(iris)
     root = installed_root()
     if root is None:
-        from .rank import refuse_installed_iris
-
         refuse_installed_iris()   # (a module named iris that is not Iris's package: never hidden unasked)
     return root or STAND_IN
 
@@ -80,6 +78,26 @@ def describe(choice):
     if choice == STAND_IN:
         return "gemmar's Iris stand-in (gemmar/iris: Iris's API over gemmar's kernels; --iris PATH runs a real Iris)"
     return f"the real Iris from {os.path.join(choice, 'iris')} (its own kernels, on gemmar's heaps)"
+
+
+def installed_iris():
+    """Where an Iris other than gemmar's module is installed or imported in this process, or None."""
+    stand_in = sys.modules.get("gemmar.iris.host")
+    if stand_in is not None and sys.modules.get("iris") is stand_in:
+        return None
+    try:
+        spec = importlib.util.find_spec("iris")
+    except ValueError:   # an `iris` already imported without a spec
+        return getattr(sys.modules.get("iris"), "__file__", None) or "imported"
+    return spec.origin if spec is not None else None
+
+
+def refuse_installed_iris():
+    where = installed_iris()
+    if where is not None:
+        raise UsageError(f"an installed Iris was found ({where}) that gemmar cannot host (no iris/host/iris.py): "
+                         f"gemmar will not put its own iris module in its place unless asked: add --replace_iris "
+                         f"(replace_iris=True), give a checkout with --iris PATH, or run the program with mpirun")
 
 
 # -- what gemmar supplies ------------------------------------------------------------------------------------

@@ -158,12 +158,16 @@ def _check_process_per_rank(cluster, what):
 def _barrier_deadlock(places, running, world_size, timeout):
     """{rank: line} at the deadline when some ranks wait in a barrier (their line's code calls one: shmem.barrier(),
     dist.barrier(), Iris's own) that others never reached: a deadlock, said so, rather than "still running"."""
-    code = lambda place: (re.match(r"\S+:\d+ \((.*?)\)(?:, from |$)", place) or [None, ""])[1]   # (whereabouts' form)
+    def code(place):   # (the line's code, in whereabouts' form: "file.py:12 (code), from prog.py:3")
+        return (re.match(r"\S+:\d+ \((.*?)\)(?:, from |$)", place) or [None, ""])[1]
+
     waiting = [r for r in running if "barrier" in code(places.get(r, ""))]
     absent = [r for r in range(world_size) if r not in waiting]
     if not waiting or not absent:
         return {}
-    names = lambda ranks: f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {', '.join(map(str, ranks))}"
+    def names(ranks):
+        return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {', '.join(map(str, ranks))}"
+
     late = f"stopped at the {timeout:g} s deadline"
     lines = {r: f"deadlock: waits in the barrier at {places[r]}, which {names(absent)} never reached; {late}"
              for r in waiting}

@@ -340,14 +340,21 @@ def device_aggregate(cls):
             setattr(made, name, (lambda f: lambda self, *args, **kwargs: f(self, *args, **kwargs))(function))
     # Compiled, a constructor's arguments arrive wrapped (a Python bool becomes a constexpr) before the class's own
     # __init__ stores them; the interpreter passes them bare, and a constexpr field then refuses a plain value
-    # (Iris's Tracing(enabled=False, ...)). Wrap them as the compiler would.
-    constexpr_fields = {n for n, kind in made.__annotations__.items() if kind is tl.constexpr}
-    if constexpr_fields:
+    # (Iris's Tracing(enabled=False, ...)). Wrap them as the compiler would. A tensor field likewise gets a tensor
+    # where the interpreter has a Python number (a loop's index is one there, a tensor compiled: tritonBLAS's Tile).
+    kinds = {n: kind for n, kind in made.__annotations__.items() if kind in (tl.constexpr, tl.tensor)}
+    if kinds:
         checked_setattr = made.__setattr__
 
         def __setattr__(self, name, value):
-            if name in constexpr_fields and not isinstance(value, tl.constexpr):
+            kind = kinds.get(name)
+            if kind is tl.constexpr and not isinstance(value, tl.constexpr):
                 value = tl.constexpr(value)
+            elif kind is tl.tensor and isinstance(value, (int, float)) and not isinstance(value, bool):
+                from triton.runtime import interpreter
+
+                semantic = getattr(interpreter, "interpreter_semantic", None)
+                value = semantic.to_tensor(value) if semantic is not None else value
             checked_setattr(self, name, value)
 
         made.__setattr__ = __setattr__
