@@ -12,6 +12,7 @@ import threading
 import time
 
 import psutil
+from test_attacks import ctrl_c_as_in_a_terminal
 import pytest
 
 import gemmar
@@ -80,9 +81,10 @@ def test_a_killed_controller_leaves_nothing_after_stop():
     assert wait_until(lambda: not leftovers(info), timeout_s=10), leftovers(info)
 
 
-def test_ctrl_c_ends_a_cli_run_at_once_in_one_line():
+def test_ctrl_c_ends_a_cli_run_at_once_in_one_line():   # (ctrl_c_as_in_a_terminal: test_attacks.py says why)
     cli = subprocess.Popen([sys.executable, "-m", "gemmar.cli", "bench", "-r", "2", "-m", "64", "-n", "64", "-k", "64",
-                            "--iterations", "100000", "-v"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            "--iterations", "100000", "-v"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                           preexec_fn=ctrl_c_as_in_a_terminal)
     try:
         for line in cli.stdout:
             if "iteration 2/" in line:
@@ -224,7 +226,7 @@ def test_a_jupyter_kernel_ending_leaves_nothing_even_with_a_cell_run_twice(endin
 def test_ctrl_c_while_the_command_starts_is_one_line_too():
     # Importing torch and Triton takes the command's first second or more; Ctrl-C there is caught as well.
     cli = subprocess.Popen([sys.executable, "-m", "gemmar.console", "bench", "-r", "2"], stdout=subprocess.PIPE,
-                           stderr=subprocess.PIPE, text=True)
+                           stderr=subprocess.PIPE, text=True, preexec_fn=ctrl_c_as_in_a_terminal)
     time.sleep(0.4)
     cli.send_signal(signal.SIGINT)
     out, err = cli.communicate(timeout=30)

@@ -132,3 +132,22 @@ def test_a_rank_stopped_at_the_deadline_is_named_with_its_line(clusters, tmp_pat
     assert "(it was at spin.py:6 (while tl.atomic_add(flag, 0, sem=\"acquire\", scope=\"sys\") == 0:)" in \
         result.errors[0], result.errors
     assert "(it was at spin.py:14 (time.sleep(600)))" in result.errors[1], result.errors
+
+
+def test_a_second_init_process_group_uses_the_group_there_is(clusters, tmp_path):
+    """A GPU-per-rank heap makes the ranks' default group before the program starts (item 4: Iris's launcher then
+    stopped with "trying to initialize the default process group twice!"); on cpu ranks the same path is a program's
+    second init_process_group: the group there is is used, said once, and collectives work on it."""
+    program = tmp_path / "twice.py"
+    program.write_text(textwrap.dedent('''
+        import torch, torch.distributed as dist
+        dist.init_process_group(backend="gloo")
+        dist.init_process_group(backend="gloo", device_id=torch.device("cuda:0"))
+        total = torch.tensor([dist.get_rank() + 1])
+        dist.all_reduce(total)
+        print("sum", total.item())
+    '''))
+    result, out, err = run(clusters(2), str(program))
+    assert result.ok, (result, out, err)
+    assert out.count("sum 3") == 2, out
+    assert err.count("the ranks' process group exists already") == 1, err
