@@ -116,7 +116,9 @@ def test_gemmar_run_names_a_killed_rank_and_a_hanging_one():
 
     p = gemmar_run("-r", "2", "--backend", "cpu", "--timeout", "10", ENDS_BADLY, "--how", "hang", "--rank", "0")
     assert p.returncode == 3, (p.stdout, p.stderr)
-    assert p.stderr.strip().splitlines()[-1] == "gemmar run: rank 0: still running after the 10 s deadline: stopped"
+    assert p.stderr.strip().splitlines()[-1] == ("gemmar run: rank 0: still running after the 10 s deadline: stopped "
+                                                 "(it was at ends_badly.py:31 (while tl.atomic_add(flag, 0, "
+                                                 "sem=\"acquire\", scope=\"sys\") == 0:))")
     assert "rank 1 done" in p.stdout
 
 
