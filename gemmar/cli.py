@@ -207,7 +207,8 @@ def _run_parser(sub):
     p = sub.add_parser("run", help="run a Python program (an Iris program, unchanged) on every rank, like mpirun",
                        description="gemmar run -r N SCRIPT ARGS is `mpirun -np N python SCRIPT ARGS` for Iris "
                                    "programs: every rank runs SCRIPT in its own ipyparallel engine, `import iris` "
-                                   "gives gemmar's Iris-compatible module over the rank's symmetric heap, output "
+                                   "gives the real Iris (--iris PATH, or an installed one) or else gemmar's "
+                                   "stand-in, over the rank's symmetric heap, output "
                                    "comes back line by line tagged [rank r/N]. On cpu, kernels run under the Triton "
                                    "interpreter and CUDA host calls (device=\"cuda\", synchronize, streams, events) "
                                    "run as their CPU equivalents.",
