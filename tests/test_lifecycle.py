@@ -46,6 +46,25 @@ def leftovers(info):
     return members(set(info["sessions"])) + [path for path in (info["profile"], info["heaps"]) if os.path.exists(path)]
 
 
+def test_a_living_owner_stays_alive_to_its_engines_when_the_system_clock_is_stepped(monkeypatch):
+    """Engines watch their owner by its start stamp. psutil's create_time() adds the boot time, which moves
+    when the clock is stepped (NTP, a VM's clock sync): an engine comparing it took its living owner for dead
+    and ended a CI run's 4-rank cluster ("exited with code 1", the others SIGKILL). The stamp must not move
+    with the boot time; a process that has ended has none; another process has another."""
+    from psutil import _pslinux
+
+    from gemmar.runtime.processes import start_stamp
+
+    own, child = start_stamp(os.getpid()), subprocess.Popen([sys.executable, "-c", "pass"])
+    boot, created = _pslinux.boot_time(), psutil.Process(os.getpid()).create_time()
+    monkeypatch.setattr(_pslinux, "boot_time", lambda: boot + 1.0)   # the clock stepped by one second
+    assert psutil.Process(os.getpid()).create_time() == pytest.approx(created + 1.0)   # what fooled the engines
+    assert start_stamp(os.getpid()) == own
+    child_stamp = start_stamp(child.pid)
+    child.wait()
+    assert start_stamp(child.pid) is None and child_stamp not in (None, own)
+
+
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
 def test_the_cluster_dies_with_its_owner(tmp_path, sig):
     (tmp_path / "owner.py").write_text(OWNER)

@@ -12,7 +12,7 @@ import psutil
 from ..errors import RankDiedError
 from . import memory
 from .processes import _exit_text, _reaped_exit_code
-from .rank import progress_path
+from .rank import OWNER_GONE_EXIT, progress_path
 
 
 class DeathWatch:
@@ -44,7 +44,8 @@ class DeathWatch:
             except psutil.TimeoutExpired:
                 continue
             why = memory.sigkill_cause(self.oom_kills_before) if code == -9 else memory.sigbus_cause() \
-                if code == -signal.SIGBUS else ""
+                if code == -signal.SIGBUS else (": it found the client that owns the cluster gone and ended "
+                                                "every rank") if code == OWNER_GONE_EXIT else ""
             lost[i] = ("died", f"engine process {proc.pid} {_exit_text(code)}{why}")
         return lost
 

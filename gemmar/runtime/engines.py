@@ -29,7 +29,7 @@ from . import limits, memory, rank as rank_runtime
 from .heap import DEFAULT_HEAP_BYTES, make_heap_folder, remove_arenas, shm_dir
 from .backends import check_heap_fits, check_world_size, resolve_backend, shares_gpu
 from .deaths import DeathWatch
-from .processes import _children, _kill, _session
+from .processes import _children, _kill, _session, start_stamp
 from .reaper import TAG_VARIABLE, end_sessions
 from .restarts import RestartsEarly, interactive
 from .results import RankFailure
@@ -125,7 +125,7 @@ class EngineCluster(RestartsEarly):
             self._wait_for_engines(engines)
             self._adopt_descendants()   # the engines' nannies, each in a session of its own
             self.engine_ids = sorted(self.client.ids)[:engines]
-            self.run(rank_runtime.watch_owner, os.getpid(), psutil.Process().create_time(), sorted(self._sessions),
+            self.run(rank_runtime.watch_owner, os.getpid(), start_stamp(os.getpid()), sorted(self._sessions),
                      [], [self.profile_dir, self.heap_folder], [self.cluster_id], timeout=self.start_timeout_s)
             self.pids = [None] * self.world_size
             self.info = self.run_ranks(rank_runtime.init_ranks, engine_args=lambda e: (

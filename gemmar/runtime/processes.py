@@ -77,14 +77,30 @@ def become_subreaper():
         pass
 
 
+def start_stamp(pid):
+    """When process ``pid`` started, as a value that tells it apart from a later process given the same pid;
+    None when it is gone. Not psutil's create_time(): that adds the boot time, which moves when the system
+    clock is stepped (NTP, a VM's clock sync), so the same process can read a second apart, and an engine
+    that compared them once took its living owner for dead and ended the cluster. On Linux: the start in
+    clock ticks since boot (/proc/PID/stat, field 22), which never changes."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return int(f.read().rsplit(b")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        pass
+    try:
+        return psutil.Process(pid).create_time()
+    except psutil.Error:
+        return None
+
+
 def descendants():
-    """This process's descendants now, as {pid: create_time} (pids are reused: the time tells them apart)."""
+    """This process's descendants now, as {pid: start_stamp} (pids are reused: the stamp tells them apart)."""
     found = {}
     for proc in _children(psutil.Process()):
-        try:
-            found[proc.pid] = proc.create_time()
-        except psutil.Error:
-            continue
+        stamp = start_stamp(proc.pid)
+        if stamp is not None:
+            found[proc.pid] = stamp
     return found
 
 

@@ -41,21 +41,24 @@ def local_ranks():
     return list(_ranks)
 
 
+# The exit code of an engine that found its owner gone and ended the cluster (deaths.py says so in words).
+OWNER_GONE_EXIT = 75
+
+
 def watch_owner(owner_pid, owner_started, sessions, patterns, trees, tags=(), every_s=0.5):
     """The second line of defence: a thread in this engine that ends the whole cluster (reaper.end_cluster)
     and this process when the process that owns the cluster is gone, should the reaper be gone too. Also
     makes this engine the subreaper of what it starts (processes.become_subreaper)."""
     import psutil
 
-    from .processes import become_subreaper
+    from .processes import become_subreaper, start_stamp
     from .reaper import end_cluster
 
     become_subreaper()
 
     def owner_alive():
-        try:
-            owner = psutil.Process(owner_pid)
-            return owner.create_time() == owner_started and owner.status() != psutil.STATUS_ZOMBIE
+        try:   # (the stamp, not the pid alone: a pid is reused once its process is gone)
+            return start_stamp(owner_pid) == owner_started and psutil.Process(owner_pid).status() != psutil.STATUS_ZOMBIE
         except psutil.NoSuchProcess:
             return False
 
@@ -63,7 +66,7 @@ def watch_owner(owner_pid, owner_started, sessions, patterns, trees, tags=(), ev
         while owner_alive():
             time.sleep(every_s)
         end_cluster(set(sessions), patterns, trees, set(tags))
-        os._exit(1)
+        os._exit(OWNER_GONE_EXIT)
 
     threading.Thread(target=watch, name="gemmar-owner-watch", daemon=True).start()
 
