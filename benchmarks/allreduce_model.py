@@ -1,7 +1,7 @@
-"""The all-reduce model (gemmar/analysis/allreduce_model.py): its fit on the measured 2-GPU run, then its
+"""The all-reduce model (lab/models/allreduce_model.py): its fit on the measured 2-GPU run, then its
 predictions for 4 and 8 GPUs at 1 KiB - 1 GiB, made before any 4- or 8-GPU machine was lent; no GPU needed.
 
-    python3 benchmarks/allreduce_model.py [--run gemmar/analysis/measured/two-gpus-allreduce.json]
+    python3 benchmarks/allreduce_model.py [--run lab/data/two-gpus-allreduce.json]
 
 Prints, per world size and size, each implementation's predicted time, gemmar's best scheme, and its speed
 against the best baseline (NCCL, torch symmetric memory's two-shot); and the one-shot/two-shot crossover.
@@ -10,8 +10,10 @@ against the best baseline (NCCL, torch symmetric memory's two-shot); and the one
 import argparse
 import datetime
 import os
+import sys
 
-from gemmar.analysis import allreduce_model as model
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # the lab (lab/README.md)
+from lab.models import allreduce_model as model  # noqa: E402
 
 SIZES = [2 ** k / 1024 for k in range(0, 21, 2)]   # 1 KiB .. 1 GiB, x4 steps, in MiB
 

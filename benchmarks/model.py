@@ -1,5 +1,5 @@
-"""The performance model (gemmar/analysis/model.py) checked against the measured 2 x H200 figures, then its
-predictions for two_shot at W = 2 and W = 8; no GPU needed.
+"""The performance model (gemmar/analysis/model.py; at few rows, lab/models/few_rows.py) checked against the
+measured 2 x H200 figures, then its predictions for two_shot at W = 2 and W = 8; no GPU needed.
 
     python3 benchmarks/model.py [--two_gpu FILE] [--one_gpu FILE]   (default: the runs in gemmar/analysis/measured/)
                                 [--two_shot_from LATER_RUN.json] [--link_gb_s 450] [--nccl_bus_gb_s 270]
@@ -15,6 +15,9 @@ import os
 import sys
 
 from gemmar.analysis import model
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # the lab (lab/README.md)
+from lab.models import few_rows as fixed_costs  # noqa: E402
 
 
 def main(args):
@@ -66,19 +69,19 @@ FEW_ROWS_K, FEW_ROWS_N, FEW_ROWS_M = 28672, 8192, (16, 64, 256, 1024)
 
 
 def few_rows_predictions(few_rows, machine, gpu):
-    """The same shapes with fixed costs (``model.FixedCosts``): each predicted from the other four's, then
+    """The same shapes with fixed costs (``fixed_costs.FixedCosts``): each predicted from the other four's, then
     every cost fitted on all five and inference shapes predicted at W = 2 and 8."""
     print("\nwith fixed costs, each shape predicted from the other four's (leave one out: a check the fit did "
           "not see):")
     print("| per-rank M x N x K | fitted on the others: NCCL floor, two_shot extra | two_shot measured | model | "
           "sequential measured | model |\n|---|---|---|---|---|---|")
     worst = 0.0
-    for shape, costs, tm, t, qm, q in model.few_rows_leave_one_out(few_rows, gpu, machine):
+    for shape, costs, tm, t, qm, q in fixed_costs.few_rows_leave_one_out(few_rows, gpu, machine):
         worst = max(worst, abs(t / tm - 1), abs(q / qm - 1))
         print(f"| {' x '.join(map(str, shape))} | {costs.nccl_floor_us:.0f} us, {costs.two_shot_extra_us:.0f} us | "
               f"{tm:.3f} ms | {t:.3f} ms ({100 * (t / tm - 1):+.0f} %) | {qm:.3f} ms | {q:.3f} ms "
               f"({100 * (q / qm - 1):+.0f} %) |")
-    costs = model.fit_fixed_costs(model.read_run(few_rows)["results"], gpu, machine)
+    costs = fixed_costs.fit_fixed_costs(model.read_run(few_rows)["results"], gpu, machine)
     print(f"\nPREDICTED, not measured (fixed costs fitted on all five: NCCL floor {costs.nccl_floor_us:.0f} us, "
           f"two_shot extra {costs.two_shot_extra_us:.0f} us, matmul at least {costs.matmul_floor_us:.0f} us; at "
           f"W = 8 the same costs, an assumption; off by up to {100 * worst:.0f} % where checked): "
@@ -88,7 +91,7 @@ def few_rows_predictions(few_rows, machine, gpu):
     for W in (2, 8):
         for m in FEW_ROWS_M:
             shape = (m, FEW_ROWS_N, FEW_ROWS_K // W)
-            mm, fused, sequential = model.predict_few_rows_unmeasured(shape, W, costs, gpu, machine)
+            mm, fused, sequential = fixed_costs.predict_few_rows_unmeasured(shape, W, costs, gpu, machine)
             print(f"| {W} | {' x '.join(map(str, shape))} | {mm:.3f} ms | {fused:.3f} ms | {sequential:.3f} ms | "
                   f"{fused / sequential:.2f} |")
 

@@ -1,7 +1,9 @@
-"""The package's layers, from its own imports: no module imports from a layer above it, and no cycle.
+"""The package's layers, from its own imports: no module imports from a layer above it, and no cycle; the kit
+never imports the Iris layer (gemmar/iris/, which plugs in through gemmar/programs/hooks.py).
 
-client (cluster, cli, commands, outputs, console, exercises, explorer, report, progress, __init__) -> runtime, analysis
--> config, algorithms (the registry of specs), sanitizer -> kernels (with each algorithm's spec) -> errors
+the Iris layer (iris) -> client (cluster, cli, commands, programs, outputs, console, exercises, explorer, report,
+progress, __init__) -> runtime, analysis -> config, algorithms (the registry of specs), sanitizer -> kernels (with
+each algorithm's spec) -> errors
 """
 
 import ast
@@ -12,7 +14,7 @@ import pytest
 
 PACKAGE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "gemmar")
 LAYER = {"__init__": 5, "__main__": 5, "cluster": 4, "cli": 4, "commands": 4, "outputs": 4, "console": 4, "exercises": 4, "partial_counts": 4, "progress": 4,
-         "explorer": 4, "report": 4, "iris": 4, "runtime": 3, "analysis": 3, "sanitizer": 2, "algorithms": 2, "config": 2,
+         "explorer": 4, "report": 4, "programs": 4, "iris": 6, "runtime": 3, "analysis": 3, "sanitizer": 2, "algorithms": 2, "config": 2,
          "tuning": 2, "kernels": 1, "errors": 0, "interrupts": 0,
          "tune_command": 4, "tuner": 4, "tuning_cache": 2}
 
@@ -50,6 +52,24 @@ def test_no_module_imports_from_a_layer_above_it():
     assert not upward, upward
 
 
+def test_the_kit_never_imports_the_iris_layer():
+    """The Iris layer is reached through the program hook's entry point (pyproject.toml), never by an import of the
+    kit's; nor does the kit name one of its files (a path in code, as kernels/device.py's PASS_THROUGH once did)."""
+    edges = module_imports()
+    into_iris = sorted((a, b) for a, b in edges if b.startswith("gemmar.iris") and not a.startswith("gemmar.iris"))
+    assert any(a.startswith("gemmar.iris") for a, _ in edges) and not into_iris, into_iris
+    named = []
+    for folder, _, files in os.walk(PACKAGE):
+        if os.path.basename(folder) == "iris":
+            continue
+        for name in (n for n in files if n.endswith(".py")):
+            for node in ast.walk(ast.parse(open(os.path.join(folder, name)).read())):
+                if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "join" and \
+                        any(isinstance(a, ast.Constant) and a.value == "iris" for a in node.args):
+                    named.append(f"{name}: os.path.join(..., 'iris', ...)")
+    assert not named, named
+
+
 def test_no_import_cycle():
     graph = collections.defaultdict(set)
     for a, b in module_imports():
@@ -71,25 +91,21 @@ def test_no_import_cycle():
             visit(node, [])
 
 
-# Sizes agreed for the package (issue 38): a module a reader can hold, a function that fits on a screen.
-MAX_MODULE_LINES, MAX_FUNCTION_LINES = 400, 60
-
-
-def test_no_module_or_function_is_too_long_to_read():
-    too_long = []
+def test_the_package_never_imports_the_lab():
+    """Issue 59: the lab (lab/: models only benchmarks use, run records) sits outside the package, and no arrow
+    goes from the kit into it: no module of gemmar imports ``lab`` or reads a file under lab/."""
+    found = []
     for folder, _, files in os.walk(PACKAGE):
-        for name in files:
-            if not name.endswith(".py"):
-                continue
+        for name in (n for n in files if n.endswith(".py")):
             path = os.path.join(folder, name)
             source = open(path).read()
-            where = os.path.relpath(path, os.path.dirname(PACKAGE))
-            if source.count("\n") > MAX_MODULE_LINES:
-                too_long.append(f"{where}: {source.count(chr(10))} lines (at most {MAX_MODULE_LINES})")
             for node in ast.walk(ast.parse(source)):
-                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                    length = node.end_lineno - node.lineno + 1
-                    if length > MAX_FUNCTION_LINES:
-                        too_long.append(f"{where}:{node.lineno} {node.name}: {length} lines (at most "
-                                        f"{MAX_FUNCTION_LINES})")
-    assert not too_long, too_long
+                imported = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                    [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else []
+                found += [f"{os.path.relpath(path, PACKAGE)}: import {m}" for m in imported
+                          if m == "lab" or m.startswith("lab.")]
+                if isinstance(node, ast.Constant) and isinstance(node.value, str) and \
+                        (node.value == "lab" or node.value.startswith(("lab/", "lab."))):
+                    found.append(f"{os.path.relpath(path, PACKAGE)}: {node.value!r}")
+    assert not found, found
+    assert os.path.exists(os.path.join(PACKAGE, "..", "lab", "models", "allreduce_model.py"))   # (the lab is there)

@@ -3,10 +3,14 @@
 
 import os
 import re
+import sys
 
 import pytest
 
 from gemmar.analysis import model
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # the lab (lab/README.md)
+from lab.models import allreduce_model, few_rows  # noqa: E402
 
 SHAPE = (8192, 8192, 8192)
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "data")
@@ -115,29 +119,29 @@ def test_few_rows_fixed_costs_follow_their_formulas_and_leave_the_checked_shape_
     gpu, machine = model.Gpu(), model.Machine(matmul_ms={})
     # torch.matmul where it was not measured: at 16 rows reading B decides, at 8192^3 the FLOPs.
     assert model.matmul_ms((16, 8192, 14336), gpu) == pytest.approx((16 * 14336 + 14336 * 8192 + 16 * 8192) * 2 / 4e9)
-    costs = model.FixedCosts(nccl_floor_us=40.0, two_shot_extra_us=30.0, matmul_floor_us=20.0)
+    costs = few_rows.FixedCosts(nccl_floor_us=40.0, two_shot_extra_us=30.0, matmul_floor_us=20.0)
     shape = (16, 8192, 1024)
-    fused, sequential = model.predict_few_rows(shape, 2, 0.02, costs, gpu, machine)
+    fused, sequential = few_rows.predict_few_rows(shape, 2, 0.02, costs, gpu, machine)
     assert fused == pytest.approx(max(model.two_shot_local_ms(shape, 0.02, 2, gpu), 16 * 8192 * 2 / 450e6) + 0.030)
     assert sequential == pytest.approx(0.02 + 0.040)   # 256 KiB: NCCL's floor, not its bytes
     big = (4096, 8192, 1024)
-    assert model.predict_few_rows(big, 8, 0.1, costs, gpu, machine)[1] == pytest.approx(
+    assert few_rows.predict_few_rows(big, 8, 0.1, costs, gpu, machine)[1] == pytest.approx(
         0.1 + 2 * 7 / 8 * 4096 * 8192 * 2 / 270e6)   # 64 MiB at W = 8: its bytes, not the floor
-    assert model.predict_few_rows_unmeasured(shape, 2, costs, gpu, machine)[0] == 0.020   # the matmul floor
+    assert few_rows.predict_few_rows_unmeasured(shape, 2, costs, gpu, machine)[0] == 0.020   # the matmul floor
     # Leave one out: the left-out shape's own figures change nothing in its prediction.
     path = os.path.join(model.MEASURED, model.FEW_ROWS_RUN)
     with open(path) as f:
         run = json.load(f)
-    rows = model.few_rows_leave_one_out(path, gpu, machine)
+    rows = few_rows.few_rows_leave_one_out(path, gpu, machine)
     assert [r[0] for r in rows] == [tuple(r["shape"]) for r in run["results"]]
     for shape, costs, *_ in rows:   # each fit is the fit of the other shapes alone
         others = [r for r in run["results"] if tuple(r["shape"]) != shape]
-        assert costs == model.fit_fixed_costs(others, gpu, machine)
+        assert costs == few_rows.fit_fixed_costs(others, gpu, machine)
     run["results"][-1]["two_shot_ms"] *= 3
     run["results"][-1]["allreduce_ms"] *= 3
     changed = tmp_path / "run.json"
     changed.write_text(json.dumps(run))
-    again = model.few_rows_leave_one_out(str(changed), gpu, machine)
+    again = few_rows.few_rows_leave_one_out(str(changed), gpu, machine)
     assert again[-1][1] == rows[-1][1] and again[-1][3] == rows[-1][3] and again[-1][2] == 3 * rows[-1][2]
 
 
@@ -145,8 +149,7 @@ def test_the_all_reduce_model_fits_the_measured_two_gpu_run_and_scales_by_its_ru
     """Issue 50: the all-reduce model fits the 2-GPU run it is fitted on (within 30 % at every measured size,
     10 % at 64 MiB and up, where bandwidth decides), and predicts W = 4 and 8 by its stated rules: NCCL's ring
     latency grows as W - 1, one-shot's bytes as W - 1, two-shot's as 2 (W - 1) / W."""
-    from gemmar.analysis import allreduce_model as model
-
+    model = allreduce_model
     fits = model.fit(model.load())
     assert set(fits) == set(model.IMPLEMENTATIONS)
     for f in fits.values():

@@ -21,7 +21,9 @@ import os
 
 import numpy as np
 
-MEASURED_RUN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "measured", "two-gpus-allreduce.json")
+# The run it is fitted on: lab/data/ (its machine and date: docs/decisions.md, the all-reduce model).
+LAB = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MEASURED_RUN = os.path.join(LAB, "data", "two-gpus-allreduce.json")
 # implementation -> (its scheme's bus bytes, how its latency grows with W)
 IMPLEMENTATIONS = {"gemmar_two_shot": ("two_shot", "direct"), "gemmar_one_shot": ("one_shot", "direct"),
                    "symm_mem_two_shot": ("two_shot", "direct"), "nccl": ("two_shot", "ring")}

@@ -1,0 +1,1 @@
+"""Models only the benchmarks (and their tests) use: the all-reduce across W GPUs, the fixed costs at few rows."""
