@@ -11,7 +11,6 @@ user's loop sees it (host time included), the latter only where a launch is shor
 """
 
 import contextlib
-import time
 
 import numpy as np
 import torch
@@ -170,7 +169,3 @@ def heap_bytes_for(shapes, datatype):
     # C, the partials (whole tiles: up to 255 rows and columns of padding each way) and the flags
     padded = max((-(-m // 256) * 256) * (-(-n // 256) * 256) for m, n, _ in shapes)
     return max(256 << 20, int(1.25 * (most + padded) * itemsize) + (64 << 20))
-
-
-def elapsed_since(start):
-    return time.monotonic() - start

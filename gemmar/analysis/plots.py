@@ -248,8 +248,6 @@ def _draw_summary(s, ax, ranks, scale, unit):
                  "time during which one of its programs was in a GEMM", fontsize=9)
 
 
-
-
 @drawn_as_written
 def tile_grid(trace, iteration=-1, path=None, show=True):
     """Heat maps per rank: which program did which tile, and when each tile's result was stored (shown under
