@@ -225,11 +225,9 @@ def _run_parser(sub):
     p.add_argument("--heap_size", type=_heap_bytes, default=1 << 30,
                    help="symmetric heap per rank, bytes or with K/M/G (default 1G); a program's iris.iris(size) "
                         "gets this heap")
-    p.add_argument("--iris", metavar="PATH", default=None,
-                   help="run the real Iris package of this checkout (its own kernels, on gemmar's ranks and heaps); "
-                        "default: an installed Iris if there is one, else gemmar's stand-in")
-    p.add_argument("--replace_iris", action="store_true",
-                   help="use gemmar's iris stand-in even where a real Iris is installed")
+    from .programs import hooks
+
+    hooks.add_arguments(p)   # (the layers' own flags: gemmar's Iris layer adds --iris PATH and --replace_iris)
     p.add_argument("--sanitize", action="store_true",
                    help="(cpu) record every heap access of the program's kernels and report races across ranks "
                         "and programs, and accesses outside their buffer (docs/sanitizer.md); exit 1 on a race")

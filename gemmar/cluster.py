@@ -16,7 +16,7 @@ from .runtime import rank as rank_runtime
 from .runtime.allreduce import check_all_reduce_fits, run_all_reduce
 from .runtime.problem import input_scale, narrower_dtype_hint
 from .runtime.timing import benchmark_rank
-from .iris import runner as programs
+from .programs import runner as programs
 from .runtime import memory
 from .runtime.engines import EngineCluster
 from .runtime.launch import heap_bytes_needed
@@ -130,28 +130,28 @@ class Result:
 
 
 class Cluster(EngineCluster):
-    """``world_size`` ipyparallel engines as ranks, and the fused GEMM + all-reduce on them; Iris programs on
-    them with ``run_script`` and ``activate`` (``iris/runner.py``)."""
+    """``world_size`` ipyparallel engines as ranks, and the fused GEMM + all-reduce on them; programs (Iris's
+    among them) on them with ``run_script`` and ``activate`` (``programs/runner.py``)."""
 
-    def run_script(self, path, *args, timeout=None, echo=True, replace_iris=False, out=None, err=None,
-                   sanitize=False, iris=None):
+    def run_script(self, path, *args, timeout=None, echo=True, out=None, err=None, sanitize=False, **hook_options):
         """Run the Python program ``path`` with ``args`` on every rank, as ``mpirun -np N python path args``
-        would, with an Iris as ``iris``: the real one at ``iris`` (a checkout's folder), else an installed
-        Iris, else gemmar's stand-in (``replace_iris=True``: the stand-in whatever is installed). Output is printed as it comes, each line tagged
+        would. ``hook_options``: the keywords of the layers' program hooks (``programs/hooks.py``); gemmar's
+        Iris layer takes ``iris=PATH`` (a real Iris checkout) and ``replace_iris=True`` (its stand-in whatever is
+        installed), else an installed Iris, else the stand-in. Output is printed as it comes, each line tagged
         ``[rank r/N]`` (``echo=False``: not printed). ``timeout``: seconds before ranks still running are
         named and stopped (None: no deadline). ``sanitize`` (cpu): record every heap access of the program's
         kernels and report races and out-of-bounds accesses (``ProgramResult.sanitizer``, also printed).
         Needs one process per rank (``Cluster(..., process_per_rank=True)`` where ranks share a GPU).
         Returns a ProgramResult."""
-        return programs.run_script(self, path, args, timeout=timeout, echo=echo, replace_iris=replace_iris, out=out,
-                                   err=err, sanitize=sanitize, iris=iris)
+        return programs.run_script(self, path, args, timeout=timeout, echo=echo, out=out, err=err,
+                                   sanitize=sanitize, **hook_options)
 
-    def activate(self, suffix="", iris=None, replace_iris=False):
+    def activate(self, suffix="", **hook_options):
         """Register ipyparallel's ``%px`` / ``%%px`` magics (``%%px{suffix}``) for these ranks in the running
-        IPython, with gemmar's ``iris`` module importable on every rank: in a ``%%px`` cell ``import iris``
+        IPython, each rank made ready as for ``run_script`` (same ``hook_options``): in a ``%%px`` cell ``import iris``
         and ``shmem = iris.iris(heap_size)`` work as in a program run by ``gemmar run``, kernels defined in
         the cell run on every rank, and each rank's output is shown under its engine. Returns the view."""
-        return programs.activate(self, suffix, iris=iris, replace_iris=replace_iris)
+        return programs.activate(self, suffix, **hook_options)
 
     def bench(self, config=None, validate=True, verbose=False, mistake="none", return_c=False, on_progress=None,
               parts=None, progress=False, **settings):
@@ -160,19 +160,25 @@ class Cluster(EngineCluster):
 
         ``on_progress(rank, {"iteration", "max_abs_diff", "seconds"})`` is called as ranks finish iterations.
         ``parts``: {name: @triton.jit function} run in place of the kernel's own (``runtime/shipping.py``).
+        ``mistake``: a teaching mistake by name (``kernels/mistakes.py``): the parts it swaps, before ``parts``.
         ``progress``: a run longer than ``PROGRESS_AFTER_S`` draws a progress bar (launches checked, the time of
-        the one running; tqdm: a widget in a notebook, a line in a terminal).
+        the one running; tqdm: a widget in a notebook, a line in a terminal). A checked config (the
+        command line's, ``RunConfig.validate``'s) of this cluster's world size is run as it is.
         """
         if config is not None and not isinstance(config, RunConfig):
             raise UsageError(f"config={config!r} is not allowed: give a RunConfig (or leave it out and pass settings, "
                              f"e.g. bench(algorithm={config!r}) for an algorithm)" if isinstance(config, str) else
                              f"config={type(config).__name__} is not allowed: give a RunConfig, or settings by name")
-        base = (config or RunConfig()).to_dict()
-        if "algorithm" in settings:
-            settings["algorithm"] = algorithms.get(settings["algorithm"]).name
-        config = RunConfig.from_settings({**base, **settings}, world_size=self.world_size)
+        if config is None or not config.checked or settings or config.world_size != self.world_size:
+            if "algorithm" in settings:
+                settings["algorithm"] = algorithms.get(settings["algorithm"]).name
+            config = RunConfig.from_settings({**(config or RunConfig()).to_dict(), **settings},
+                                             world_size=self.world_size)
         check_memory(config, len(self.engine_ranks), self.backend)
-        return self._run(config, None, validate, verbose, mistake, return_c, on_progress, parts, progress=progress)
+        parts = {**config.spec.mistake_swaps(mistake), **(parts or {})}
+        result = self._run(config, None, validate, verbose, return_c, on_progress, parts, progress=progress)
+        result.mistake = mistake
+        return result
 
     def gemm_all_reduce(self, A, B, algorithm=RunConfig.algorithm, validate=True, mistake="none", verbose=False,
                         parts=None, launch_deadline_s=None, progress=False, **settings):
@@ -203,6 +209,7 @@ class Cluster(EngineCluster):
         if A.dtype != B.dtype:
             raise UsageError(f"A is {A.dtype} and B is {B.dtype}: use the same dtype for both")
         spec = algorithms.get(algorithm)
+        parts = {**spec.mistake_swaps(mistake), **(parts or {})}
         fixed = dict(m=A.shape[0], n=B.shape[1], k=A.shape[1], datatype=A.dtype, algorithm=spec.name,
                      world_size=self.world_size)
         if not spec.builtin and self.backend == "cpu" and "sanitize" not in settings:
@@ -222,7 +229,7 @@ class Cluster(EngineCluster):
                 raise UsageError(f"{name} holds {bad} NaN or infinite value(s): C could not be checked against "
                                  f"the reference; give finite inputs")
         A, B = A.detach().cpu(), B.detach().cpu()
-        slices = [k_bounds(config.k, self.world_size, r) for r in range(self.world_size)]
+        slices = [k_bounds(config.k, config.world_size, r) for r in range(config.world_size)]
         reference, partial_largest = torch.zeros(config.m, config.n, dtype=torch.float64), []
         for s, e in slices:   # (one partial at a time: the reference's memory, not world_size times it)
             partial = A[:, s:e].double() @ B[s:e, :].double()
@@ -230,8 +237,10 @@ class Cluster(EngineCluster):
             reference += partial
         check_no_overflow(config, _largest(reference), partial_largest)
         inputs = [(A[:, s:e].contiguous(), B[s:e, :].contiguous()) for s, e in slices]
-        return self._run(config, (inputs, reference, input_scale(A, B)), validate, verbose, mistake,
-                         True, parts=parts, launch_deadline_s=launch_deadline_s, progress=progress)
+        result = self._run(config, (inputs, reference, input_scale(A, B)), validate, verbose, True, parts=parts,
+                           launch_deadline_s=launch_deadline_s, progress=progress)
+        result.mistake = mistake
+        return result
 
     def compare_to_unfused(self, configs, reps=20, warmup=5, baseline=True, problem=None):
         """GPU only: time each fused kernel and the unfused baseline (cuBLAS matmul, NCCL all-reduce, both in
@@ -304,9 +313,10 @@ class Cluster(EngineCluster):
             figures["sanitizer"] = analyse([o["sanitizer"] for o in outs])
         return figures
 
-    def _run(self, config, data, validate, verbose, mistake, return_c, on_progress=None, parts=None,
-             launch_deadline_s=None, progress=False):
-        W, n = self.world_size, config.iterations
+    def _run(self, config, data, validate, verbose, return_c, on_progress=None, parts=None, launch_deadline_s=None,
+             progress=False):
+        """Below the boundary: ``config`` checked, ``parts`` a teaching mistake's and a participant's together."""
+        W, n = config.world_size, config.iterations
         sources = ship_parts(parts, config.spec)
         shipped = ship(config.spec)
         bar, checked = _launches_bar(config) if progress else None, {}   # checked: rank -> launches checked
@@ -341,14 +351,13 @@ class Cluster(EngineCluster):
         # waits on no flag (the watchdog catches those that do), and every rank is stopped.
         try:
             outs = self.run_ranks(rank_runtime.run_gemm_all_reduce, engine_args=engine_args, on_progress=report,
-                                  launch_deadline_s=launch_deadline_s or 2 * config.timeout_s + 10, mistake=mistake,
-                                  return_c=return_c,
-                                  validate=validate, parts=sources, algorithm=shipped)
+                                  launch_deadline_s=launch_deadline_s or 2 * config.timeout_s + 10,
+                                  return_c=return_c, validate=validate, parts=sources, algorithm=shipped)
         finally:
             if bar is not None:
                 bar.close()
         RankFailure.raise_first(outs)
-        result = Result(config, self.backend, outs, outs[0].C, self.info, mistake)
+        result = Result(config, self.backend, outs, outs[0].C, self.info)
         if verbose and validate:
             peak = float(data[1].abs().max()) if data is not None else None
             for r, out in enumerate(outs):

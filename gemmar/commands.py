@@ -330,9 +330,10 @@ def cmd_run(args):
         raise UsageError(f"{args.script}: no such program file")
     if not 0 < args.timeout <= 86400:
         raise UsageError(f"--timeout {args.timeout:g}: use seconds from 0 to 86400")
-    from .iris.real_iris import choose
+    from .programs import hooks
 
-    choose(args.iris, args.replace_iris)   # (a bad --iris is one line here, before any engine starts)
+    hook_options = hooks.given(args)
+    hooks.plans(hook_options)   # (a bad --iris is one line here, before any engine starts)
     backend = resolve_backend(args.backend, args.num_ranks)
     if args.sanitize and backend != "cpu":
         raise UsageError(f"--sanitize is not allowed on the {backend} backend: the sanitizer watches kernels under the "
@@ -347,9 +348,8 @@ def cmd_run(args):
     log("-", W, f"{where}, backend {backend}, heap {size_text(args.heap_size)} per rank")
     with Cluster(world_size=W, backend=backend, heap_size=args.heap_size, timeout_s=max(10.0, args.timeout),
                  process_per_rank=True) as cluster:
-        result = cluster.run_script(args.script, *args.args, timeout=args.timeout, replace_iris=args.replace_iris,
-                                    iris=args.iris,
-                                    sanitize=args.sanitize)
+        result = cluster.run_script(args.script, *args.args, timeout=args.timeout, sanitize=args.sanitize,
+                                    **hook_options)
     seconds = time.monotonic() - start
     if result.ok:
         log("-", W, f"every rank exited 0 ({seconds:.1f} s)")

@@ -322,7 +322,7 @@ def test_a_rank_that_leaves_releases_the_others_from_a_barrier(clusters, world_s
 
 
 def test_the_ranks_that_waited_for_a_rank_that_left_are_one_line():
-    from gemmar.iris.runner import ProgramResult
+    from gemmar.programs.runner import ProgramResult
 
     left = "RankLeftError: rank 1 ended (exit code 4) before the barrier (prog.py:12)"
     result = ProgramResult("prog.py", [1, 4, 1, 1], [left, "exit code 4", left, "ValueError: late (prog.py:20)"])

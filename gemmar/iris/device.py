@@ -36,6 +36,9 @@ from . import tiles
 from ..kernels.device import (atomic_add, atomic_and, atomic_cas, atomic_max, atomic_min, atomic_or,
                               atomic_sub, atomic_xchg, atomic_xor, copy, get, load, now, put, store, translate)
 
+# Reports (the sanitizer's, a bad rank's) name the kernel line that called this module, not a line of it.
+REPORTS_NAME_THE_LINE_THAT_CALLS_THIS_MODULE = True
+
 __all__ = ["DeviceContext", "Context", "DeviceTracing", "TraceEvent", "read_realtime", "get_cu_id", "get_xcc_id", "translate", "load", "store",
            "copy", "get", "put", "atomic_add", "atomic_sub", "atomic_cas", "atomic_xchg", "atomic_min", "atomic_max",
            "atomic_and", "atomic_or", "atomic_xor"]

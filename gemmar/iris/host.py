@@ -41,7 +41,8 @@ import triton.language as tl
 from ..errors import UsageError
 from ..kernels.device import get, register_heap_bases
 from ..runtime.heap import HEADER_BYTES, size_text
-from . import ccl, device, hip, host_calls, ops, this_rank, tracing  # noqa: F401 - iris.ccl, iris.ops, ...: Iris's layout
+from ..programs import host_calls
+from . import ccl, device, hip, ops, this_rank, tracing  # noqa: F401 - iris.ccl, iris.ops, ...: Iris's layout
 from .device import (Context, DeviceContext, atomic_add, atomic_and, atomic_cas, atomic_max,  # noqa: F401
                      atomic_min, atomic_or, atomic_sub, atomic_xchg, atomic_xor, copy, load, put, store, translate)
 from .device import TraceEvent  # noqa: F401

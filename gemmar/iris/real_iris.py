@@ -28,7 +28,6 @@ import sys
 import types
 
 from ..errors import UsageError
-from . import hip as machine_queries
 from . import this_rank
 
 STAND_IN = "gemmar"   # the iris a rank runs when asked for gemmar's own (``--replace_iris``)
@@ -118,6 +117,8 @@ class _Refused:
 
 def _machine_module(name):
     """``iris.host.platform.hip`` on gemmar's ranks."""
+    from . import hip as machine_queries   # (torch: imported on a rank, not by `gemmar run --help`)
+
     module = types.ModuleType(name, "gemmar's answers to Iris's device queries (gemmar/iris/real_iris.py)")
     for query in ("get_num_xcc", "get_wall_clock_rate", "get_cu_count", "count_devices", "get_device_id"):
         setattr(module, query, getattr(machine_queries, query))

@@ -14,7 +14,7 @@ import torch
 
 from ..errors import UsageError
 from ..runtime.heap import size_text
-from . import host_calls
+from ..programs import host_calls
 
 
 class IrisRefusal(UsageError, RuntimeError):

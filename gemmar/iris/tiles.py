@@ -29,6 +29,9 @@ from ..kernels.device import INTERPRETER, host_int, now, pause
 from ..kernels.triton_support import device_aggregate
 from . import this_rank
 
+# Reports (the sanitizer's, a bad rank's) name the kernel line that called this module, not a line of it.
+REPORTS_NAME_THE_LINE_THAT_CALLS_THIS_MODULE = True
+
 
 @triton.jit
 def _tile_pointers(ptr, M, N, stride_m, stride_n, rows, cols):

@@ -1,14 +1,8 @@
-"""What ``gemmar run`` does on each rank: gemmar's ``iris`` package in place of Iris, CUDA host calls made to
-work on the cpu backend, the program's own launch (``mp.spawn``, torchrun, ``torch.distributed``: ``launch.py``)
-pointed at gemmar's ranks, and the program run as ``__main__``; the client (``runner.py``) streams its output
-and collects how each rank ended.
-
-``import iris`` gives ``host.py``, and the submodules of today's Iris package that programs import are
-gemmar's: ``iris.device`` / ``iris.device.utils`` / ``iris.mem`` (``device.py``: ``DeviceContext``,
-``read_realtime``), ``iris.hip``, ``iris.ccl``, ``iris.ops``, ``iris.host.tracing``. AMD-only pieces
-(``iris.gluon``, ``iris.experimental``) are refused in one line when a program reaches into them.
-Host calls that would not work on gemmar's ranks as written (CUDA on the cpu backend, AMD-only launch
-options, a false ``tl.assume``) are adapted by ``host_calls.py``.
+"""What ``gemmar run`` does on each rank: the rank made ready for a program written for GPUs (CUDA host calls
+made to work on the cpu backend, AMD-only launch options dropped: ``host_calls.py``), every layer's hook
+(``hooks.py``: gemmar's Iris layer makes ``import iris`` give an Iris), the program's own launch (``mp.spawn``,
+torchrun, ``torch.distributed``: ``launch.py``) pointed at gemmar's ranks, and the program run as ``__main__``;
+the client (``runner.py``) streams its output and collects how each rank ended.
 """
 
 import builtins
@@ -19,84 +13,31 @@ import signal
 import sys
 import time
 import traceback
-import types
 
 
 from .. import sanitizer
 from ..errors import UsageError, gemmar_cause
 from ..runtime.processes import descendants, end_descendants_since
 from ..runtime import rank as rank_runtime
-from . import guard, launch, real_iris, whereabouts
+from . import guard, hooks, launch, whereabouts
 from .host_calls import adapt_launches, cuda_on_cpu, cuda_ordinals_to, is_program_file, warn_false_assumes
 
 
-
-# Iris's package layout -> gemmar's modules (``gemmar.iris.<name>``); the AMD-only ones are refused on use.
-PACKAGE_LAYOUT = {"iris": "host", "iris.device": "device", "iris.device.utils": "device",
-                  "iris.device.triton": "device",
-                  "iris.mem": "device", "iris.mem.utils": "device", "iris.mem.triton": "device", "iris.hip": "hip",
-                  "iris.ccl": "ccl", "iris.ops": "ops", "iris.host": "host", "iris.host.tracing": "tracing",
-                  "iris.host.logging": "log_format", "iris.host.logging.logging": "log_format",
-                  "iris.mem.triton.context": "device", "iris.device.triton.context": "device",
-                  "iris.tensor_creation": "tensors", "iris.ops.config": "ops",
-                  "iris.ops.matmul_reduce_scatter": "ops", "iris.ops.matmul_all_reduce": "ops",
-                  "iris.ops.all_gather_matmul_hbm_buffer": "ops",
-                  "iris.host.tracing.events": "tracing"}
-AMD_ONLY_MODULES = {"iris.gluon": "Gluon kernels (Triton's gluon dialect, as Iris uses it on ROCm)",
-                    "iris.experimental": "Iris's experimental (Gluon) kernels",
-                    "iris.device.gluon": "Gluon kernels (Triton's gluon dialect, as Iris uses it on ROCm)",
-                    "iris.mem.gluon": "Gluon kernels (Triton's gluon dialect, as Iris uses it on ROCm)"}
-
-
-def _amd_only_module(name, what):
-    module = types.ModuleType(name)
-
-    def refuse(attribute):
-        if attribute.startswith("__"):
-            raise AttributeError(attribute)
-        raise UsageError(f"{name}.{attribute}: {what} are AMD-only; gemmar's iris runs Triton kernels")
-
-    module.__getattr__ = refuse
-    return module
-
-
-def _install_package():
-    import importlib
-
-    modules = {name: importlib.import_module(f"{__package__}.{target}") for name, target in PACKAGE_LAYOUT.items()}
-    modules.update({name: _amd_only_module(name, what) for name, what in AMD_ONLY_MODULES.items()})
-    for name in sorted(modules, key=lambda n: n.count(".")):   # parents first
-        sys.modules[name] = modules[name]
-        if "." in name:
-            parent, _, child = name.rpartition(".")
-            # (never over a name the parent module has: iris.host.logging must not hide host.py's `logging`)
-            if not hasattr(modules[parent], child):
-                setattr(modules[parent], child, modules[name])
-
-
-def install_iris(choice=real_iris.STAND_IN):
-    """Make ``import iris`` give an Iris on this rank (one rank per engine): ``choice`` is ``"gemmar"`` for
-    gemmar's stand-in package, or the folder of a real Iris package that runs over this rank's heap
-    (``real_iris.py``); ``real_iris.choose`` picks it from ``--iris`` / ``--replace_iris``."""
-    from . import this_rank
-
+def prepare_rank(plans):
+    """Make this engine's rank (one per engine) ready for a program, then run every layer's hook with its plan
+    (``hooks.plans``). Returns the rank."""
     ranks = rank_runtime.local_ranks()
     if len(ranks) != 1:
-        raise UsageError(f"Iris programs need one process per rank; this engine hosts ranks {[c.rank for c in ranks]} "
+        raise UsageError(f"programs need one process per rank; this engine hosts ranks {[c.rank for c in ranks]} "
                          f"sharing one GPU: use as many GPUs as ranks, or the cpu backend")
-    this_rank.heap = ranks[0].heap
-    backend = ranks[0].backend
-    if backend == "cpu":
+    heap = ranks[0].heap
+    if heap.backend == "cpu":
         cuda_on_cpu()
         warn_false_assumes()
-    elif ranks[0].heap.ranks_on_device > 1:
-        cuda_ordinals_to(ranks[0].heap.device)
-    adapt_launches(backend)
-    if choice == real_iris.STAND_IN:
-        real_iris.forget_iris_modules()
-        _install_package()
-    else:
-        real_iris.host(choice)
+    elif heap.ranks_on_device > 1:
+        cuda_ordinals_to(heap.device)
+    adapt_launches(heap.backend)
+    hooks.prepare_rank(plans)
     return ranks[0].rank
 
 
@@ -184,12 +125,13 @@ class _ProcessState:
                     signal.signal(number, handler)
 
 
-def run_program(path, args, cwd, store_path, iris_choice=real_iris.STAND_IN, sanitize=False):
+def run_program(path, args, cwd, store_path, plans, sanitize=False):
     """Run ``path`` as ``__main__`` with ``sys.argv = [path, *args]`` in ``cwd``, on this engine's rank;
     ``store_path``: a file in the cluster's private folder where this run's ranks meet for
     ``torch.distributed`` (``launch.py``). Returns {"rank", "exit_code", "error"}: 0 and None when it ended
-    normally or by ``sys.exit(0)``; with ``sanitize``, also "sanitizer": this rank's record of heap accesses."""
-    rank = install_iris(iris_choice)
+    normally or by ``sys.exit(0)``; with ``sanitize``, also "sanitizer": this rank's record of heap accesses.
+    ``plans``: each program hook's plan (``hooks.plans``)."""
+    rank = prepare_rank(plans)
     heap = rank_runtime.local_ranks()[0].heap
     started_before = descendants()   # what the program starts ends with it (end_descendants_since below)
     saved = sys.argv, list(sys.path), os.getcwd(), set(sys.modules)

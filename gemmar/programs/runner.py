@@ -1,5 +1,6 @@
-"""Iris programs on gemmar's ranks, from the client: ``Cluster.run_script`` (what ``gemmar run`` calls) and
-``Cluster.activate`` (ipyparallel's ``%%px`` magics over the ranks). The rank side is ``rank.py``.
+"""Programs on gemmar's ranks, from the client: ``Cluster.run_script`` (what ``gemmar run`` calls) and
+``Cluster.activate`` (ipyparallel's ``%%px`` magics over the ranks). The rank side is ``rank.py``; what a layer
+sets up on each rank first (gemmar's Iris layer: ``import iris``) comes through ``hooks.py``.
 
 Like ``mpirun -np N python SCRIPT ARGS``: every rank runs the program at once, its output comes back line
 by line tagged ``[rank r/N]``, and the run ends when every rank has. When a rank fails, the ranks still
@@ -20,9 +21,9 @@ import uuid
 from dataclasses import dataclass, field
 
 from ..errors import UsageError
-from . import departures
+from . import departures, hooks
 from . import rank as rank_scripts
-from . import real_iris, whereabouts
+from . import whereabouts
 from .host_calls import is_program_file
 
 FAILURE_GRACE_S = 5.0
@@ -96,8 +97,7 @@ def _signal_exit_code(what):
     return int(found.group(1)) or 1 if found else 1
 
 
-def run_script(cluster, path, args=(), timeout=None, echo=True, replace_iris=False, out=None, err=None,
-               sanitize=False, iris=None):
+def run_script(cluster, path, args=(), timeout=None, echo=True, out=None, err=None, sanitize=False, **hook_options):
     """``Cluster.run_script`` (its docstring says what each argument does): the program at ``path`` on every
     rank of ``cluster``, an EngineCluster with one process per rank. Returns a ProgramResult."""
     path = os.path.abspath(os.fspath(path))
@@ -109,17 +109,18 @@ def run_script(cluster, path, args=(), timeout=None, echo=True, replace_iris=Fal
     if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
                                 or not 0 < timeout <= 86400):
         raise UsageError(f"timeout={timeout!r} is not allowed: use seconds from 0 to 86400, or None")
-    _check_process_per_rank(cluster, "Iris programs")
-    choice = real_iris.choose(iris, replace_iris)
+    _check_process_per_rank(cluster, "programs")
+    plans = hooks.plans(hook_options)
     cluster.ensure_running()
     run = _ProgramRun(cluster, out or sys.stdout, err or sys.stderr, echo)
     run.path = path
     if echo:
-        print(f"[gemmar] iris: {real_iris.describe(choice)}", file=run.err, flush=True)
+        for line in hooks.descriptions(plans):
+            print(f"[gemmar] {line}", file=run.err, flush=True)
     # Where this run's ranks meet for torch.distributed: a fresh file in the cluster's private folder.
     store_path = run.store_path = os.path.join(cluster.profile_dir, f"dist-{uuid.uuid4().hex}.store")
     run.pending = [cluster.client[eid].apply_async(rank_scripts.run_program, path, list(args), os.getcwd(),
-                                                   store_path, choice, bool(sanitize))
+                                                   store_path, plans, bool(sanitize))
                    for eid in cluster.engine_ids]
     try:
         with cluster.in_run():
@@ -287,12 +288,12 @@ class _ProgramRun:
             return {"exit_code": 1, "error": f"{ename}: {evalue}".splitlines()[0]}
 
 
-def activate(cluster, suffix="", iris=None, replace_iris=False):
-    """``Cluster.activate``: ipyparallel's ``%px`` magics over ``cluster``'s ranks, with an ``iris`` on each
-    (``real_iris.choose``: a checkout at ``iris``, else an installed Iris, else gemmar's stand-in)."""
-    _check_process_per_rank(cluster, "%%px cells with Iris programs")
-    choice = real_iris.choose(iris, replace_iris)
-    cluster.run(rank_scripts.install_iris, choice, timeout=cluster.start_timeout_s)
+def activate(cluster, suffix="", **hook_options):
+    """``Cluster.activate``: ipyparallel's ``%px`` magics over ``cluster``'s ranks, each rank made ready as for a
+    program (``rank.prepare_rank``: with gemmar's Iris layer, ``import iris`` works in a cell)."""
+    _check_process_per_rank(cluster, "%%px cells")
+    plans = hooks.plans(hook_options)
+    cluster.run(rank_scripts.prepare_rank, plans, timeout=cluster.start_timeout_s)
     view = cluster.client[cluster.engine_ids]
     view.block = True
     view.activate(suffix)

@@ -1,0 +1,98 @@
+"""The kit's one hook for the layers above it: what a layer sets up on each rank before a program runs there.
+
+The kit runs any program on its ranks (``gemmar run``, ``Cluster.run_script``, ``Cluster.activate``) and knows no
+layer by name. A layer (gemmar's Iris layer is one: ``import iris`` on every rank) registers a hook under the
+entry-point group ``gemmar.program_hooks`` of its distribution (pyproject.toml); a source tree run without an
+install names hooks in ``GEMMAR_PROGRAM_HOOKS`` instead (``name=module:attribute``, comma-separated). A hook is an
+object with:
+
+- ``options``: ``{keyword: (default, metavar, help)}``: the keywords ``run_script`` and ``activate`` take for it,
+  and the ``--keyword`` flags of ``gemmar run`` (a bool default makes a switch, anything else takes a value);
+- ``choose(**options)``: on the client, before any rank starts: the options checked (a bad one is a one-line
+  UsageError) into a plan, a picklable value that travels to every rank;
+- ``describe(plan)``: the line a run says at its start (``[gemmar] name: ...``), or None;
+- ``prepare_rank(plan)``: on each rank, after the kit has made the rank ready for a program and before the
+  program runs.
+"""
+
+import importlib
+import os
+from importlib import metadata
+
+from ..errors import UsageError
+
+ENTRY_POINT_GROUP = "gemmar.program_hooks"
+ENVIRONMENT_VARIABLE = "GEMMAR_PROGRAM_HOOKS"
+
+
+def _named():
+    """{name: "module:attribute"} of every hook registered, the environment's last (it may replace one)."""
+    named = {}
+    # Every distribution's, not entry_points(group=)'s first of each name: a stale gemmar.egg-info left in a
+    # source tree (the current folder comes first on sys.path) would hide the installed one's hooks.
+    for distribution in metadata.distributions():
+        for point in distribution.entry_points:
+            if point.group == ENTRY_POINT_GROUP:
+                named.setdefault(point.name, point.value)
+    for item in filter(None, (part.strip() for part in os.environ.get(ENVIRONMENT_VARIABLE, "").split(","))):
+        name, _, target = item.partition("=")
+        if not name or ":" not in target:
+            raise UsageError(f"{ENVIRONMENT_VARIABLE}: {item!r} is not name=module:attribute")
+        named[name.strip()] = target.strip()
+    return named
+
+
+def hooks():
+    """{name: hook} of every registered hook, in name order (so every rank prepares in the same order)."""
+    found = {}
+    for name, target in sorted(_named().items()):
+        module, _, attribute = target.partition(":")
+        try:
+            found[name] = getattr(importlib.import_module(module), attribute)
+        except (ImportError, AttributeError) as e:
+            raise UsageError(f"program hook {name!r} ({target}) cannot be loaded: {e}") from None
+    return found
+
+
+def options():
+    """{keyword: (hook name, default, metavar, help)} over every hook."""
+    return {keyword: (name, *spec) for name, hook in hooks().items() for keyword, spec in hook.options.items()}
+
+
+def add_arguments(parser):
+    """Every hook's options as ``--keyword`` flags of ``parser`` (``gemmar run``); :func:`given` reads them back."""
+    for keyword, (_, default, metavar, text) in options().items():
+        if isinstance(default, bool):
+            parser.add_argument(f"--{keyword}", action="store_true", default=default, help=text)
+        else:
+            parser.add_argument(f"--{keyword}", metavar=metavar, default=default, help=text)
+
+
+def given(args):
+    """The hook options of parsed ``gemmar run`` arguments, as keywords for ``run_script``."""
+    return {keyword: getattr(args, keyword) for keyword in options()}
+
+
+def plans(given):
+    """Each hook's plan from the keywords ``given`` (a keyword no hook takes is refused in one line)."""
+    known = options()
+    unknown = sorted(set(given) - set(known))
+    if unknown:
+        allowed = ", ".join(sorted(known)) or "none: no program hook is registered"
+        raise UsageError(f"{', '.join(unknown)}: not a keyword of a program run; allowed: {allowed}")
+    return {name: hook.choose(**{k: v for k, v in given.items() if known[k][0] == name})
+            for name, hook in hooks().items()}
+
+
+def descriptions(made):
+    """'name: line' for each plan whose hook describes it."""
+    loaded = hooks()
+    lines = [(name, loaded[name].describe(plan)) for name, plan in made.items()]
+    return [f"{name}: {line}" for name, line in lines if line]
+
+
+def prepare_rank(made):
+    """On a rank: every hook's ``prepare_rank`` with its plan, in name order."""
+    loaded = hooks()
+    for name, plan in made.items():
+        loaded[name].prepare_rank(plan)
