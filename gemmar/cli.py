@@ -3,9 +3,10 @@ flags of Iris's GEMM + all-reduce benchmark.py where the meaning is the same, pl
 ``--backend``, ``--iterations`` and ``-t/--trace_tiles``), every refusal one line with exit code 2. What each
 command then does is in ``commands.py``.
 
-Exit codes: 0 success, 1 a check failed (C differs from the reference), 2 bad arguments,
-3 a deadlock or a dead rank, 4 the run passed but a file it was asked to write could not be written (the line says
-where its results are).
+Exit codes (docs/cli.md): 0 success, 1 a check failed (C differs from the reference) or a race was found
+(``--sanitize``), 2 bad arguments, 3 a deadlock, a dead rank or a deadline, 4 the run passed but a file it was asked
+to write could not be written (``outputs.py``; the line says where its results are), 130 after Ctrl-C
+(``interrupts.py``). ``gemmar run`` exits with the first failed rank's code.
 """
 
 import argparse
