@@ -1,10 +1,9 @@
 #!/usr/bin/env bash
-# On ONE NVIDIA H200 (issue 36, written 2026-12-04 when no GPU was lent, so not yet run): the standalone
-# all-reduce launched as a CUDA graph (GEMMAR_CUDA_GRAPHS=1) against Triton's launcher, its tiles of 128 and
-# 256 rows at 16-256 MiB, and the compiled all-reduce tests with graphs on. Run from the repository root with
-# ipyparallel importable (on the lent H200, carried as wheels in .whl/). Writes JSON and log.txt to $1. In two
-# parts that fit the lent machine's 10 minutes a command: part 1 (tests, host time, 1-4 MiB) about 6 minutes,
-# part 2 (tile rows, every inference shape) about 6.
+# On ONE NVIDIA H200 (issue 36; its run: lab/data/h200x1-graphs-2026-12-05.log): the standalone all-reduce
+# launched as a CUDA graph (GEMMAR_CUDA_GRAPHS=1) against Triton's launcher, its tiles of 128 and 256 rows at
+# 16-256 MiB, and the compiled all-reduce tests with graphs on. Run from the repository root with gemmar's
+# dependencies (ipyparallel among them) importable. Writes JSON and log.txt to $1. In two parts of about 6 minutes
+# each: part 1 (tests, host time, 1-4 MiB), part 2 (tile rows, every inference shape).
 set -uo pipefail
 OUTDIR=${1:?usage: benchmarks/allreduce_graphs.sh OUTDIR [1|2]}
 PART=${2:-1}

@@ -1,5 +1,5 @@
 """The all-reduce model (lab/models/allreduce_model.py): its fit on the measured 2-GPU run, then its
-predictions for 4 and 8 GPUs at 1 KiB - 1 GiB, made before any 4- or 8-GPU machine was lent; no GPU needed.
+predictions for 4 and 8 GPUs at 1 KiB - 1 GiB, made before any run on 4 or 8 GPUs (benchmarks/multi_gpu.sh checks them); no GPU needed.
 
     python3 benchmarks/allreduce_model.py [--run lab/data/two-gpus-allreduce.json]
 

@@ -1,6 +1,6 @@
 # Sourced by the GPU benchmark scripts, from the repository root: `source benchmarks/gpu_session.sh LOGFILE`.
-# Everything after it is also written to LOGFILE; the NVLink multicast paths stay off (the lent machines'
-# rule); the project is importable; `quiet` drops the warnings torch and Triton print on every start; the
+# Everything after it is also written to LOGFILE; the NVLink multicast paths stay off (every GPU figure in
+# BENCHMARKS.md was measured with them off); the project is importable; `quiet` drops the warnings torch and Triton print on every start; the
 # log starts with the date and the GPUs.
 mkdir -p "$(dirname "$1")"
 exec > >(tee -a "$1") 2>&1

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Issue 50, item 1: everything measured on a machine of W GPUs in one 10-minute device call, in one run (ratios
-# are only compared within it). Run from the repository root with ipyparallel importable (on the lent
-# machines: carried as wheels in .whl/, see the device tool's README):
+# Issue 50, item 1: everything measured on a machine of W GPUs in one run of under 10 minutes (ratios are only
+# compared within a run). Run from the repository root with gemmar's dependencies (ipyparallel among them)
+# importable:
 #     bash benchmarks/multi_gpu.sh OUTDIR W
 # 1. the standalone all-reduce at 1 KiB - 1 GiB (x4 steps), two_shot, one_shot and auto, each checked against
 #    the float64 sum and bit for bit across ranks, against NCCL and torch symmetric memory's one-shot and
@@ -10,7 +10,7 @@
 # 2. on 2 GPUs, a copy-engine peer copy, the link's floor (benchmarks/peer_copy.py);
 # 3. two_shot and one_shot against cuBLAS then NCCL (and overlapped) at the five inference shapes and the three
 #    large ones (benchmarks/fused_vs_unfused.py), every kernel checked against torch.
-# Writes JSON and log.txt to OUTDIR. Not yet run on W >= 2 GPUs (written on 2026-12-05 with none lent).
+# Writes JSON and log.txt to OUTDIR. Not yet run on W >= 2 GPUs: BENCHMARKS.md's 4- and 8-GPU row is a prediction.
 set -uo pipefail
 OUTDIR=${1:?usage: bash benchmarks/multi_gpu.sh OUTDIR W}
 W=${2:?usage: bash benchmarks/multi_gpu.sh OUTDIR W}

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On a machine with ONE NVIDIA Hopper GPU: the GEMM core against cuBLAS, then every fused kernel compiled with
 # 2-4 ranks sharing the GPU (validated), and traced two_shot runs. Run from the repository root with
-# ipyparallel importable (on the lent H200, carried as wheels in .whl/). Writes figures and traces to $1.
+# gemmar's dependencies (ipyparallel among them) importable. Writes figures and traces to $1.
 set -euo pipefail
 OUTDIR=${1:?usage: benchmarks/ranks_sharing_one_gpu.sh OUTDIR}
 mkdir -p "$OUTDIR"

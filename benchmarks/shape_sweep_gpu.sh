@@ -3,7 +3,7 @@
 # traced, the rules fitted from it (all models, and each model left out), a second run that times auto with the
 # fitted rule and each shape with its model left out, and gemmar tune twice (the second reuses the cache).
 # About 9 minutes on an H100 if the first run takes its whole --max_seconds; the second step needs no GPU.
-#   bash benchmarks/shape_sweep_gpu.sh OUTDIR [first|second]   (two device calls: first, then second)
+#   bash benchmarks/shape_sweep_gpu.sh OUTDIR [first|second]   (two runs: first, then second)
 set -uo pipefail
 OUTDIR=${1:?usage: benchmarks/shape_sweep_gpu.sh OUTDIR [first|second]}
 mkdir -p "$OUTDIR"
