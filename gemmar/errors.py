@@ -63,7 +63,7 @@ class ClusterError(GemmarError):
 
 class RankLeftError(GemmarError):
     """A barrier that can no longer complete: a rank it waits for has ended its program (``gemmar run``;
-    ``gemmar/iris/departures.py``). The message names that rank and how it ended."""
+    ``gemmar/programs/departures.py``). The message names that rank and how it ended."""
 
 
 def gemmar_cause(error):

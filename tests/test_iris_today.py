@@ -96,6 +96,8 @@ def test_host_api_of_today(clusters, world_size):
             "[Iris] the old log",
             "[Iris] debug shown after set_logger_level",
             "as_symmetric: UsageError",
+            "zeros: UsageError: shmem.zeros(): pin_memory is not a keyword it takes; allowed: dtype, device, layout, "
+            "out, requires_grad",
         ], out
 
 

@@ -1,7 +1,7 @@
 """The ``iris`` module that Iris programs import on gemmar's ranks, written from Iris's public API.
 
 ``gemmar run -r N script.py``, ``Cluster.run_script`` and ``%%px`` cells (after ``Cluster.activate()``) make
-``import iris`` give this module on every rank (``gemmar/iris/rank.py``), and ``iris.device.utils``,
+``import iris`` give this module on every rank (``gemmar/iris/hook.py``), and ``iris.device.utils``,
 ``iris.hip``, ``iris.ccl``, ``iris.ops`` its submodules, so that a program written for Iris runs unchanged
 on CPU ranks (the Triton interpreter over shared memory) or on NVIDIA GPUs.
 

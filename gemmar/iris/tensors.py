@@ -8,6 +8,8 @@ RuntimeError), ``device=`` (the heap's; ``cuda`` is this rank's device on the cp
 (strided only), ``requires_grad=``, ``generator=``, ``memory_format=``, nested shapes, zero-size and 0-d tensors.
 """
 
+import functools
+import inspect
 import math
 
 import torch
@@ -38,6 +40,23 @@ def is_valid_device(device, iris_device):
         return True
     asked, mine = torch.device(device), torch.device(iris_device)
     return asked == mine or (asked.type == mine.type == "cuda" and asked.index is None)
+
+
+def _keywords_checked(method):
+    """A keyword the creation function does not take (Iris's take torch's, less ``pin_memory`` and the like) is
+    refused in one line naming it and what is allowed, not swallowed."""
+    allowed = [name for name, p in inspect.signature(method).parameters.items()
+               if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and name != "self"]
+
+    @functools.wraps(method)
+    def checked(self, *args, **kwargs):
+        unknown = sorted(set(kwargs) - set(allowed))
+        if unknown:
+            raise UsageError(f"shmem.{method.__name__}(): {', '.join(unknown)} is not a keyword it takes; "
+                             f"allowed: {', '.join(allowed)}")
+        return method(self, *args, **kwargs)
+
+    return checked
 
 
 class TensorCreation:
@@ -102,25 +121,29 @@ class TensorCreation:
             fill(tensor)
         return tensor.requires_grad_(requires_grad)
 
+    @_keywords_checked
     def empty(self, *size, dtype=None, device=None, layout=torch.strided, out=None, requires_grad=False,
-              memory_format=torch.contiguous_format, **unused):
+              memory_format=torch.contiguous_format):
         return self._create(_shape(size), dtype, lambda t: None, device, layout, out, requires_grad, memory_format)
 
-    def zeros(self, *size, dtype=None, device=None, layout=torch.strided, out=None, requires_grad=False, **unused):
+    @_keywords_checked
+    def zeros(self, *size, dtype=None, device=None, layout=torch.strided, out=None, requires_grad=False):
         return self._create(_shape(size), dtype, torch.Tensor.zero_, device, layout, out, requires_grad)
 
-    def ones(self, *size, dtype=None, device=None, layout=torch.strided, out=None, requires_grad=False, **unused):
+    @_keywords_checked
+    def ones(self, *size, dtype=None, device=None, layout=torch.strided, out=None, requires_grad=False):
         return self._create(_shape(size), dtype, lambda t: t.fill_(1), device, layout, out, requires_grad)
 
-    def full(self, size, fill_value, dtype=None, device=None, layout=torch.strided, out=None, requires_grad=False,
-             **unused):
+    @_keywords_checked
+    def full(self, size, fill_value, dtype=None, device=None, layout=torch.strided, out=None, requires_grad=False):
         """As ``torch.full``: the dtype follows ``fill_value`` unless given."""
         dtype = dtype or torch.full((), fill_value).dtype
         return self._create(_shape((size,)), dtype, lambda t: t.fill_(fill_value), device, layout, out,
                             requires_grad)
 
+    @_keywords_checked
     def zeros_like(self, tensor, dtype=None, device=None, layout=None, requires_grad=False,
-                   memory_format=torch.preserve_format, **unused):
+                   memory_format=torch.preserve_format):
         if memory_format == torch.preserve_format:   # keep the input's strides where they are a known format
             memory_format = next((f for f in (torch.channels_last, torch.channels_last_3d)
                                   if tensor.dim() == (4 if f == torch.channels_last else 5) and
@@ -134,21 +157,25 @@ class TensorCreation:
         return self._create(shape, dtype, lambda t: t.copy_(draw(shape, dtype or torch.get_default_dtype())),
                             device, layout, out, requires_grad)
 
+    @_keywords_checked
     def randn(self, *size, generator=None, dtype=None, device=None, layout=torch.strided, out=None,
-              requires_grad=False, **unused):
+              requires_grad=False):
         draw = lambda shape, dt: torch.randn(shape, generator=generator, dtype=dt, device=self.get_device())  # noqa
         return self._random(size, dtype, draw, device, layout, out, requires_grad)
 
+    @_keywords_checked
     def rand(self, *size, generator=None, dtype=None, device=None, layout=torch.strided, out=None,
-             requires_grad=False, **unused):
+             requires_grad=False):
         draw = lambda shape, dt: torch.rand(shape, generator=generator, dtype=dt, device=self.get_device())  # noqa
         return self._random(size, dtype, draw, device, layout, out, requires_grad)
 
-    def uniform(self, size, low=0.0, high=1.0, dtype=torch.float, **unused):
+    @_keywords_checked
+    def uniform(self, size, low=0.0, high=1.0, dtype=torch.float):
         return self._create(_shape((size,)), dtype, lambda t: t.uniform_(low, high))
 
+    @_keywords_checked
     def randint(self, *args, dtype=None, generator=None, device=None, layout=torch.strided, out=None,
-                requires_grad=False, **unused):
+                requires_grad=False):
         """torch's ``randint([low,] high, size)`` (size a tuple), or Iris's older ``randint(size, low, high)``;
         int64 unless ``dtype`` says otherwise, as torch."""
         if len(args) in (2, 3) and isinstance(args[-1], (tuple, list, torch.Size)):
@@ -162,8 +189,9 @@ class TensorCreation:
                                                device=self.get_device())
         return self._random((size,), dtype, draw, device, layout, out, requires_grad)
 
+    @_keywords_checked
     def arange(self, start=0, end=None, step=1, dtype=None, device=None, layout=torch.strided, out=None,
-               requires_grad=False, **unused):
+               requires_grad=False):
         if end is None:
             start, end = 0, start
         if step == 0 or (end - start) * step < 0:
@@ -173,8 +201,9 @@ class TensorCreation:
         return self._create((values.numel(),), values.dtype, lambda t: t.copy_(values), device, layout, out,
                             requires_grad)
 
+    @_keywords_checked
     def linspace(self, start, end, steps, dtype=None, device=None, layout=torch.strided, out=None,
-                 requires_grad=False, **unused):
+                 requires_grad=False):
         if isinstance(steps, (tuple, list, torch.Size)):   # (Iris takes a one-element shape too, nested or not)
             shape = _shape((steps,))
             steps = shape[0] if len(shape) == 1 else steps

@@ -36,4 +36,8 @@ try:
     shmem.as_symmetric(torch.zeros(4))
 except Exception as e:  # noqa: BLE001 - the refusal is what is printed
     print(f"as_symmetric: {type(e).__name__}")
+try:
+    shmem.zeros(4, pin_memory=True)   # (a keyword Iris's zeros does not take: refused, not swallowed)
+except Exception as e:  # noqa: BLE001 - the refusal is what is printed
+    print(f"zeros: {type(e).__name__}: {e}")
 dist.destroy_process_group()

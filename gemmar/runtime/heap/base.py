@@ -33,7 +33,7 @@ from ...kernels import barrier as barrier_kernels
 ALIGN = 256
 HEADER_BYTES = 256         # barrier counter + barrier watchdog at the start of every arena
 # The barrier watchdog's first word when a rank the barrier waits for has ended (an expiry writes 1): the
-# waiting kernel polls the word and gives up (give_up_barrier; gemmar/iris/departures.py).
+# waiting kernel polls the word and gives up (give_up_barrier; gemmar/programs/departures.py).
 RANK_LEFT = -1
 DEFAULT_HEAP_BYTES = 256 << 20
 
