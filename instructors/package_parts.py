@@ -1,10 +1,11 @@
 # The package's own versions of the kernel parts the notebooks' puzzles ask for (notebook 1 tile_coords,
 # 2 push_partial, 3 reduce_step, 6 sum_partials), and the host's copy of the tile order: what the kernels
 # run when no participant's part is given. For instructors and maintainers: the package ships this text
-# sealed (gemmar/kernels/sealed.dat, defined by gemmar/kernels/sealed.py), so that nothing a notebook leads
-# to shows an answer before its check says right (docs/architecture.md, "The puzzles' answers").
-# After editing this file, seal it again (tests/test_exercises.py checks that the two agree):
-#     python -m gemmar.kernels.sealed instructors/package_parts.py
+# encoded (gemmar/kernels/puzzle_parts.dat, defined by gemmar/kernels/puzzle_parts.py), so that nothing a
+# notebook leads to shows an answer before its check says right (the reveal rule: gemmar/analysis/source.py;
+# docs/architecture.md, "The puzzles' answers"). After editing this file, encode it again
+# (tests/test_exercises.py checks that the two agree):
+#     python -m gemmar.analysis.source instructors/package_parts.py
 # Comments, not docstrings: a docstring would be what `?` prints in a notebook.
 
 import triton

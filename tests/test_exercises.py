@@ -282,7 +282,7 @@ def test_parts_are_checked_before_anything_runs():
         part_sources([reduce_step], get("ring"))
     # gemmar's own function travels as an import, not as source
     shipped = part_sources({"reduce_step": reduce_step}, get("ring"))["reduce_step"]
-    assert shipped["function"] == ("gemmar.kernels.sealed", "reduce_step") and shipped["sources"] == {}
+    assert shipped["function"] == ("gemmar.kernels.puzzle_parts", "reduce_step") and shipped["sources"] == {}
 
 
 HELPER = '''
@@ -679,24 +679,25 @@ def _answer_lines():
     return lines
 
 
-def test_the_package_parts_are_sealed_from_the_instructors_text():
-    """The kernels run the parts sealed in gemmar/kernels/sealed.dat; instructors/package_parts.py is their
-    readable text, and the two agree (after an edit: python -m gemmar.kernels.sealed instructors/package_parts.py).
+def test_the_package_parts_are_encoded_from_the_instructors_text():
+    """The kernels run the parts encoded in gemmar/kernels/puzzle_parts.dat; instructors/package_parts.py is their
+    readable text, and the two agree (after an edit: python -m gemmar.analysis.source instructors/package_parts.py).
     show_source shows a part only with a right verdict, and then its text."""
-    from gemmar.analysis.source import show_source
-    from gemmar.kernels import atomics, gemm, ring, sealed, two_shot
+    from gemmar.analysis.source import answer_source, encode, show_source
+    from gemmar.kernels import atomics, gemm, puzzle_parts, ring, two_shot
 
     root = os.path.join(os.path.dirname(__file__), "..")
-    assert sealed.unseal(open(sealed.DATA).read()) == open(os.path.join(root, "instructors", "package_parts.py")).read()
+    readable = open(os.path.join(root, "instructors", "package_parts.py")).read()
+    assert puzzle_parts.text() == readable and encode(readable) == open(puzzle_parts.DATA).read()
     for spec, name in ((atomics.SPEC, "tile_coords"), (atomics.SPEC, "push_partial"), (ring.SPEC, "reduce_step"),
                        (two_shot.SPEC, "sum_partials")):
         part = spec.parts[name].reference
-        assert part is getattr(sealed, name)
+        assert part is getattr(puzzle_parts, name)
         assert show_source(part).data.startswith(f"*The package's own `{name}` is the answer to a puzzle")
         assert show_source(part, once=exercises.Verdict("not quite: ...")).data == show_source(part).data
-        assert show_source(part, once=exercises.Verdict("right! ...")).data == sealed.source(name)
-        assert sealed.source(name).startswith(f"@triton.jit\ndef {name}(")
-    assert gemm.tile_coords is sealed.tile_coords
+        assert show_source(part, once=exercises.Verdict("right! ...")).data == answer_source(name)
+        assert answer_source(name).startswith(f"@triton.jit\ndef {name}(")
+    assert gemm.tile_coords is puzzle_parts.tile_coords
 
 
 @pytest.mark.parametrize("notebook", PUZZLE_NOTEBOOKS)

@@ -7,7 +7,7 @@ import torch
 
 import gemmar
 from gemmar.algorithms import builtin_names
-from gemmar.kernels import sealed
+from gemmar.analysis.source import answer_source
 from inputs import allowed_error, random_inputs, reference
 
 ALGORITHMS = list(builtin_names())
@@ -134,9 +134,9 @@ def test_two_shot_at_one_rank_gemm_programs_write_the_bits_the_reduction_would(c
                     out_dtype=out_dtype, wire_dtype=wire_dtype, trace=True)
     direct = cluster.gemm_all_reduce(A, B, **settings)
     # (the package's own function object itself would travel as an import and be the kernel's own part again;
-    # its text is sealed, kernels/sealed.py, so the copy is written to a file of its own)
+    # its text is kept out of sight, kernels/puzzle_parts.py, so the copy is written to a file of its own)
     copy = _module_from(tmp_path / "copy_of_sum_partials.py", "import triton\nimport triton.language as tl\n"
-                        "from gemmar.kernels import device\n\n\n" + sealed.source("sum_partials")).sum_partials
+                        "from gemmar.kernels import device\n\n\n" + answer_source("sum_partials")).sum_partials
     through = cluster.gemm_all_reduce(A, B, parts={"sum_partials": copy}, **settings)
     for result, writers in ((direct, "GEMM"), (through, "communication")):
         check(result, A, B, 1)

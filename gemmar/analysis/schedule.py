@@ -11,10 +11,10 @@ import pandas as pd
 
 def tile_coords(tile_id, num_pid_m, num_pid_n, gsize_m):
     """(pid_m, pid_n) of tile ``tile_id`` in the kernels' grouped order. How is notebook 1's puzzle, so the
-    package's own is sealed (``kernels/sealed.py``) and this asks it."""
-    from ..kernels import sealed
+    package's own is kept out of sight (``kernels/puzzle_parts.py``) and this asks it."""
+    from ..kernels import puzzle_parts
 
-    return sealed.host_tile_coords(tile_id, num_pid_m, num_pid_n, gsize_m)
+    return puzzle_parts.host_tile_coords(tile_id, num_pid_m, num_pid_n, gsize_m)
 
 
 def tile_schedule(m, n, BLK_M, BLK_N, gsize_m, num_sms):

@@ -28,7 +28,7 @@ import triton.language as tl
 
 from . import device
 from .gemm import tile_rows_offsets
-from .sealed import sum_partials   # (a puzzle's part: the package's own is sealed, see sealed.py)
+from .puzzle_parts import sum_partials   # (a puzzle's answer: see puzzle_parts.py)
 from .owner_reduce import PARTIAL_READY_FLAG, reduce_owned_tiles, slot_rows
 from .owner_reduce import WAIT_FLAGS as OWNER_WAIT_FLAGS
 

@@ -75,10 +75,10 @@ _host_pause.__triton_builtin__ = True
 _TRITON_DIR = os.path.dirname(os.path.dirname(os.path.abspath(triton.__file__)))
 _GEMMAR_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Frames in these files are the device API, not the kernel: a report names the line that called them. The
-# package's own puzzle parts too (kernels/sealed.py's FILENAME): a report names the line that calls the part.
+# package's own puzzle parts too (kernels/puzzle_parts.py's FILENAME): a report names the line that calls the part.
 PASS_THROUGH = (os.path.join(_TRITON_DIR, "triton") + os.sep, os.path.join(_GEMMAR_DIR, "sanitizer") + os.sep,
                 os.path.join(_GEMMAR_DIR, "kernels", "device.py"), os.path.join(_GEMMAR_DIR, "iris", "device.py"),
-                os.path.join(_GEMMAR_DIR, "iris", "tiles.py"), "<gemmar sealed parts>",
+                os.path.join(_GEMMAR_DIR, "iris", "tiles.py"), "<gemmar puzzle parts>",
                 os.path.join(_GEMMAR_DIR, "kernels", "triton_support.py"))   # (an aggregate's bound jit methods)
 
 

@@ -21,7 +21,7 @@ import triton.language as tl
 from .device import INTERPRETER
 from .events import event, finish_trace, stamp
 from .spec import Part, Phase
-from .sealed import tile_coords   # (a puzzle's part: the package's own is sealed, see sealed.py)
+from .puzzle_parts import tile_coords   # (a puzzle's answer: see puzzle_parts.py)
 
 # The phases every algorithm shares: a tile's GEMM, and storing a tile (C, or whatever the algorithm stores).
 GEMM_PHASE, STORE_PHASE = Phase(1, "gemm", "gemm"), Phase(7, "store", "store")

@@ -20,7 +20,7 @@ For each tile a rank does ``world_size - 1`` steps. Step ``s`` of launch ``epoch
 
 The payload of step 0 is our own partial. Step 5 decides what travels on, so that after ``world_size - 1``
 steps each rank has added every other rank's partial exactly once: how is notebook 3's puzzle, and the
-package's own ``reduce_step`` is kept out of this file (``kernels/sealed.py``).
+package's own ``reduce_step`` is kept out of this file (``kernels/puzzle_parts.py``).
 
 The counters only ever grow, so back-to-back launches need no reset: launch ``epoch`` simply waits for
 larger numbers than launch ``epoch - 1``. Every wait has a watchdog (``timeout_ns``); an expired wait is
@@ -44,7 +44,7 @@ from . import device
 from .events import event, finish_trace
 from .gemm import GEMM_PHASE, STORE, STORE_PHASE, TILE_COORDS_PART, tile_offsets, traced_gemm_tile
 from .spec import WAIT_PART, AlgorithmSpec, Done, Launch, Part, Phase
-from .sealed import reduce_step   # (a puzzle's part: the package's own is sealed, see sealed.py)
+from .puzzle_parts import reduce_step   # (a puzzle's answer: see puzzle_parts.py)
 from .mistakes import forward_running_sum, skip_the_wait, wait_one_too_many
 
 PHASES = (GEMM_PHASE,
