@@ -217,8 +217,8 @@ def launches(ctx, one_shot=False):
     help = cfg.comm_sms < cfg.num_sms
     # Beside the GEMM's, the communication programs must be small: they sum a tile in row chunks, at
     # COMM_WARPS. Few of them, on SMs of their own, must be quick per tile: the whole tile at once, at the
-    # GEMM's warps (chunks at 4 warps took 11.7 us a tile instead of 3.1 there, and W = 2's tail grew from
-    # 1.3 % to 7 %). The interpreter sums in chunks of 8 rows, so the CPU suite runs the chunked code.
+    # GEMM's warps (chunks at 4 warps were several times slower there: docs/decisions.md, REDUCE_ROWS and
+    # COMM_WARPS). The interpreter sums in chunks of 8 rows, so the CPU suite runs the chunked code.
     comm_warps = cfg.num_warps if help else COMM_WARPS
     reduce_rows = (cfg.BLK_M if help else REDUCE_ROWS) if ctx.gpu else 8
     if cfg.BLK_M % reduce_rows:

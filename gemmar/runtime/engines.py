@@ -156,8 +156,8 @@ class EngineCluster(RestartsEarly):
         # (a PUB socket sends to any subscriber) and forge; without the controller's key, kept in the 0700
         # profile, no handshake completes, so nothing is heard and nothing gets in.
         # An engine is registered at the controller's next heartbeat: every 0.5 s rather than ipyparallel's 3 s
-        # took a cluster's start from 8.6 s to 4.1 s (2 cores); 60 missed beats, not 10, before an engine is
-        # dropped keeps that at 30 s, as it was (gemmar watches the engine processes itself: deaths.py).
+        # starts a cluster sooner; 60 missed beats, not 10, before an engine is dropped keeps that at 30 s, as it
+        # was (docs/decisions.md, Engine heartbeat; gemmar watches the engine processes itself: deaths.py).
         cluster = ipp.Cluster(n=self.world_size, cluster_id=self.cluster_id, log_level=logging.ERROR,
                               shutdown_atexit=False, profile_dir=self.profile_dir,
                               controller_args=["--IPController.enable_curve=True", "--HeartMonitor.period=500",
