@@ -64,50 +64,24 @@ def test_the_code_passes_the_linter():
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-1000:]
 
 
-# Figures quoted outside BENCHMARKS.md that cite a row of its "Current figures" table: the row (by the start of
-# its first cell), a pattern over its figure cell, and where each quote is, written from the pattern's groups.
-# A new measurement changes the row; then these quotes must change with it, or this test fails.
-CITED_FIGURES = [
-    ("two_shot across GPUs", r"(\d\.\d+), (\d\.\d+), (\d\.\d+) at 8192",
-     lambda g: f"{min(map(float, g)):.2f}-{max(map(float, g)):.2f}x",
-     [("README.md", "On 2 x H200 {}"), ("docs/decisions.md", "two_shot measured {} cuBLAS"),
-      ("docs/backends.md", "on 2 x H200, {} the time of cuBLAS then NCCL")]),
-    ("the same at inference shapes", r"two_shot (\d\.\d+) \(M 4096\), (\d\.\d+) \(1024\), (\d\.\d+) \(256\), "
-                                     r"(\d\.\d+) \(64\), (\d\.\d+) \(16\)",
-     lambda g: f"{min(map(float, g)):.2f}-{max(map(float, g)):.2f}x",
-     [("README.md", "and {} at five inference shapes"), ("docs/decisions.md", "and {} at five of 16-4096")]),
-    ("two_shot at one rank, / torch.matmul then nothing to reduce", r"^(\d\.\d\d-\d\.\d\d) ",
-     lambda g: f"{g[0]}x", [("docs/backends.md", "at one rank two_shot is {} torch.matmul")]),
-    ("two_shot at one rank, few rows",
-     r"^\d\.\d\d-(\d\.\d\d) at every shape, (\d\.\d\d) at 8192 x 8192 x 8192 \(one run",
-     lambda g: f"{g[1]}-{g[0]}x torch.matmul's time at 16-8192 rows in one run",
-     [("docs/decisions.md", "two_shot measured {}")]),
-]
+# Results live in two places (issue 59): BENCHMARKS.md's "Current figures" table (today's figure of each thing,
+# with its command, date and machine) and lab/ (history and records). A page that speaks of a result links to
+# the table's row (``BENCHMARKS.md#anchor``) instead of repeating its figures, so a new measurement changes one row.
+BENCHMARKS_LINK = re.compile(r"BENCHMARKS\.md#([\w-]+)")
 
 
 def current_figures():
-    """BENCHMARKS.md's "Current figures" table: first cell -> figure cell."""
+    """BENCHMARKS.md's "Current figures" table: {row anchor: figure cell}; every row has an anchor."""
     text = open(os.path.join(ROOT, "BENCHMARKS.md")).read()
     table = text.split("## Current figures", 1)[1].split("\n## ", 1)[0]
-    rows = [[c.strip() for c in line.strip().strip("|").split("|")] for line in table.splitlines()
-            if line.startswith("| ") and not line.startswith("| what") and not line.startswith("|---")]
-    return {row[0]: row[1] for row in rows}
-
-
-def test_figures_quoted_in_code_and_docs_are_the_current_ones():
-    rows = current_figures()
-    assert len(rows) > 5   # the parse found the table
-    for row_start, pattern, quote, places in CITED_FIGURES:
-        cells = [cell for first, cell in rows.items() if first.startswith(row_start)]
-        assert len(cells) == 1, f"BENCHMARKS.md's current table has no one row starting {row_start!r}"
-        found = re.search(pattern, cells[0])
-        assert found, f"the row {row_start!r} no longer reads as {pattern!r}: {cells[0]!r}"
-        for path, template in places:
-            # (Python strings broken over lines read as one: quotes and line breaks between the parts dropped.)
-            text = " ".join(open(os.path.join(ROOT, path)).read().split())
-            text = re.sub(r'"\s+"', "", text)
-            expected = template.format(quote(found.groups()))
-            assert expected in text, f"{path} should quote {expected!r} (BENCHMARKS.md, current figures: {row_start})"
+    rows = {}
+    for line in table.splitlines():
+        if line.startswith("| ") and not line.startswith(("| what", "|---")):
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            anchor = re.match(r'<a id="([\w-]+)"></a>', cells[0])
+            assert anchor, f"a row of BENCHMARKS.md's current table has no anchor: {cells[0][:60]!r}"
+            rows[anchor.group(1)] = cells[1]
+    return rows
 
 
 def notebook_text(name):
@@ -118,9 +92,53 @@ def notebook_text(name):
     return " ".join(" ".join("".join(c["source"]) for c in cells if c["cell_type"] == "markdown").split())
 
 
-def test_numbers_in_the_notebooks_text_are_the_codes_and_the_current_tables():
+def result_pages():
+    """(page, text) of every page a reader goes to for what gemmar does: README, lab/README.md, docs/ (but
+    docs/decisions.md, which keeps the dated figures that set each constant with the runs they came from) and
+    the notebooks' markdown."""
+    pages = ["README.md", "lab/README.md"] + [f"docs/{name}" for name in sorted(os.listdir(os.path.join(ROOT, "docs")))
+                                              if name.endswith(".md") and name != "decisions.md"]
+    found = [(page, open(os.path.join(ROOT, page)).read()) for page in pages]
+    return found + [(f"notebooks/{name}", notebook_text(name))
+                    for name in sorted(os.listdir(os.path.join(ROOT, "notebooks"))) if name.endswith(".ipynb")]
+
+
+def test_every_link_to_a_benchmarks_row_finds_the_row():
+    rows = current_figures()
+    assert len(rows) > 5   # the parse found the table
+    pages = result_pages() + [("docs/decisions.md", open(os.path.join(ROOT, "docs", "decisions.md")).read())]
+    links = [(page, anchor) for page, text in pages for anchor in BENCHMARKS_LINK.findall(text)]
+    assert len({page for page, _ in links}) >= 5, links   # README, docs/backends.md, decisions.md, notebooks 5, 6
+    missing = sorted(f"{page}: BENCHMARKS.md#{anchor}" for page, anchor in links if anchor not in rows)
+    assert not missing, f"links to rows BENCHMARKS.md does not have (its anchors: {sorted(rows)}): {missing}"
+
+
+def quoted_forms(cell):
+    """The ways a page would quote a figure cell: each number of two or more decimals as written and to two
+    decimals, and the range of them (``0.63-0.93``)."""
+    numbers = re.findall(r"(?<![\w.])\d+\.\d{2,}(?!\w)", cell)
+    forms = set(numbers) | {f"{float(n):.2f}" for n in numbers}
+    if len(numbers) > 1:
+        forms.add(f"{min(map(float, numbers)):.2f}-{max(map(float, numbers)):.2f}")
+    return forms
+
+
+def test_no_page_repeats_a_current_figure():
+    rows = current_figures()
+    repeated = []
+    for anchor, cell in rows.items():
+        for form in quoted_forms(cell):
+            for page, text in result_pages():
+                for found in re.finditer(rf"(?<![\d.]){re.escape(form)}(?!\d)", text):
+                    repeated.append(f"{page}: {text[max(0, found.start() - 50):found.end() + 20]!r} "
+                                    f"(BENCHMARKS.md#{anchor}: link the row instead)")
+    assert sum(len(quoted_forms(cell)) for cell in rows.values()) > 50   # (the figures were read)
+    assert not repeated, "\n".join(repeated)
+
+
+def test_numbers_in_the_notebooks_text_are_the_codes():
     """Issue 37: a number a notebook's text states, where code or data holds it, is what they hold (the model's
-    link and NCCL speeds, its tolerance, how many figures it is checked on; two_shot's 2 x H200 range)."""
+    link and NCCL speeds, its tolerance, how many figures it is checked on)."""
     from gemmar.analysis import model
 
     import dataclasses
@@ -135,17 +153,6 @@ def test_numbers_in_the_notebooks_text_are_the_codes_and_the_current_tables():
     figures = len(model.check(measured, 2, checked, one_gpu))
     words = {9: "nine", 6: "six", 12: "twelve"}
     assert f"reproduce the {words.get(figures, figures)} figures measured on 2 x H200" in text, figures
-    rows = current_figures()
-    large = next(cell for first, cell in rows.items() if first.startswith("two_shot across GPUs"))
-    small = next(cell for first, cell in rows.items() if first.startswith("the same at inference shapes"))
-    ratios = [float(x) for x in re.search(r"(\d\.\d+), (\d\.\d+), (\d\.\d+) at 8192", large).groups()]
-    ratios += [float(x) for x in re.search(r"two_shot (\d\.\d+) \(M 4096\), (\d\.\d+) \(1024\), (\d\.\d+) \(256\), "
-                                            r"(\d\.\d+) \(64\), (\d\.\d+) \(16\)", small).groups()]
-    for notebook in ("05_gpu_traces.ipynb", "06_two_shot.ipynb"):
-        assert f"on 2 x H200 it took {min(ratios):.2f}-{max(ratios):.2f}x their time" in notebook_text(notebook)
-    # (issue 61: notebook 5 said two_shot had never run on two GPUs)
-    assert f"two_shot was measured on 2 x H200 ({ratios[0]:.2f}, {ratios[1]:.2f} and {ratios[2]:.2f} of the faster" \
-        in text
 
 
 # Measured figures belong with their runs in docs/decisions.md, not in the package's code (workshop dry run 3,
