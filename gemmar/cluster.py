@@ -169,11 +169,9 @@ class Cluster(EngineCluster):
             raise UsageError(f"config={config!r} is not allowed: give a RunConfig (or leave it out and pass settings, "
                              f"e.g. bench(algorithm={config!r}) for an algorithm)" if isinstance(config, str) else
                              f"config={type(config).__name__} is not allowed: give a RunConfig, or settings by name")
-        if config is None or not config.checked or settings or config.world_size != self.world_size:
-            if "algorithm" in settings:
-                settings["algorithm"] = algorithms.get(settings["algorithm"]).name
-            config = RunConfig.from_settings({**(config or RunConfig()).to_dict(), **settings},
-                                             world_size=self.world_size)
+        if "algorithm" in settings:
+            settings["algorithm"] = algorithms.get(settings["algorithm"]).name
+        config = self._checked(config or RunConfig(), settings)
         check_memory(config, len(self.engine_ranks), self.backend)
         parts = {**config.spec.mistake_swaps(mistake), **(parts or {})}
         result = self._run(config, None, validate, verbose, return_c, on_progress, parts, progress=progress)
@@ -248,8 +246,8 @@ class Cluster(EngineCluster):
         RunConfig times just its own algorithm). Returns milliseconds, the slowest rank's each."""
         if isinstance(configs, RunConfig):
             configs = {configs.algorithm: configs}
-        configs = {alg: RunConfig.from_settings(cfg.to_dict(), algorithm=alg, world_size=self.world_size)
-                   for alg, cfg in configs.items()}
+        configs = {alg: self._checked(cfg, dict(algorithm=alg)) for alg, cfg in configs.items()}
+        problem = self._checked(problem, {}) if problem is not None else None
         if not configs and (problem is None or not baseline):
             raise UsageError("nothing to time: give fused configs, or a problem and baseline=True")
         shapes = {(c.m, c.n, c.k, c.datatype, c.seed) for c in list(configs.values()) + [problem] if c is not None}
@@ -312,6 +310,18 @@ class Cluster(EngineCluster):
 
             figures["sanitizer"] = analyse([o["sanitizer"] for o in outs])
         return figures
+
+    def _checked(self, config, settings):
+        """The Python API's one check: ``config`` with ``settings`` and this cluster's world size, checked
+        (``RunConfig.from_settings``); a config checked already (the command line's) with nothing to change
+        goes on as it is."""
+        if not isinstance(config, RunConfig):
+            raise UsageError(f"{config!r} is not allowed: give a RunConfig")
+        changes = {name: value for name, value in {**settings, "world_size": self.world_size}.items()
+                   if name not in config.to_dict() or getattr(config, name) != value}
+        if config.checked and not changes:
+            return config
+        return RunConfig.from_settings({**config.to_dict(), **changes})
 
     def _run(self, config, data, validate, verbose, return_c, on_progress=None, parts=None, launch_deadline_s=None,
              progress=False):

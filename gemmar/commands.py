@@ -15,7 +15,6 @@ from .outputs import (DEFAULT_TRACE_FILE, check_output_path, iris_report, raise_
                       write_report, write_whole)
 from .progress import ProgressBar
 from .report import log, print_figures
-from .runtime import memory
 from .runtime.backends import (check_heap_fits, check_world_size, gpu_count, gpu_properties, resolve_backend,
                                shares_gpu)
 from .runtime.heap import size_text
@@ -121,8 +120,6 @@ def _check_args_before_work(args):
             check_output_path("--output_file", trace_path_for(args.output_file))
     elif args.trace_tiles:
         check_output_path("-t (the trace, with no --output_file)", DEFAULT_TRACE_FILE)
-    if args.iterations < 1:
-        raise UsageError(f"--iterations {args.iterations} is not allowed: use 1 or more launches")
 
 
 def _check_config_before_work(args, backend, config):
@@ -214,7 +211,7 @@ def run_unfused(args, backend):
 
 def cmd_allreduce(args):
     from .cluster import Cluster
-    from .runtime.allreduce import all_reduce_heap_bytes
+    from .runtime.allreduce import all_reduce_heap_bytes, check_all_reduce_fits
 
     if args.output_file is not None:
         check_output_path("--output_file", args.output_file)
@@ -238,10 +235,7 @@ def cmd_allreduce(args):
     W = args.num_ranks
     heap_size = max(256 << 20, max(all_reduce_heap_bytes(n, DTYPES[args.datatype], backend) for n in numels))
     check_heap_fits(backend, W, heap_size)   # before the engines start (3000 MiB once tried ~19 GB)
-    if backend == "cpu":
-        # Each rank also holds its input and the float64 reference (built from every rank's input).
-        need = W * (heap_size + max(numels) * (W * itemsize + 3 * 8))
-        memory.check_fits(need, f"--sizes {max(sizes):g} MiB on {W} rank(s)", "use smaller sizes")
+    check_all_reduce_fits(max(numels), DTYPES[args.datatype], backend, W, heap_size)
     timed = backend == "cuda"
     rows = []
     log("-", W, starting_line(backend, W))

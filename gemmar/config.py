@@ -1,7 +1,7 @@
 """One run's settings, checked in one place for the Python API and the CLI alike."""
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 
 from .errors import UsageError
 
@@ -66,9 +66,10 @@ def _positive_int(name, value, largest):
 MIN_TIMEOUT_S = 1.0
 
 
-@dataclass
+@dataclass(frozen=True)
 class RunConfig:
-    """Everything that fixes one fused GEMM + all-reduce run. Names follow Iris's benchmark flags."""
+    """Everything that fixes one fused GEMM + all-reduce run. Frozen: checked once where it comes in
+    (:meth:`validate`), it travels down unchanged; a derived run is ``dataclasses.replace(config, ...)``."""
 
     m: int = 256
     n: int = 256
@@ -99,21 +100,33 @@ class RunConfig:
     # cpu only: record every heap access and report races and out-of-bounds accesses (gemmar/sanitizer).
     sanitize: bool = False
 
-    @classmethod
-    def from_settings(cls, settings, **fixed):
-        """A validated RunConfig from keyword settings; an unknown name is a one-line UsageError."""
+    def __new__(cls, *args, **settings):
+        """An unknown setting is refused in one line that names it and the known ones (not a TypeError)."""
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(settings) - known)
         if unknown:
             raise UsageError(f"setting {unknown[0]!r} is not known: use RunConfig's names "
                              f"({', '.join(sorted(known))})")
+        return super().__new__(cls)
+
+    @classmethod
+    def from_settings(cls, settings, **fixed):
+        """The Python API's checked RunConfig from keyword settings (an unknown name: one line)."""
         return cls(**{**settings, **fixed}).validate()
 
+    @property
+    def checked(self):
+        """Whether this config came out of :meth:`validate` (below the boundary nothing checks it again)."""
+        return self.__dict__.get("_checked", False)
+
     def validate(self):
-        """Raise UsageError (one line) for the first bad value; return self."""
+        """The boundary's one check: raise UsageError (one line) for the first bad value; else return the
+        checked config, dtypes by name (a new one: a frozen config is never changed)."""
+        if self.checked:
+            return self
         for name in ("m", "n", "k"):
             _positive_int(name, getattr(self, name), MAX_DIM)
-        self.datatype = dtype_name(self.datatype)
+        self = replace(self, datatype=dtype_name(self.datatype))
         spec = self.spec
         for name in ("BLK_M", "BLK_N", "BLK_K"):
             value = getattr(self, name)
@@ -129,9 +142,8 @@ class RunConfig:
         _positive_int("world_size", self.world_size, MAX_WORLD_SIZE)
         if spec.comm_programs:
             _positive_int("comm_sms", self.comm_sms, MAX_PROGRAMS)
-        for name in ("out_dtype", "wire_dtype"):
-            if getattr(self, name) is not None:
-                setattr(self, name, dtype_name(getattr(self, name)))
+        self = replace(self, **{name: dtype_name(getattr(self, name)) for name in ("out_dtype", "wire_dtype")
+                                if getattr(self, name) is not None})
         if spec.c_dtype is None and self.out_dtype not in (None, "fp32"):
             raise UsageError(f"out_dtype={self.out_dtype} is not allowed with {self.algorithm}: it sums in C itself, "
                              f"so C is fp32")
@@ -154,6 +166,7 @@ class RunConfig:
                              f"86400 (a shorter wait is no sign of a hang)")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2 ** 63:
             raise UsageError(f"seed={self.seed!r} is not allowed: use a whole number from 0 to 2**63 - 1")
+        object.__setattr__(self, "_checked", True)   # (on the new config, before anyone else holds it)
         return self
 
     @property

@@ -61,7 +61,7 @@ def test_bench_validates_and_writes_json(tmp_path, algorithm):
     (["--datatype", "fp8"], "fp8"),
     (["--algorithm", "tree"], "tree"),
     (["-r", "0"], "world_size=0"),
-    (["--iterations", "0"], "--iterations 0"),
+    (["--iterations", "0"], "iterations=0"),
     (["-m", "x"], "'x'"),
     (["--backend", "cuda", "-r", "2"], "needs an NVIDIA GPU"),
     (["--num_sms", "0"], "num_sms=0"),

@@ -83,7 +83,7 @@ def test_a_mistake_is_a_part_swapped_never_a_branch_of_a_kernel():
         spec = get(name)
         assert spec.mistakes == ("none",) + tuple(swaps)
         for mistake, part in swaps.items():
-            parts = spec.parts_for(mistake, None)
+            parts = spec.parts_for(spec.mistake_swaps(mistake))   # a mistake is a named set of parts
             assert parts[part] is spec.mistake_parts[mistake][part] is not spec.parts[part].reference
             assert parts[part].fn.__module__ == mistakes.__name__
             # every other part stays the kernel's own

@@ -106,7 +106,7 @@ class Trace:
         info = result.info or [{}] * cfg.world_size
         spec = cfg.spec
         meta = dict(algorithm=cfg.algorithm, protocol=spec.describe(),
-                    expected_events=[spec.expected_events(cfg, cfg.world_size, r) for r in range(cfg.world_size)],
+                    expected_events=[spec.expected_events(cfg, r) for r in range(cfg.world_size)],
                     m=cfg.m, n=cfg.n, k=cfg.k, datatype=cfg.datatype,
                     BLK_M=cfg.BLK_M, BLK_N=cfg.BLK_N, BLK_K=cfg.BLK_K, gsize_m=cfg.gsize_m, num_sms=cfg.num_sms,
                     comm_sms=cfg.comm_sms if spec.comm_programs else 0,
@@ -239,7 +239,7 @@ class Trace:
 
             config = RunConfig(**{k: self.meta[k] for k in ("algorithm", "m", "n", "k", "BLK_M", "BLK_N", "num_sms",
                                                             "world_size")}, comm_sms=self.meta.get("comm_sms") or 1)
-            counts = [get(self.meta["algorithm"]).expected_events(config, W, r) for r in range(W)]
+            counts = [get(self.meta["algorithm"]).expected_events(config, r) for r in range(W)]
         ranks = range(W) if rank is None else [rank]
         return None if any(counts[r] is None for r in ranks) else sum(counts[r] for r in ranks)
 

@@ -223,14 +223,15 @@ class AlgorithmSpec:
         return ("none",) + tuple(self.mistake_parts)
 
     # -- what the rest of gemmar asks of an algorithm --------------------------------------------------
-    def trace_room(self, config, world_size):
+    def trace_room(self, config):
         """Events each program may record in one launch (the trace buffer's room per program)."""
         if self.events_per_program is None:
             raise UsageError(f"algorithm {self.name} cannot be traced: its spec gives no events_per_program")
-        return int(self.events_per_program(config, world_size))
+        return int(self.events_per_program(config, config.world_size))
 
-    def expected_events(self, config, world_size, rank):
-        return None if self.events_per_launch is None else int(self.events_per_launch(config, world_size, rank))
+    def expected_events(self, config, rank):
+        return None if self.events_per_launch is None else int(self.events_per_launch(config, config.world_size,
+                                                                                      rank))
 
     def describe(self):
         """What a trace file needs to be read without this spec: its phases, done rule, flags and labels."""
@@ -255,16 +256,17 @@ class AlgorithmSpec:
                 raise UsageError(f"{name} takes {len(part.arguments)} arguments ({', '.join(part.arguments)}) and "
                                  f"returns {part.returns}; {fn.fn.__name__} takes {len(given)} ({', '.join(given)})")
 
-    def parts_for(self, mistake, given):
-        """The parts a launch uses: the kernel's own, a mistake's, then ``given`` (a participant's)."""
-        self.check_mistake(mistake)
+    def parts_for(self, given=None):
+        """The parts a launch uses: the kernel's own, with ``given`` ({name: function}) in their place."""
         own = {name: part.reference for name, part in self.parts.items()}
-        return {**own, **self.mistake_parts.get(mistake, {}), **(given or {})}
+        return {**own, **(given or {})}
 
-    def check_mistake(self, mistake):
+    def mistake_swaps(self, mistake):
+        """A teaching mistake as the parts it swaps ({part name: function}; none for "none")."""
         if mistake not in self.mistakes:
             raise UsageError(f"mistake {mistake!r} does not exist in {self.name!r}: use one of "
                              f"{', '.join(self.mistakes)}")
+        return dict(self.mistake_parts.get(mistake, {}))
 
     def runs_its_own_parts(self, parts):
         """Whether a launch's ``parts`` are all this algorithm's own (no mistake's, no participant's)."""

@@ -35,7 +35,7 @@ def _launches(config, parts):
     ctx = LaunchContext(config=config, heap=heap, buffers=spec.buffers(_meta, config, W), A=A, B=B, K=k_r,
                         strides=dict(stride_am=k_r, stride_ak=1, stride_bk=config.n, stride_bn=1), gemm=gemm,
                         trace=_meta((1,), torch.int64), trace_counts=_meta((config.programs,), torch.int64),
-                        parts=spec.parts_for("none", parts), watchdog=_meta((WATCHDOG_WORDS,), torch.int64),
+                        parts=spec.parts_for(parts), watchdog=_meta((WATCHDOG_WORDS,), torch.int64),
                         gpu=True)
     return spec.launches(ctx)
 

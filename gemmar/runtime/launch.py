@@ -120,22 +120,22 @@ def share_sms(compiled):
 
 
 class FusedGemmAllReduce:
-    def __init__(self, heap, config: RunConfig, mistake="none", parts=None):
-        """``parts``: {name: @triton.jit function} that replace the kernel's own (``runtime/shipping.py``)."""
-        config.validate()
+    def __init__(self, heap, config: RunConfig, parts=None):
+        """``config``: checked where it came in (``RunConfig.validate``), used as it is. ``parts``: {name:
+        @triton.jit function} that replace the kernel's own (a teaching mistake's, ``kernels/mistakes.py``, or a
+        participant's, ``runtime/shipping.py``)."""
         if config.world_size != heap.world_size:
             raise UsageError(f"world_size={config.world_size} does not match the heap's {heap.world_size} ranks")
         self.spec = spec = config.spec
         self.heap, self.config = heap, config
-        # The kernel's swappable functions: its own, a mistake's (kernels/mistakes.py), or a participant's.
-        self.parts = spec.parts_for(mistake, parts)
+        self.parts = spec.parts_for(parts)   # the kernel's swappable functions, with those given in their place
         self.launches = 0   # launches so far: the next one's epoch
-        self.buffers = spec.buffers(heap.zeros, config, heap.world_size)
+        self.buffers = spec.buffers(heap.zeros, config, config.world_size)
         self.watchdog = heap.zeros(WATCHDOG_WORDS, torch.int64)
         heap.name_all(self.buffers)
         heap.name(self.watchdog, "watchdog")
         # The trace buffers are local (nobody else writes them), so they need not live on the heap.
-        self.trace_capacity = spec.trace_room(config, heap.world_size) if config.trace else 0
+        self.trace_capacity = spec.trace_room(config) if config.trace else 0
         self.trace = torch.zeros(max(1, config.programs * self.trace_capacity * events.EVENT_WORDS),
                                  dtype=torch.int64, device=heap.device)
         self.trace_counts = torch.zeros(config.programs, dtype=torch.int64, device=heap.device)
@@ -272,7 +272,7 @@ def launch_ranks(fused, inputs, wait=False):
 
     Kernel by kernel across the ranks: every rank's first kernel, then every rank's second. Ranks that share
     a GPU start as far apart as the host time between their first kernels; rank by rank, that was a whole
-    launch (two kernels and the stream bookkeeping), and consecutive ranks started 115-198 us apart.
+    launch (two kernels and the stream bookkeeping): docs/decisions.md, Kernel by kernel across ranks.
     ``wait=True`` (one rank) waits for the work and checks the watchdog, as ``fused(A, B)`` does.
     """
     calls = [f._prepared_launches(A, B) for f, (A, B) in zip(fused, inputs)]

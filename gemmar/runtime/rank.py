@@ -23,7 +23,7 @@ from .heap import barrier_all, create_heap
 from .. import sanitizer
 from .launch import FusedGemmAllReduce, launch_ranks
 from .problem import rank_slice, scale_inputs, seeded_problem, tolerance
-from .shipping import failure_text, load_parts, unship
+from .shipping import failure_text, gemmars_own, load_parts, unship
 from .results import RankFailure, RankResult
 
 _ranks = []   # the RankContexts this engine hosts: one, or every rank when they share a GPU
@@ -183,8 +183,8 @@ def errors_as_results(fn):
 
 
 @errors_as_results
-def run_gemm_all_reduce(config, inputs=None, reference=None, scale=None, mistake="none", return_c=False,
-                        validate=True, parts=None, algorithm=None):
+def run_gemm_all_reduce(config, inputs=None, reference=None, scale=None, return_c=False, validate=True, parts=None,
+                        algorithm=None):
     """Run ``iterations`` back-to-back launches on this engine's ranks; check C after each one.
 
     ``inputs`` is one (A_r, B_r) per hosted rank, ``scale`` the global inputs' ``input_scale`` (for the
@@ -192,23 +192,23 @@ def run_gemm_all_reduce(config, inputs=None, reference=None, scale=None, mistake
     (every rank builds the same global matrices and keeps its own K-slice), so a benchmark ships no data
     between client and engines. All hosted ranks launch before any of them is waited for.
 
-    ``parts``: a participant's kernel parts as shipped (``runtime/shipping.py``); an error raised while they
-    compile or run comes back as a one-line UsageError that points into their code. ``algorithm``: a
-    user's algorithm as shipped (``runtime/shipping.py``), defined here before the config is checked.
+    ``config``: checked by the client, used as it is. ``parts``: the functions that take the place of the
+    kernel's own (a teaching mistake's, a participant's), as shipped (``runtime/shipping.py``); an error raised
+    while a participant's compile or run comes back as a one-line UsageError that points into their code.
+    ``algorithm``: a user's algorithm as shipped (``runtime/shipping.py``), defined here before it runs.
     """
     unship(algorithm)
-    config = config.validate()
     try:
-        return _run_gemm_all_reduce(config, inputs, reference, scale, mistake, return_c, validate,
-                                    load_parts(parts))
+        return _run_gemm_all_reduce(config, inputs, reference, scale, return_c, validate, load_parts(parts))
     except (UsageError, DeadlockError):
         raise
     except Exception as e:  # noqa: BLE001 - with parts, the participant's code failed, not gemmar: say where
-        if not parts:
+        yours = {name: shipped for name, shipped in (parts or {}).items() if not gemmars_own(shipped)}
+        if not yours:
             raise
         # (still a HeapBoundsError when the sanitizer stopped it: the client then starts fresh ranks)
         kind = HeapBoundsError if isinstance(gemmar_cause(e), HeapBoundsError) else UsageError
-        raise kind(failure_text(e, parts)) from None
+        raise kind(failure_text(e, yours)) from None
 
 
 @dataclasses.dataclass
@@ -238,7 +238,7 @@ class RankRun:
             self.dropped += lost
 
 
-def _run_gemm_all_reduce(config, inputs, reference, scale, mistake, return_c, validate, parts):
+def _run_gemm_all_reduce(config, inputs, reference, scale, return_c, validate, parts):
     group = local_ranks()
     device = group[0].heap.device   # the hosted ranks share it
     if inputs is None:
@@ -248,7 +248,7 @@ def _run_gemm_all_reduce(config, inputs, reference, scale, mistake, return_c, va
     with contextlib.ExitStack() as scopes:
         runs = []
         for i, ctx in enumerate(group):
-            fused = FusedGemmAllReduce(scopes.enter_context(ctx.heap.scope()), config, mistake, parts)
+            fused = FusedGemmAllReduce(scopes.enter_context(ctx.heap.scope()), config, parts)
             if inputs is None:
                 A, B = rank_slice(A_all, B_all, config, ctx.rank, device)
             else:

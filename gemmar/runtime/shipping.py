@@ -198,6 +198,11 @@ def ship_parts(parts, spec):
 _loaded = {}   # digest -> the function defined from it, so a repeated run compiles nothing again
 
 
+def gemmars_own(shipped_part):
+    """Whether a shipped part is one of gemmar's own functions (a teaching mistake's): not a participant's code."""
+    return isinstance(shipped_part["function"], tuple)
+
+
 def load_parts(shipped_parts):
     """Rank side: {name: @triton.jit function} defined from :func:`ship_parts`' output."""
     parts = {}

@@ -55,8 +55,7 @@ def benchmark_rank(configs, reps=20, warmup=5, baseline=True, problem=None):
     if baseline and shared:
         raise UsageError("the cuBLAS + NCCL baseline needs one GPU per rank; these ranks share a GPU "
                          "(time the fused kernels alone, without --baseline)")
-    configs = {alg: config.validate() for alg, config in configs.items()}
-    base = problem.validate() if problem is not None else next(iter(configs.values()))
+    base = problem if problem is not None else next(iter(configs.values()))
     A_all, B_all, reference, scale = seeded_problem(base, heaps[0].device)
     inputs = [(*rank_slice(A_all, B_all, base, ctx.rank, ctx.heap.device), reference) for ctx in group]
     del A_all, B_all
