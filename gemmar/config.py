@@ -1,4 +1,6 @@
-"""One run's settings, checked in one place for the Python API and the CLI alike."""
+"""One run's settings: ``RunConfig``, frozen, and its ``validate``, the check of every setting (a one-line
+UsageError naming the bad value), run where a run comes in from the Python API or the CLI. What the machine
+decides (memory, GPUs, heap size) is checked where the machine is known (``runtime/``)."""
 
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields, replace
@@ -35,8 +37,6 @@ MAX_DIM = 1 << 20            # a side longer than this is a typo, not a workload
 MAX_WORLD_SIZE = 64
 MAX_PROGRAMS = 4096
 MIN_BLOCK, MAX_BLOCK = 16, 256   # tl.dot needs 16 on each side; 256 keeps a tile in registers
-
-
 
 
 def dtype_name(dtype):
