@@ -485,7 +485,6 @@ def test_a_part_that_never_ends_is_stopped_in_seconds_and_said_plainly(tmp_path,
             capsys.readouterr().out
 
 
-
 @pytest.mark.slow   # (out of the fast tier: README, "Run the tests")
 def test_after_a_deadlock_the_next_call_finds_its_ranks_up(tmp_path, capfd):
     """Issue 61: a wrong wait cost 22-24 s in the cell, twice the 10 s deadline, waiting for ranks to start. A wait

@@ -57,7 +57,6 @@ WAIT_FLAGS = {"slot_free": 1, "data_ready": 2}   # the ids its waits pass to wai
 SLOT_FREE_FLAG, DATA_READY_FLAG = tl.constexpr(WAIT_FLAGS["slot_free"]), tl.constexpr(WAIT_FLAGS["data_ready"])
 
 
-
 @triton.jit(do_not_specialize=["rank", "epoch", "timeout_ns"])
 def gemm_all_reduce_ring(
         A, B, C, ring_buffer, data_ready, slot_free, watchdog, heap_bases, rank, world_size, epoch,
