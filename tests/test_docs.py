@@ -1,6 +1,7 @@
-"""The docs name what exists (docs/architecture.md's file map, data/README.md's index), and the code passes the
-linter CI runs."""
+"""The docs name what exists (docs/architecture.md's file map, data/README.md's index, BENCHMARKS.md's rows) and
+repeat no current figure, the benchmarks use names that exist, and the code passes the linter CI runs."""
 
+import glob
 import os
 import re
 import subprocess
@@ -227,3 +228,76 @@ def test_the_kernel_lines_notebook_3_names_are_the_ones_it_describes():
     lines = open(os.path.join(ROOT, "gemmar", "kernels", "ring.py")).read().splitlines()
     read, store = (lines[int(n) - 1].strip() for n in found.groups())
     assert read.startswith("received = tl.load(slot") and store.startswith("device.store(slot, payload"), (read, store)
+
+
+def module_file(module):
+    """The file of a module of the package or the lab (``gemmar.runtime.launch``, ``lab.models.few_rows``), or None."""
+    base = os.path.join(ROOT, *module.split("."))
+    return next((p for p in (base + ".py", os.path.join(base, "__init__.py")) if os.path.exists(p)), None)
+
+
+def module_names(path):
+    """The names a module defines at its top level (functions, classes, assignments, imports); None if it makes
+    names on demand (a module ``__getattr__``, as gemmar/__init__.py)."""
+    import ast
+
+    names, todo = set(), list(ast.parse(open(path).read()).body)
+    while todo:
+        node = todo.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            if node.name == "__getattr__":
+                return None
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names.update(n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name))
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names.update((a.asname or a.name).split(".")[0] for a in node.names)
+        elif isinstance(node, (ast.If, ast.Try, ast.With)):
+            todo += node.body + getattr(node, "orelse", []) + getattr(node, "finalbody", []) + \
+                [n for h in getattr(node, "handlers", []) for n in h.body]
+    return names
+
+
+def test_the_benchmarks_use_what_the_package_and_the_lab_have():
+    """Issue 59: nothing runs benchmarks/ in CI (most need GPUs), so a name the package or the lab moved or
+    renamed would break a script unseen. Every ``from gemmar... import name``, ``from lab... import name`` and
+    ``module.name`` of an imported module in benchmarks/*.py and lab/ must exist (read from the sources, no GPU)."""
+    import ast
+
+    scripts = sorted(glob.glob(os.path.join(ROOT, "benchmarks", "*.py")) +
+                     glob.glob(os.path.join(ROOT, "lab", "**", "*.py"), recursive=True))
+    missing, checked = [], 0
+    for script in scripts:
+        tree = ast.parse(open(script).read())
+        where = os.path.relpath(script, ROOT)
+        modules = {}   # a name bound to a module of the package or the lab -> that module
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                for a in node.names:
+                    if a.name.split(".")[0] in ("gemmar", "lab"):
+                        if not module_file(a.name):
+                            missing.append(f"{where}: import {a.name}")
+                        modules[a.asname or a.name.split(".")[0]] = a.asname and a.name or a.name.split(".")[0]
+            elif isinstance(node, ast.ImportFrom) and not node.level and \
+                    (node.module or "").split(".")[0] in ("gemmar", "lab"):
+                path = module_file(node.module)
+                if not path:
+                    missing.append(f"{where}: from {node.module}")
+                    continue
+                names = module_names(path)
+                for a in node.names:
+                    checked += 1
+                    if module_file(f"{node.module}.{a.name}"):
+                        modules[a.asname or a.name] = f"{node.module}.{a.name}"
+                    elif names is not None and a.name not in names:
+                        missing.append(f"{where}: from {node.module} import {a.name}")
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in modules:
+                module = modules[node.value.id]
+                names = module_names(module_file(module))
+                checked += 1
+                if names is not None and node.attr not in names and not module_file(f"{module}.{node.attr}"):
+                    missing.append(f"{where}: {module}.{node.attr}")
+    assert checked > 50   # (the scripts were read)
+    assert not missing, sorted(set(missing))
