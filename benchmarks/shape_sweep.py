@@ -29,7 +29,7 @@ import os
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # gemmar and the lab (lab/README.md)
 
 # (model, layer, TP, N = hidden size, K = the layer's whole input width, [M tokens per rank]); per-rank K = K / TP.
 # Sizes from each model's published config (hidden_size, intermediate_size / moe_intermediate_size, heads x head
@@ -254,7 +254,8 @@ def grid_ratios(row, how="wall"):
 def analyse(paths, rules_out, how="wall"):
     """Figures against the targets, the heat maps, and (from --grid runs) the rule fitted on every model and the
     leave-one-model-out rules evaluated on the grid's own measurements."""
-    from gemmar.tuning_cache import fit_rule, rule_tile
+    from gemmar.tuning_cache import rule_tile
+    from lab.models.tile_rule import fit_rule   # (the repository root is on sys.path: above)
 
     reports = [json.load(open(p)) for p in paths]
     rows = [row for rep in reports for row in rep["results"]]

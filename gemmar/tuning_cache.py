@@ -13,7 +13,6 @@ tests read, refuse and fall back without either.
 
 import datetime
 import json
-import math
 import os
 
 from .errors import UsageError
@@ -26,12 +25,10 @@ TILED = ("two_shot", "one_shot")
 DATATYPES = ("fp16", "bf16", "fp32")
 
 # The rule: {most rows per rank: (BLK_M, BLK_N, BLK_K, num_warps, num_stages, gsize_m)}, to be fitted on the shape
-# sweep's grid at world size 1 (benchmarks/shape_sweep.py --grid, then --analyse: fit_rule). Empty until a sweep has
+# sweep's grid at world size 1 (benchmarks/shape_sweep.py --grid, then --analyse: lab/models/tile_rule.py). Empty until a sweep has
 # run on a GPU (docs/decisions.md, "The tile rule"): until then a shape the cache does not hold keeps the
 # algorithm's measured tiles (tuning.tuned_defaults).
 RULE = {}
-# The rows-per-rank bounds a fitted rule may use (fit_rule): each bucket gets the tile that was fastest over it.
-M_BUCKETS = (16, 64, 128, 256, 512, 2048, 1 << 20)
 # The tiles the tuner and the sweep time, by the rows per rank they suit (at world size 1 the GEMM reads A and B
 # through plain pointers up to tuning.FEW_ROWS rows, through tensor descriptors above).
 CANDIDATES = {
@@ -73,35 +70,6 @@ def rule_tile(m, rule=None):
         return None
     bounds = sorted(rule)
     return tuple(rule[next((b for b in bounds if m <= b), bounds[-1])])
-
-
-def fit_rule(rows, buckets=M_BUCKETS):
-    """A rule fitted on measured rows: each ``(m, {tile: ratio to torch.matmul})`` (only tiles that gave the
-    right result). Per bucket of rows, the tile whose geometric-mean ratio over the bucket's shapes is least among
-    tiles measured at every one of them; a bucket with no rows is left out (the next bound up answers for it)."""
-    rule = {}
-    lower = 0
-    for bound in buckets:
-        inside = [ratios for m, ratios in rows if lower < m <= bound]
-        lower = bound
-        if not inside:
-            continue
-        common = set(inside[0]).intersection(*inside[1:])
-        if not common:   # (no tile measured at every shape of the bucket: the most widely measured ones)
-            counts = {}
-            for ratios in inside:
-                for tile in ratios:
-                    counts[tile] = counts.get(tile, 0) + 1
-            most = max(counts.values())
-            common = {t for t, c in counts.items() if c == most}
-
-        def score(tile):
-            logs = [math.log(r[tile]) for r in inside if tile in r]
-            return sum(logs) / len(logs)
-        rule[bound] = tuple(min(sorted(common), key=score))
-    if rule and max(rule) < buckets[-1]:
-        rule[buckets[-1]] = rule.pop(max(rule))
-    return rule
 
 
 # -- the cache file ------------------------------------------------------------------------------------------
