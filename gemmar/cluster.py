@@ -3,6 +3,7 @@
 engine in ``runtime/rank.py``.
 """
 
+import dataclasses
 import functools
 from dataclasses import dataclass, field
 
@@ -281,20 +282,23 @@ class Cluster(EngineCluster):
         ``sanitize`` (cpu): record the launches' heap accesses; the dict's ``sanitizer`` is the SanitizerReport.
         ``on_progress(rank, {"iteration", "of"})`` is called as ranks finish checked launches.
         Returns a dict: ``max_abs_diff``, ``tolerance``, ``identical`` (every rank the same bits),
-        ``checked_launches`` and the times in ms."""
-        from .config import DTYPES, dtype_name
+        ``checked_launches`` and the times in ms. ``numel`` may instead be an AllReduceConfig (the command
+        line's, checked already: it runs as it is, with this cluster's ``timeout_s``)."""
+        from .config import AllReduceConfig
 
-        for name, value, smallest in (("numel", numel, 1), ("iterations", iterations, 1), ("reps", reps, 0)):
-            if isinstance(value, bool) or not isinstance(value, int) or not smallest <= value <= 2 ** 40:
-                raise UsageError(f"{name}={value!r} is not allowed: use a whole number from {smallest} up")
-        if sanitize and self.backend != "cpu":
+        if isinstance(numel, AllReduceConfig):
+            config = numel if numel.checked and numel.timeout_s == self.timeout_s else \
+                dataclasses.replace(numel, timeout_s=self.timeout_s).validate()
+        else:
+            config = AllReduceConfig(numel, datatype, comm_sms, iterations, seed, self.timeout_s, reps, bool(baseline),
+                                     scheme, bool(on_heap), bool(sanitize)).validate()
+        if config.sanitize and self.backend != "cpu":
             raise UsageError(f"sanitize=True is not allowed on the {self.backend} backend: the sanitizer watches "
                              f"kernels under the Triton interpreter, so use backend='cpu'")
-        check_all_reduce_fits(numel, DTYPES[dtype_name(datatype)], self.backend, self.world_size, self.heap_size)
-        outs = self.run_ranks(run_all_reduce, numel, datatype, comm_sms, iterations, seed, self.timeout_s,
-                              reps, baseline, scheme, bool(on_heap), bool(sanitize), on_progress=on_progress)
+        check_all_reduce_fits(config.numel, config.torch_dtype, self.backend, self.world_size, self.heap_size)
+        outs = self.run_ranks(run_all_reduce, config, on_progress=on_progress)
         RankFailure.raise_first(outs)
-        figures = dict(numel=numel, datatype=datatype, scheme=outs[0]["scheme"], on_heap=bool(on_heap),
+        figures = dict(numel=config.numel, datatype=config.datatype, scheme=outs[0]["scheme"], on_heap=config.on_heap,
                        comm_sms=outs[0]["comm_sms"],
                        world_size=self.world_size,
                        max_abs_diff=max(d for o in outs for d in o["max_abs_diff"]), tolerance=outs[0]["tolerance"],
@@ -305,7 +309,7 @@ class Cluster(EngineCluster):
             if values:
                 figures[key] = max(values) if key.endswith("_ms") else values[0]
         figures["ok"] = figures["max_abs_diff"] <= figures["tolerance"] and figures["identical"]
-        if sanitize:
+        if config.sanitize:
             from .sanitizer import analyse
 
             figures["sanitizer"] = analyse([o["sanitizer"] for o in outs])

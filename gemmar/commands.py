@@ -9,7 +9,7 @@ import sys
 from .algorithms import builtin_names, get as get_algorithm
 from .analysis.auto_rule import AUTO_RULE, choose_algorithm
 from .analysis.plots import plural
-from .config import DTYPES, IRIS_AMD_ONLY, RunConfig
+from .config import DTYPES, IRIS_AMD_ONLY, AllReduceConfig, RunConfig
 from .errors import UsageError
 from .outputs import (DEFAULT_TRACE_FILE, check_output_path, iris_report, raise_if_not_written, trace_path_for,
                       write_report, write_whole)
@@ -226,34 +226,31 @@ def cmd_allreduce(args):
             raise UsageError(f"--sizes {mib:g}: use message sizes from {itemsize / 2 ** 20:.2g} MiB (one value) "
                              f"to {2 ** 34 * itemsize / 2 ** 20:g} MiB")
         numels.append(numel)
-    if args.comm_sms is not None and not 1 <= args.comm_sms <= 4096:
-        raise UsageError(f"--comm_sms {args.comm_sms} is not allowed: use 1 to 4096 programs per rank")
-    if args.iterations < 1:
-        raise UsageError(f"--iterations {args.iterations} is not allowed: use 1 or more launches")
+    timed = backend == "cuda"
+    runs = [(mib, AllReduceConfig(numel, args.datatype, args.comm_sms, args.iterations, timeout_s=args.timeout,
+                                  reps=args.reps if timed else 0, baseline=args.baseline and scheme == args.schemes[0],
+                                  scheme=scheme).validate())
+            for mib, numel in zip(sizes, numels) for scheme in args.schemes]
     if args.baseline and (backend != "cuda" or shares_gpu(backend, args.num_ranks)):
         raise UsageError("--baseline times NCCL between GPUs: it needs the cuda backend and one GPU per rank")
     W = args.num_ranks
     heap_size = max(256 << 20, max(all_reduce_heap_bytes(n, DTYPES[args.datatype], backend) for n in numels))
     check_heap_fits(backend, W, heap_size)   # before the engines start (3000 MiB once tried ~19 GB)
     check_all_reduce_fits(max(numels), DTYPES[args.datatype], backend, W, heap_size)
-    timed = backend == "cuda"
     rows = []
     log("-", W, starting_line(backend, W))
-    runs = [(size, scheme) for size in zip(sizes, numels) for scheme in args.schemes]
     bar = ProgressBar(len(runs) * args.iterations, label="checked launches ")
     with Cluster(world_size=W, backend=backend, heap_size=heap_size, timeout_s=args.timeout) as cluster:
-        for i, ((mib, numel), scheme) in enumerate(runs):
-            def progress(rank, data, i=i, what=f"{mib:g} MiB, {scheme}"):
+        for i, (mib, config) in enumerate(runs):
+            def progress(rank, data, i=i, what=f"{mib:g} MiB, {config.scheme}"):
                 if rank == 0:
                     bar.update(i * args.iterations + data["iteration"], what)
 
-            bar.update(i * args.iterations, f"{mib:g} MiB, {scheme}")
-            f = cluster.all_reduce(numel, args.datatype, args.comm_sms, args.iterations, reps=args.reps if timed else 0,
-                                   baseline=args.baseline and scheme == args.schemes[0], scheme=scheme,
-                                   on_progress=progress)
+            bar.update(i * args.iterations, f"{mib:g} MiB, {config.scheme}")
+            f = cluster.all_reduce(config, on_progress=progress)
             bar.clear()
-            line = allreduce_line(f, f"{mib:g} MiB {args.datatype} x {W} ranks", scheme, 2 * (W - 1) / W * numel * itemsize,
-                                  W)
+            line = allreduce_line(f, f"{mib:g} MiB {args.datatype} x {W} ranks", config.scheme,
+                                  2 * (W - 1) / W * config.numel * itemsize, W)
             log("-", W, line)
             rows.append(dict(mib=mib, **f))
     verdict = 0 if all(r["ok"] for r in rows) else 1

@@ -213,3 +213,54 @@ class RunConfig:
 
     def to_dict(self):
         return asdict(self)
+
+
+@dataclass(frozen=True)
+class AllReduceConfig:
+    """One run of the standalone all-reduce (``Cluster.all_reduce``, ``gemmar allreduce``; ``runtime/allreduce.py``):
+    frozen, checked once where it comes in (:meth:`validate`), read as it is on the ranks."""
+
+    numel: int                  # values per rank
+    datatype: str = "bf16"
+    comm_sms: int = None        # programs per rank; None: the device's default (runtime/allreduce.py)
+    iterations: int = 3         # checked launches
+    seed: int = 0
+    timeout_s: float = 60.0     # watchdog on every spin-wait
+    reps: int = 0               # GPU: timed launches (0: not timed)
+    baseline: bool = False      # GPU: time NCCL (and torch's symmetric memory) too
+    scheme: str = "auto"        # SCHEMES, or auto
+    on_heap: bool = False       # the values already lie in the heap's input: no copy in
+    sanitize: bool = False      # cpu: record the launches' heap accesses
+
+    @property
+    def checked(self):
+        return self.__dict__.get("_checked", False)
+
+    @property
+    def torch_dtype(self):
+        return DTYPES[self.datatype]
+
+    def validate(self):
+        """Raise UsageError (one line) for the first bad value; else return the checked config (dtype by name)."""
+        if self.checked:
+            return self
+        for name, smallest in (("numel", 1), ("iterations", 1), ("reps", 0)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or not smallest <= value <= 2 ** 40:
+                raise UsageError(f"{name}={value!r} is not allowed: use a whole number from {smallest} up")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
+            raise UsageError(f"seed={self.seed!r} is not allowed: use a whole number")
+        config = replace(self, datatype=dtype_name(self.datatype))
+        if config.comm_sms is not None:
+            _positive_int("comm_sms", config.comm_sms, MAX_PROGRAMS)
+        if config.scheme not in (*SCHEMES, "auto"):
+            raise UsageError(f"scheme {config.scheme!r} is not known: use one of {', '.join(SCHEMES)} or auto")
+        for name in ("baseline", "on_heap", "sanitize"):
+            if not isinstance(getattr(config, name), bool):
+                raise UsageError(f"{name}={getattr(config, name)!r} is not allowed: use True or False")
+        if isinstance(config.timeout_s, bool) or not (isinstance(config.timeout_s, (int, float)) and
+                                                      MIN_TIMEOUT_S <= config.timeout_s <= 86400):
+            raise UsageError(f"timeout_s={config.timeout_s!r} is not allowed: use seconds from {MIN_TIMEOUT_S:g} "
+                             f"to 86400")
+        object.__setattr__(config, "_checked", True)   # (on the new config, before anyone else holds it)
+        return config

@@ -27,12 +27,12 @@ def refused(capsys, *argv):
     (["bench", "--heap_size", "600"], "--heap_size 600 is too small: this run needs"),
     (["bench", "--BLK_N", "512"], "BLK_N=512 is not allowed: use a power of two from 16 to 256 (16, 32, 64, 128, 256)"),
     (["bench", "--timeout", "0.001"], "timeout_s=0.001 is not allowed: use seconds from 1 to 86400"),
-    (["bench", "--iterations", "0"], "--iterations 0 is not allowed"),
+    (["bench", "--iterations", "0"], "iterations=0 is out of range"),
     (["allreduce", "--sizes", "nan"], "--sizes nan: use message sizes from"),
     (["allreduce", "--sizes", "inf"], "--sizes inf: use message sizes from"),
     (["allreduce", "-r", "1", "--sizes", "9000"], "needs about"),
-    (["allreduce", "--comm_sms", "0"], "--comm_sms 0 is not allowed"),
-    (["allreduce", "--iterations", "0"], "--iterations 0 is not allowed"),
+    (["allreduce", "--comm_sms", "0"], "comm_sms=0 is out of range"),
+    (["allreduce", "--iterations", "0"], "iterations=0 is not allowed"),
 ])
 def test_refused_before_any_engine_starts(capsys, argv, needle):
     assert needle in refused(capsys, *argv)

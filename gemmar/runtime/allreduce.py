@@ -81,7 +81,8 @@ def all_reduce_heap_bytes(numel, dtype, device_type="cpu"):
 def check_all_reduce_fits(numel, dtype, backend, world_size, heap_size):
     """Refuse, in one line and before anything is allocated, an all-reduce of ``numel`` values that the
     ranks' heaps (``heap_size`` bytes each) or (cpu) the memory they share cannot hold: each cpu rank holds
-    its input, the float64 reference built from every rank's input, and its heap's used part."""
+    its input, the float64 reference built from every rank's input, and its heap's used part. (The one check
+    of an all-reduce's memory: ``Cluster.all_reduce``'s, and ``gemmar allreduce``'s before its engines start.)"""
     from ..errors import UsageError
     from . import memory
     from .heap import size_text
@@ -249,37 +250,37 @@ def _tolerance(reference, dtype, W):
 
 
 @errors_as_results
-def run_all_reduce(numel, datatype, comm_sms, iterations, seed=0, timeout_s=60.0, reps=0, baseline=False,
-                   scheme="auto", on_heap=False, sanitize=False):
-    """The standalone all-reduce on this engine's ranks: ``iterations`` checked launches (every rank's
-    result against the float64 sum of every rank's input; a digest of its bits, to compare across ranks);
-    on GPUs, with ``reps``, the median time of back-to-back launches, and with ``baseline`` NCCL's
-    all_reduce of the same values (and torch's symmetric-memory two-shot all-reduce where there is one).
-    ``on_heap``: the values are written into each op's heap ``input`` once and reduced where they lie.
-    ``sanitize`` (cpu): the checked launches are recorded for the sanitizer (``out["sanitizer"]``)."""
+def run_all_reduce(config):
+    """The standalone all-reduce (``config``: an AllReduceConfig, checked by the client) on this engine's ranks:
+    ``iterations`` checked launches (every rank's result against the float64 sum of every rank's input; a
+    digest of its bits, to compare across ranks); on GPUs, with ``reps``, the median time of back-to-back
+    launches, and with ``baseline`` NCCL's all_reduce of the same values (and torch's symmetric-memory
+    two-shot all-reduce where there is one). ``on_heap``: the values are written into each op's heap
+    ``input`` once and reduced where they lie. ``sanitize`` (cpu): the checked launches are recorded for the
+    sanitizer (``out["sanitizer"]``)."""
     from .. import sanitizer
-    from ..config import DTYPES, dtype_name
 
-    dtype = DTYPES[dtype_name(datatype)]
+    numel, dtype, iterations, seed, timeout_s, reps = (config.numel, config.torch_dtype, config.iterations,
+                                                       config.seed, config.timeout_s, config.reps)
     group = local_ranks()
     heaps = [ctx.heap for ctx in group]
     device, W = heaps[0].device, heaps[0].world_size
     timed = bool(reps) and device.type == "cuda"
-    if timed and baseline and len(group) > 1:   # refused before any work, not after it
+    if timed and config.baseline and len(group) > 1:   # refused before any work, not after it
         raise UsageError("the NCCL baseline needs one GPU per rank; these ranks share a GPU")
     reference = sum(all_reduce_input(numel, dtype, seed, r, "cpu").double() for r in range(W))
     allowed = _tolerance(reference, dtype, W)
     inputs = [all_reduce_input(numel, dtype, seed, ctx.rank, device) for ctx in group]
     outs = [dict(rank=ctx.rank, max_abs_diff=[], tolerance=allowed, digest=None) for ctx in group]
     with contextlib.ExitStack() as scopes:
-        ops = [SymmetricAllReduce(scopes.enter_context(h.scope()), numel, dtype, comm_sms, timeout_s, scheme)
-               for h in heaps]
+        ops = [SymmetricAllReduce(scopes.enter_context(h.scope()), numel, dtype, config.comm_sms, timeout_s,
+                                  config.scheme) for h in heaps]
         for out, op in zip(outs, ops):
             out["comm_sms"], out["scheme"] = op.comm_sms, op.scheme
         for op in ops:
             op.prepare()
-        bases, inputs = inputs, [op.input for op in ops] if on_heap else [x.clone() for x in inputs]
-        records = scopes.enter_context(sanitizer.recording(heaps[0], sanitize))
+        bases, inputs = inputs, [op.input for op in ops] if config.on_heap else [x.clone() for x in inputs]
+        records = scopes.enter_context(sanitizer.recording(heaps[0], config.sanitize))
         barrier_all(heaps, timeout_s)
 
         def launch_all():
@@ -299,7 +300,7 @@ def run_all_reduce(numel, datatype, comm_sms, iterations, seed=0, timeout_s=60.0
         barrier_all(heaps, timeout_s)
     if records:
         outs[0]["sanitizer"] = records[0]
-    if timed and baseline:
+    if timed and config.baseline:
         import torch.distributed as dist
 
         y = inputs[0].clone()
