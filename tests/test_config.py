@@ -106,7 +106,7 @@ def test_triton_releases_outside_the_accepted_range_are_refused_in_one_line():
 
 INTERPRETED_HELPERS = """
 import torch, triton, triton.language as tl
-import gemmar.kernels  # noqa: F401  (installs triton_support's patching once per launch)
+from gemmar.kernels.triton_support import gemmar_interpreter  # (patches once per launch inside its scope)
 from triton.runtime import interpreter
 
 calls = []
@@ -129,16 +129,17 @@ def kernel(out, BLOCK: tl.constexpr):
 
 out = torch.arange(8, dtype=torch.float32)
 for launch in range(2):
-    kernel[(2,)](out, BLOCK=4)
+    with gemmar_interpreter():
+        kernel[(2,)](out, BLOCK=4)
 print(len(calls), out.tolist(), tl.core.is_builtin(tl.load) and tl.core.is_builtin(tl.core.full))
 """
 
 
 def test_the_interpreter_patches_the_language_once_per_launch():
-    """triton_support._patch_once_per_launch: two launches of two programs, each calling @triton.jit helpers six
-    times and Triton's own tl.zeros and tl.cdiv (which see tl.core), patch tl and tl.core once each per launch
-    (at most 5 in all, not at every helper call), compute what they should, and leave triton.language and
-    triton.language.core as they were."""
+    """triton_support._patch_once_per_launch (inside gemmar's interpreter scope): two launches of two programs,
+    each calling @triton.jit helpers six times and Triton's own tl.zeros and tl.cdiv (which see tl.core), patch tl
+    and tl.core once each per launch (at most 5 in all, not at every helper call), compute what they should, and
+    leave triton.language and triton.language.core as they were."""
     import subprocess
     import sys
 

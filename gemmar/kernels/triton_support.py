@@ -1,13 +1,21 @@
 """Which Triton releases gemmar accepts, the work-arounds accepted releases need, and a faster interpreter.
 
-Imported by ``gemmar.kernels`` before any kernel is defined, so both take effect wherever a kernel can run
-(the client, every engine, a notebook).
+This module is the one owner of every patch to Triton's interpreter, gemmar's and those of the layers above
+(the sanitizer, the hosted-program layer): :data:`PATCHES` lists them in the order they are applied, each with
+its reason, and :func:`gemmar_interpreter` applies them only inside its scope and gives Triton's interpreter
+back exactly as it was on leaving it. The layers above fill their slots with :func:`subscribe`; this module
+imports none of them. It is the owner because the patches exist for what the accepted releases lack, which
+this module names (a patch and the releases it is for are read together), and because it is the lowest
+module (imported by ``gemmar.kernels`` before any kernel is defined) that every layer may import. So a
+participant's own ``@triton.jit`` kernel launched outside gemmar's launches runs on Triton's interpreter as
+Triton ships it; gemmar enters the scope around each kernel it runs on cpu ranks (``CpuHeap.on_stream``,
+``PreparedLaunch``) and around a whole hosted program.
 
 Triton 3.6's interpreter turns a scalar into a Python int with ``int(array)``, and its scalars (e.g.
 ``tl.program_id``) are one-element 1-D numpy arrays. NumPy 2.4 refuses ``int()`` of an array that is not
 0-D, so under 3.6 with a current NumPy every ``range(pid, ...)`` in a kernel failed with "only 0-dimensional
-arrays can be converted to Python scalars". Triton 3.7 squeezes the array first; :func:`_patch_interpreter`
-does the same for 3.6. Compiled kernels never reach this code.
+arrays can be converted to Python scalars". Triton 3.7 squeezes the array first;
+:func:`_index_of_one_element_arrays` does the same for 3.6. Compiled kernels never reach this code.
 
 Two costs of the interpreter are cut: the language is patched once per launch, not at every call of a
 ``@triton.jit`` helper (:func:`_patch_once_per_launch`), and integer-overflow checks whose assert cannot fire
@@ -36,7 +44,9 @@ And one of casts (Triton 3.9.0, where it was found, and the same code in 3.6, 3.
   right already (numpy's conversion rounds to nearest even).
 """
 
+import contextlib
 import os
+import threading
 
 import triton
 import triton.language as tl
@@ -66,17 +76,19 @@ def check_release(version_text):
                          f"(pip install 'triton>=3.6,<3.10')")
 
 
-def _patch_interpreter():
+def _index_of_one_element_arrays(replace):
     """Triton 3.6 only: make the interpreter's ``__index__`` accept one-element arrays (see the module doc)."""
     from triton.runtime import interpreter
 
+    if release(triton.__version__) != (3, 6):
+        return
     patch_tensor = interpreter._patch_lang_tensor
 
     def patch_tensor_squeezing(tensor, scope):
         patch_tensor(tensor, scope)
         scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
 
-    interpreter._patch_lang_tensor = patch_tensor_squeezing
+    replace(interpreter, "_patch_lang_tensor", patch_tensor_squeezing)
 
 
 class _KernelPatches:
@@ -100,7 +112,11 @@ class _NothingPatched:
         pass
 
 
-def _patch_once_per_launch():
+# function -> (its globals' size, the language modules among them): kept from one scope to the next
+_SEEN_LANGS = None
+
+
+def _patch_once_per_launch(replace):
     """Patch Triton's language once per interpreted launch, not again at every call of a @triton.jit helper.
 
     The interpreter patches ``triton.language`` (its builtins, its tensor's methods) when a kernel launch
@@ -116,8 +132,11 @@ def _patch_once_per_launch():
     import triton.language as tl
     from triton.runtime import interpreter
 
+    global _SEEN_LANGS
+    if _SEEN_LANGS is None:
+        _SEEN_LANGS = weakref.WeakKeyDictionary()
+    seen_langs = _SEEN_LANGS
     patch_lang = interpreter._patch_lang
-    seen_langs = weakref.WeakKeyDictionary()   # function -> (its globals' size, the language modules among them)
     state = {"launch": None}   # the running launch's patches (_KernelPatches); None between launches
 
     def patch_lang_once_per_launch(fn):
@@ -141,10 +160,10 @@ def _patch_once_per_launch():
         state["launch"] = _KernelPatches(scope, state, langs)
         return state["launch"]
 
-    interpreter._patch_lang = patch_lang_once_per_launch
+    replace(interpreter, "_patch_lang", patch_lang_once_per_launch)
 
 
-def _skip_overflow_checks_that_cannot_fire():
+def _skip_overflow_checks_that_cannot_fire(replace):
     """Skip the interpreter's integer-overflow check where its assert could never fire.
 
     For every ``+``, ``-``, ``*`` of 32-bit integers the interpreter computes the result again in 64 bits,
@@ -161,7 +180,7 @@ def _skip_overflow_checks_that_cannot_fire():
         if semantic.builder.options.debug:
             return check(lhs, rhs, binary_op)
 
-    semantic.binary_op_sanitize_overflow_impl = overflow_check_when_it_can_fire
+    replace(semantic, "binary_op_sanitize_overflow_impl", overflow_check_when_it_can_fire)
 
 
 def _bf16_as_fp32(bits):
@@ -242,7 +261,7 @@ def _rmw_by_compare_and_swap(op_name, ptr, val, mask, interpreter_sem):
     return old
 
 
-def _patch_bf16_and_atomics():
+def _patch_bf16_and_atomics(replace):
     """bf16 arithmetic in fp32, and atomics on every dtype (see the module's docstring)."""
     import numpy as np
     from triton.runtime import interpreter
@@ -282,8 +301,10 @@ def _patch_bf16_and_atomics():
         old = _rmw_by_compare_and_swap(rmw_op.name, ptr, val, mask, self.ir_sem_to_interpreter_sem[sem])
         return interpreter.TensorHandle(old, val.dtype.scalar)
 
-    builder.binary_op, builder.unary_op, builder.create_fma = bf16_binary_op, bf16_unary_op, create_fma
-    builder.create_atomic_rmw = create_atomic_rmw
+    replace(builder, "binary_op", bf16_binary_op)
+    replace(builder, "unary_op", bf16_unary_op)
+    replace(builder, "create_fma", create_fma)
+    replace(builder, "create_atomic_rmw", create_atomic_rmw)
     # (the class's create_fadd etc. are lambdas that look binary_op up on the instance, so they take this one)
 
 
@@ -302,7 +323,7 @@ def _fp64_as_bf16(values):
     return np.where(np.isnan(values), np.uint16(0x7FC0), _fp32_as_bf16(bits.view(np.float32)))
 
 
-def _patch_casts_to_bf16():
+def _patch_casts_to_bf16(replace):
     """Casts to bf16 round to nearest even, as compiled kernels do (see the module's docstring)."""
     import numpy as np
     import triton.language as tl
@@ -322,7 +343,7 @@ def _patch_casts_to_bf16():
         return interpreter.TensorHandle(bits.reshape(np.shape(src.data)), dst_type.scalar)
 
     # (create_si_to_fp, create_fp_trunc ... are lambdas that look cast_impl up on the instance: they take this one)
-    builder.cast_impl = cast_rounding_to_nearest_even
+    replace(builder, "cast_impl", cast_rounding_to_nearest_even)
 
 
 def device_aggregate(cls):
@@ -361,21 +382,115 @@ def device_aggregate(cls):
     return made
 
 
-def _aggregates_keep_their_methods():
-    """Under the interpreter every aggregate made from now on keeps its jit methods (:func:`device_aggregate`):
+def _aggregates_keep_their_methods(replace):
+    """Under the interpreter every aggregate made inside the scope keeps its jit methods (:func:`device_aggregate`):
     Iris's and tritonBLAS's classes (``Context``, ``Tile``, ``GemmContext``...) are made with
-    ``triton.language.core._aggregate`` when their modules are imported, after gemmar's."""
+    ``triton.language.core._aggregate`` when their modules are imported, which a hosted program does inside it."""
     import triton.language.core as language_core
 
     if os.environ.get("TRITON_INTERPRET", "0") == "1" and language_core._aggregate is _aggregate:
-        language_core._aggregate = device_aggregate
+        replace(language_core, "_aggregate", device_aggregate)
+
+
+# -- the one owner of the interpreter's patches --------------------------------------------------------------
+# Every patch gemmar makes to Triton's interpreter, in the order they are applied: each wraps what the ones above
+# it left (the sanitizer's create_atomic_rmw, on the builder instance, calls the atomics' one, on its class, which
+# calls Triton's). (name, why, apply); apply(replace) calls replace(owner, attribute, value). A slot whose apply
+# is None is filled by the layer named in its reason, through subscribe(): this module imports none of them.
+SUBSCRIBED = None
+PATCHES = (
+    ("index of one-element arrays", "Triton 3.6: int() of a program id failed under NumPy 2.4",
+     _index_of_one_element_arrays),
+    ("language patched once per launch", "the interpreter patched triton.language again at every helper call",
+     _patch_once_per_launch),
+    ("overflow checks that cannot fire skipped", "their assert needs debug, which the interpreter never sets",
+     _skip_overflow_checks_that_cannot_fire),
+    ("bf16 arithmetic and atomics on every dtype", "bf16 ran on its bits; some atomics refused or not atomic",
+     _patch_bf16_and_atomics),
+    ("casts to bf16 round to nearest even", "the interpreter took low bits or truncated", _patch_casts_to_bf16),
+    ("aggregates keep their jit methods", "Triton's aggregate drops them under the interpreter",
+     _aggregates_keep_their_methods),
+    ("false tl.assume warns", "a hosted program's GPU hint must not stop its run (the program layer subscribes)",
+     SUBSCRIBED),
+    ("interpreted launches return a handle", "a hosted program reads a launch's result (the program layer "
+     "subscribes)", SUBSCRIBED),
+    ("heap accesses recorded", "the sanitizer numbers every load, store, atomic and kernel call (it subscribes "
+     "when a rank starts recording); last, so it records what the patches above did", SUBSCRIBED),
+)
+_subscribed = {}        # slot name -> the apply a layer subscribed with
+_applied = []           # (name, [(owner, attribute, had_own, old)]) while the scope is entered, in applied order
+_depth = 0              # scopes entered and not yet left (nested, or in several threads)
+_lock = threading.RLock()
+
+
+def subscribe(name, apply):
+    """Fill the slot ``name`` of :data:`PATCHES` with ``apply`` (``apply(replace)``), for this process. Again with
+    the same name: the later apply replaces the earlier. Inside the scope it takes effect at once."""
+    slots = [n for n, _, a in PATCHES if a is SUBSCRIBED]
+    if name not in slots:
+        raise UsageError(f"interpreter patch slot {name!r} does not exist; slots: {', '.join(map(repr, slots))}")
+    with _lock:
+        _subscribed[name] = apply
+        if _depth:   # (between kernel launches: re-applied in the declared order)
+            _restore()
+            _apply()
+
+
+def applied():
+    """The names of the patches in place now, in the order they were applied (empty outside the scope; a patch
+    this release does not need replaced nothing and is not named)."""
+    return [name for name, undo in _applied if undo]
+
+
+@contextlib.contextmanager
+def gemmar_interpreter():
+    """``with gemmar_interpreter():`` - Triton's interpreter with gemmar's patches (:data:`PATCHES`, in order)
+    inside; on leaving the outermost one, Triton's interpreter exactly as it was. Process-wide (the interpreter is
+    one per process) and re-entrant. gemmar enters it around every kernel it runs on cpu ranks and around a hosted
+    program; a participant's own kernel launched outside runs on Triton's own interpreter."""
+    global _depth
+    with _lock:
+        if _depth == 0:
+            _apply()
+        _depth += 1
+    try:
+        yield
+    finally:
+        with _lock:
+            _depth -= 1
+            if _depth == 0:
+                _restore()
+
+
+def _apply():
+    for name, _, apply in PATCHES:
+        apply = _subscribed.get(name) if apply is SUBSCRIBED else apply
+        if apply is None:
+            continue
+        undo = []
+
+        def replace(owner, attribute, value, undo=undo):
+            own = vars(owner)
+            undo.append((owner, attribute, attribute in own, own.get(attribute)))
+            setattr(owner, attribute, value)
+
+        _applied.append((name, undo))
+        try:
+            apply(replace)
+        except BaseException:
+            _restore()
+            raise
+
+
+def _restore():
+    while _applied:
+        _, undo = _applied.pop()
+        while undo:
+            owner, attribute, had_own, old = undo.pop()
+            if had_own:
+                setattr(owner, attribute, old)
+            else:
+                delattr(owner, attribute)
 
 
 check_release(triton.__version__)
-if release(triton.__version__) == (3, 6):
-    _patch_interpreter()
-_patch_once_per_launch()
-_skip_overflow_checks_that_cannot_fire()
-_patch_bf16_and_atomics()
-_patch_casts_to_bf16()
-_aggregates_keep_their_methods()

@@ -22,7 +22,6 @@ every argument on every launch; at 1 MiB an all-reduce's GPU work is a few micro
 was most of its time.
 """
 
-import contextlib
 import ctypes
 import inspect
 import os
@@ -30,6 +29,8 @@ import warnings
 import weakref
 
 import torch
+
+from ..kernels.triton_support import gemmar_interpreter
 
 # The per-launch arguments a spec may name (``Launch.per_launch``), as functions of the launch count.
 EPOCH_VALUES = {"epoch": lambda count: count, "parity": lambda count: count % 2}
@@ -115,7 +116,8 @@ class PreparedLaunch:
         """Through Triton's dispatcher (every launch under the interpreter); on a GPU, keeps what it ran."""
         args = self.values[:len(self.args)]
         kwargs = {k: (self.values[self.index[k]] if k in self.index else v) for k, v in self.kwargs.items()}
-        with torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext():
+        # (no stream: a cpu rank, whose kernels run on gemmar's interpreter, patched only inside its scope)
+        with torch.cuda.stream(self.stream) if self.stream is not None else gemmar_interpreter():
             compiled = self.kernel[self.grid](*args, **kwargs)
         if self.stream is not None and compiled is not None:
             # What Triton's dispatcher hands the compiled kernel: every parameter, in order.

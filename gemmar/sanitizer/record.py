@@ -1,8 +1,9 @@
 """Recording every symmetric-heap access of a CPU rank, in one order shared by all ranks.
 
 Under the Triton interpreter every ``tl.load``, ``tl.store`` and atomic ends in a method of the
-interpreter's builder, with the addresses as a numpy array. :func:`install` wraps those methods once per
-process; while a :class:`Recorder` is active they
+interpreter's builder, with the addresses as a numpy array. :func:`install` has those methods wrapped wherever
+gemmar runs kernels (the sanitizer's slot of the interpreter's patches, kernels/triton_support.py); while a
+:class:`Recorder` is active they
 
 - check the addresses against the heaps and their allocations *before* the access runs, and raise
   :class:`~gemmar.errors.HeapBoundsError` naming the rank, program, line and buffer (an access outside
@@ -297,11 +298,20 @@ def _builder():
 
 
 def install():
-    """Wrap the interpreter's memory operations and kernel calls (once per process; a no-op while no
-    Recorder is active)."""
+    """Have the interpreter's memory operations and kernel calls recorded wherever gemmar runs kernels, from now
+    on in this process: the sanitizer's slot of the interpreter's patches (kernels/triton_support.py, applied only
+    inside its scope). A no-op while no Recorder is active."""
     global _installed
     if _installed:
         return
+    from ..kernels.triton_support import subscribe
+
+    subscribe("heap accesses recorded", _record_accesses)
+    _installed = True
+
+
+def _record_accesses(replace):
+    """Wrap the interpreter builder's loads, stores and atomics, and every kernel call (``replace``: the owner's)."""
     from triton.runtime import interpreter
 
     builder = interpreter.interpreter_builder
@@ -335,8 +345,10 @@ def install():
         return rec.access(builder, "rmw", ptr, None, run, atomic=True, sem=SEMS.get(sem.name, sem.name),
                           scope=SCOPES.get(scope.name, scope.name), op="cas", written=val)
 
-    builder.create_masked_load, builder.create_masked_store = masked_load, masked_store
-    builder.create_atomic_rmw, builder.create_atomic_cas = atomic_rmw, atomic_cas
+    replace(builder, "create_masked_load", masked_load)
+    replace(builder, "create_masked_store", masked_store)
+    replace(builder, "create_atomic_rmw", atomic_rmw)
+    replace(builder, "create_atomic_cas", atomic_cas)
 
     grid_call = interpreter.GridExecutor.__call__
 
@@ -353,8 +365,7 @@ def install():
         finally:
             rec.kernel_end()
 
-    interpreter.GridExecutor.__call__ = call_with_record
-    _installed = True
+    replace(interpreter.GridExecutor, "__call__", call_with_record)
 
 
 def _resolved_grid(executor, grid, args, kwargs):

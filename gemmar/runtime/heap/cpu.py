@@ -23,6 +23,7 @@ import time
 import torch
 
 from ...errors import ClusterError, UsageError
+from ...kernels.triton_support import gemmar_interpreter
 from ...sanitizer.record import BASES_GUARD
 from .base import ALIGN, HEADER_BYTES, RANK_LEFT, SymmetricHeap
 
@@ -85,6 +86,11 @@ class CpuHeap(SymmetricHeap):
     """Arenas in shared-memory files, mapped by every rank's process. Kernels run under the interpreter."""
 
     backend = "cpu"
+
+    def on_stream(self):
+        """Kernels launched inside run on gemmar's interpreter: Triton's, with the patches of
+        kernels/triton_support.py, applied only inside this scope."""
+        return gemmar_interpreter()
 
     @classmethod
     def create(cls, rank, world_size, size, folder, timeout_s=60.0):
