@@ -2,6 +2,7 @@
 
 import time
 
+import psutil
 import torch
 
 
@@ -14,6 +15,14 @@ def random_inputs(m, n, k, dtype, seed=0):
 
 def reference(A, B):
     return A.double() @ B.double()
+
+
+def process_alive(pid):
+    """Whether the process ``pid`` runs (a zombie, ended but not yet reaped, does not)."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 def wait_until(predicate, timeout_s, poll_s=0.05):

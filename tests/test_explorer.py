@@ -12,7 +12,7 @@ import pytest
 pytest.importorskip("ipywidgets")
 
 from gemmar.explorer import Explorer  # noqa: E402
-from gemmar.runtime.processes import _alive  # noqa: E402
+from inputs import process_alive  # noqa: E402
 
 
 def test_interrupt_stops_the_run_and_the_next_run_starts_fresh_ranks():
@@ -35,7 +35,7 @@ def test_interrupt_stops_the_run_and_the_next_run_starts_fresh_ranks():
         assert returned - pressed[0] < 2.0
         assert explorer.status.value.startswith("interrupted after"), explorer.status.value
         old_pids = explorer.cluster.pids
-        assert not any(_alive(pid) for pid in old_pids)   # the ranks stopped, not finishing the work
+        assert not any(process_alive(pid) for pid in old_pids)   # the ranks stopped, not finishing the work
         assert not explorer.button.disabled
         explorer.iterations.value = 1
         explorer.run()
@@ -72,7 +72,7 @@ def test_run_button_runs_in_the_background_and_stop_ends_the_ranks():
         running.join(10)
         assert time.monotonic() - pressed < 2.0, explorer.status.value
         assert explorer.status.value.startswith("stopped after"), explorer.status.value
-        assert not any(_alive(pid) for pid in old_pids)
+        assert not any(process_alive(pid) for pid in old_pids)
         assert not explorer.button.disabled and explorer.stop_button.disabled
         explorer.iterations.value, explorer.m.value, explorer.n.value = 1, 32, 32
         explorer.button.click()

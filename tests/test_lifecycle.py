@@ -122,7 +122,7 @@ def test_ctrl_c_ends_a_cli_run_at_once_in_one_line():   # (ctrl_c_as_in_a_termin
 
 
 INTERRUPTED = textwrap.dedent('''
-    import os, signal, threading, time, gemmar
+    import os, signal, threading, time, gemmar, psutil
     cluster = gemmar.Cluster(world_size=2, backend="cpu")
     long_run = gemmar.RunConfig(m=64, n=64, k=64, BLK_M=16, BLK_N=16, BLK_K=16, iterations=100000)
     running = threading.Event()
@@ -137,7 +137,8 @@ INTERRUPTED = textwrap.dedent('''
         cluster.bench(long_run, on_progress=lambda rank, data: running.set())
     except KeyboardInterrupt:
         print("interrupted after", round(time.monotonic() - pressed, 2), flush=True)
-    print("old ranks alive", any(gemmar.runtime.processes._alive(p) for p in old_pids), flush=True)
+    print("old ranks alive", any(p.pid in old_pids and p.info["status"] != psutil.STATUS_ZOMBIE
+                                 for p in psutil.process_iter(["status"])), flush=True)
     result = cluster.bench(gemmar.RunConfig(m=64, n=64, k=64, BLK_M=16, BLK_N=16, BLK_K=16, iterations=2))
     print("next call ok", result.ok, "new ranks", cluster.pids != old_pids, flush=True)
     cluster.stop()

@@ -45,13 +45,6 @@ def _children(proc):
         return []
 
 
-def _alive(pid):
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
-
-
 def _kill(pid, wait_s=5):
     try:
         proc = psutil.Process(pid)
