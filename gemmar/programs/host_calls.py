@@ -25,6 +25,7 @@ import torch
 
 from .. import sanitizer
 from ..errors import UsageError
+from ..kernels.triton_support import subscribe
 from ..runtime import rank as rank_runtime
 
 AMD_ONLY_LAUNCH_OPTIONS = ("waves_per_eu", "matrix_instr_nonkdim", "kpack")
@@ -305,65 +306,68 @@ class InterpretedLaunch:
 
 def adapt_launches(backend):
     """Every kernel launch on this rank: AMD compiler options dropped where they do not apply (one line says
-    so, once per option); under the interpreter an :class:`InterpretedLaunch` returned instead of None."""
+    so, once per option); under the interpreter an :class:`InterpretedLaunch` returned instead of None. The
+    interpreter's launches are adapted through its owner (kernels/triton_support.py), inside its scope only."""
     import triton.runtime.jit as jit
+    from triton.runtime.interpreter import InterpretedFunction
 
-    classes = [jit.JITFunction]
-    with contextlib.suppress(ImportError):
-        from triton.runtime.interpreter import InterpretedFunction
+    if not getattr(jit.JITFunction.run, "__gemmar_adapted__", False):
+        jit.JITFunction.run = _adapted_run(jit.JITFunction.run, backend)
+    subscribe("interpreted launches return a handle",
+              lambda replace: replace(InterpretedFunction, "run", _adapted_run(InterpretedFunction.run, backend)))
 
-        classes.append(InterpretedFunction)
-    told = set()
+
+_TOLD = set()   # AMD options said to be dropped: once per process
+
+
+def _adapted_run(original, backend, told=_TOLD):
     on_rocm = torch.version.hip is not None
-    for cls in classes:
-        if getattr(cls.run, "__gemmar_adapted__", False):
-            continue
-        original = cls.run
 
-        @functools.wraps(original)
-        def run(self, *args, __original=original, **kwargs):
-            dropped = {} if on_rocm else {o: kwargs.pop(o) for o in AMD_ONLY_LAUNCH_OPTIONS if o in kwargs}
-            if dropped and not told.issuperset(dropped) and rank_runtime.local_ranks()[0].rank == 0:
-                told.update(dropped)
-                settings = ", ".join(f"{k}={v!r}" for k, v in dropped.items())
-                print(f"[gemmar] {settings}: AMD compiler option(s), dropped on the {backend} backend",
-                      file=sys.stderr, flush=True)
-            if type(self).__name__ == "InterpretedFunction" and \
-                    CpuGraph.record(lambda: __original(self, *args, **kwargs)):
-                return InterpretedLaunch(getattr(self.fn, "__name__", "kernel"))
-            launched = __original(self, *args, **kwargs)
-            if launched is None and type(self).__name__ == "InterpretedFunction":
-                return InterpretedLaunch(getattr(self.fn, "__name__", "kernel"))
-            return launched
+    @functools.wraps(original)
+    def run(self, *args, **kwargs):
+        dropped = {} if on_rocm else {o: kwargs.pop(o) for o in AMD_ONLY_LAUNCH_OPTIONS if o in kwargs}
+        if dropped and not told.issuperset(dropped) and rank_runtime.local_ranks()[0].rank == 0:
+            told.update(dropped)
+            settings = ", ".join(f"{k}={v!r}" for k, v in dropped.items())
+            print(f"[gemmar] {settings}: AMD compiler option(s), dropped on the {backend} backend",
+                  file=sys.stderr, flush=True)
+        if type(self).__name__ == "InterpretedFunction" and CpuGraph.record(lambda: original(self, *args, **kwargs)):
+            return InterpretedLaunch(getattr(self.fn, "__name__", "kernel"))
+        launched = original(self, *args, **kwargs)
+        if launched is None and type(self).__name__ == "InterpretedFunction":
+            return InterpretedLaunch(getattr(self.fn, "__name__", "kernel"))
+        return launched
 
-        run.__gemmar_adapted__ = True
-        cls.run = run
+    run.__gemmar_adapted__ = True
+    return run
+
+
+_WARNED_ASSUMES = set()   # kernel lines warned about, once per process as before the patches had a scope
 
 
 def warn_false_assumes():
     """Under the interpreter a false ``tl.assume`` stops the program ("Assume failed"); on a GPU it is a hint
-    the compiler may use, and the run goes on. Here: one warning per kernel line, and the run goes on."""
-    from triton.runtime import interpreter
+    the compiler may use, and the run goes on. Here: one warning per kernel line, and the run goes on (this
+    layer's slot of the interpreter's patches, kernels/triton_support.py)."""
+    subscribe("false tl.assume warns", _warning_assumes)
 
-    builder = interpreter.InterpreterBuilder
-    if getattr(builder.create_assume, "__gemmar_warns__", False):
-        return
-    warned = set()
+
+def _warning_assumes(replace):
+    from triton.runtime import interpreter
 
     def create_assume(self, condition):
         if bool(getattr(condition, "data", condition).all()):
             return None
         frame = next((f for f in traceback.extract_stack()[::-1] if is_program_file(f.filename)), None)
         where = f"{os.path.basename(frame.filename)}:{frame.lineno}" if frame else "a kernel"
-        if where not in warned:
-            warned.add(where)
+        if where not in _WARNED_ASSUMES:
+            _WARNED_ASSUMES.add(where)
             line = f" ({frame.line.strip()})" if frame and frame.line else ""
             print(f"[gemmar] warning: tl.assume is false at {where}{line}; on a GPU that is a wrong hint to the "
                   f"compiler, not a check: the run goes on", file=sys.stderr, flush=True)
         return None
 
-    create_assume.__gemmar_warns__ = True
-    builder.create_assume = create_assume
+    replace(interpreter.InterpreterBuilder, "create_assume", create_assume)
 
 
 @functools.lru_cache(maxsize=None)

@@ -17,6 +17,7 @@ import traceback
 
 from .. import sanitizer
 from ..errors import UsageError, gemmar_cause
+from ..kernels.triton_support import gemmar_interpreter
 from ..runtime.processes import descendants, end_descendants_since
 from ..runtime import rank as rank_runtime
 from . import guard, hooks, launch, whereabouts
@@ -39,6 +40,20 @@ def prepare_rank(plans):
     adapt_launches(heap.backend)
     hooks.prepare_rank(plans)
     return ranks[0].rank
+
+
+_CELLS_SCOPE = []   # gemmar's interpreter scope that %%px cells run in: entered once, held while the engine lives
+
+
+def prepare_cells(plans):
+    """``Cluster.activate``: this rank made ready as for a program, and gemmar's interpreter scope
+    (kernels/triton_support.py) entered for good, so that the ``%%px`` cells that follow run as a program's code
+    does (the engine is gemmar's process, not the participant's notebook). Returns the rank."""
+    if not _CELLS_SCOPE:
+        scope = gemmar_interpreter()
+        scope.__enter__()
+        _CELLS_SCOPE.append(scope)
+    return prepare_rank(plans)
 
 
 # -- running a program ------------------------------------------------------------------------------------
@@ -126,6 +141,13 @@ class _ProcessState:
 
 
 def run_program(path, args, cwd, store_path, plans, sanitize=False):
+    """:func:`_run_program` inside gemmar's interpreter scope (kernels/triton_support.py): the whole program, and
+    its layers' set-up too (a real Iris makes its aggregates when the hook imports it)."""
+    with gemmar_interpreter():
+        return _run_program(path, args, cwd, store_path, plans, sanitize)
+
+
+def _run_program(path, args, cwd, store_path, plans, sanitize=False):
     """Run ``path`` as ``__main__`` with ``sys.argv = [path, *args]`` in ``cwd``, on this engine's rank;
     ``store_path``: a file in the cluster's private folder where this run's ranks meet for
     ``torch.distributed`` (``launch.py``). Returns {"rank", "exit_code", "error"}: 0 and None when it ended

@@ -290,10 +290,11 @@ class _ProgramRun:
 
 def activate(cluster, suffix="", **hook_options):
     """``Cluster.activate``: ipyparallel's ``%px`` magics over ``cluster``'s ranks, each rank made ready as for a
-    program (``rank.prepare_rank``: with gemmar's Iris layer, ``import iris`` works in a cell)."""
+    program (``rank.prepare_cells``: with gemmar's Iris layer, ``import iris`` works in a cell; kernels run on
+    gemmar's interpreter)."""
     _check_process_per_rank(cluster, "%%px cells")
     plans = hooks.plans(hook_options)
-    cluster.run(rank_scripts.prepare_rank, plans, timeout=cluster.start_timeout_s)
+    cluster.run(rank_scripts.prepare_cells, plans, timeout=cluster.start_timeout_s)
     view = cluster.client[cluster.engine_ids]
     view.block = True
     view.activate(suffix)
