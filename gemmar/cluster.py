@@ -96,7 +96,7 @@ class Result:
     ranks: list                      # per rank: a RankResult (max_abs_diff, seconds per iteration, ...)
     C: torch.Tensor = None           # rank 0's all-reduced C (dtype: config.c_dtype), when asked for
     info: list = field(default_factory=list)  # per rank: device, versions, pid
-    mistake: str = "none"
+    mistake: str = "none"            # the teaching mistake whose parts ran (for display; runs know only parts)
 
     @property
     def max_abs_diff(self):

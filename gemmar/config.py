@@ -1,6 +1,7 @@
-"""One run's settings: ``RunConfig``, frozen, and its ``validate``, the check of every setting (a one-line
-UsageError naming the bad value), run where a run comes in from the Python API or the CLI. What the machine
-decides (memory, GPUs, heap size) is checked where the machine is known (``runtime/``)."""
+"""One run's settings: ``RunConfig`` (the fused GEMM + all-reduce) and ``AllReduceConfig`` (the standalone
+all-reduce), frozen, each with its ``validate``, the check of every setting (a one-line UsageError naming the
+bad value), run where a run comes in from the Python API or the CLI; below, the config is read as it is.
+What the machine decides (memory, GPUs, heap size) is checked where the machine is known (``runtime/``)."""
 
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields, replace

@@ -194,7 +194,7 @@ def run_gemm_all_reduce(config, inputs=None, reference=None, scale=None, return_
 
     ``config``: checked by the client, used as it is. ``parts``: the functions that take the place of the
     kernel's own (a teaching mistake's, a participant's), as shipped (``runtime/shipping.py``); an error raised
-    while a participant's compile or run comes back as a one-line UsageError that points into their code.
+    while a participant's parts compile or run comes back as a one-line UsageError that points into their code.
     ``algorithm``: a user's algorithm as shipped (``runtime/shipping.py``), defined here before it runs.
     """
     unship(algorithm)
