@@ -15,9 +15,9 @@ _registry = {}
 
 def _builtin():
     """The built-in specs, registered on first use."""
-    from .kernels import atomics, ring, two_shot
+    from .kernels import atomics, one_shot, ring, two_shot
 
-    builtin = (atomics.SPEC, ring.SPEC, two_shot.SPEC, two_shot.ONE_SHOT_SPEC)
+    builtin = (atomics.SPEC, ring.SPEC, two_shot.SPEC, one_shot.SPEC)
     if not _registry:
         _registry.update({spec.name: spec for spec in builtin})
     return builtin

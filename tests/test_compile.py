@@ -17,7 +17,7 @@ SCRIPT = textwrap.dedent('''
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
-    from gemmar.kernels import allreduce, atomics, barrier, device, gemm, mistakes, ring, two_shot
+    from gemmar.kernels import allreduce, atomics, barrier, device, gemm, mistakes, one_shot, ring, two_shot
     from gemmar.runtime.shipping import load_parts
 
     # A participant's kernel part (the notebooks' puzzles) and a teaching mistake's compile into the kernel
@@ -69,28 +69,27 @@ SCRIPT = textwrap.dedent('''
         yield (gemm.persistent_gemm,
                {"A": "*" + dtype, "B": "*" + dtype, "C": "*" + dtype, **{k: "i32" for k in ints},
                 "trace": "*i64", "trace_counts": "*i64"}, dict(tiles, TMA=False, FLATTEN=True))
-        # two_shot as the launcher runs it on Hopper: A and B as TMA tensor descriptors, flattened loops.
+        # two_shot as the launcher runs it on Hopper: A and B as TMA tensor descriptors.
         descriptors = {"A": f"tensordesc<{dtype}[128, 64]>", "B": f"tensordesc<{dtype}[64, 256]>"}
-        # one_shot: the same kernels with every rank summing every tile (never alone: at world size 1 it runs
-        # two_shot's code)
-        for one_shot in (False, True):
-            yield (two_shot.two_shot_gemm,
-                   {**descriptors, "C": "*" + dtype, "partials": "*" + dtype, "partial_ready": "*i32",
-                    "results_in": "*i32", "taken": "*i32", "heap_bases": "*i64", "rank": "i32", "world_size": "i32",
-                    "epoch": "i32", **{k: "i32" for k in ints}, "trace": "*i64", "trace_counts": "*i64"},
-                   dict(tiles, BLOCK_N=256, NUM_SMS=116, TMA=True, PEER_CACHE=".cg",
-                        SUM_PARTIALS=two_shot.sum_partials, HELP=True, REDUCE_ROWS=128,
-                        ALONE=cap == 0 and not one_shot, ONE_SHOT=one_shot))
-        for one_shot in (False, True):
-            yield (two_shot.two_shot_reduce,
+        # two_shot's and one_shot's GEMM kernels, and the one both run at world size 1
+        heap = {"C": "*" + dtype, "partials": "*" + dtype, "partial_ready": "*i32", "results_in": "*i32",
+                "taken": "*i32", "heap_bases": "*i64", "rank": "i32", "world_size": "i32", "epoch": "i32"}
+        for kernel in (two_shot.two_shot_gemm, one_shot.one_shot_gemm):
+            yield (kernel, {**descriptors, **heap, **{k: "i32" for k in ints}, "trace": "*i64", "trace_counts": "*i64"},
+                   dict(tiles, BLOCK_N=256, NUM_SMS=116, TMA=True, HELP=True, SUM_PARTIALS=two_shot.sum_partials,
+                        PEER_CACHE=".cg", REDUCE_ROWS=128))
+        yield (two_shot.one_rank_gemm,
+               {**descriptors, "C": "*" + dtype, "partials": "*" + dtype, **{k: "i32" for k in ints}, "trace": "*i64",
+                "trace_counts": "*i64"}, dict(tiles, BLOCK_N=256, NUM_SMS=116, TMA=True))
+        for kernel in (two_shot.two_shot_reduce, one_shot.one_shot_reduce):
+            yield (kernel,
                    {"C": "*" + dtype, "partials": "*" + dtype, "partial_ready": "*i32", "results_in": "*i32",
                     "taken": "*i32", "watchdog": "*i64", "heap_bases": "*i64", "rank": "i32", "world_size": "i32",
                     "epoch": "i32", "M": "i32", "N": "i32", "stride_cm": "i32", "stride_cn": "i32", "timeout_ns": "i64",
                     "trace": "*i64", "trace_counts": "*i64"},
                    dict(BLOCK_M=128, BLOCK_N=256, GROUP_SIZE_M=8, COMM_SMS=16, TRACE_CAPACITY=cap,
-                        WAIT_FOR_PARTIALS=device.wait_for_tile, PEER_CACHE=".cg", SUM_PARTIALS=two_shot.sum_partials,
-                        CLAIM=True, REDUCE_ROWS=32,
-                        ONE_SHOT=one_shot))
+                        WAIT_FOR_PARTIALS=device.wait_for_tile, SUM_PARTIALS=two_shot.sum_partials, PEER_CACHE=".cg",
+                        CLAIM=True, REDUCE_ROWS=32))
 
     # Traced and untraced in bf16; fp16 changes only the element type, so it is compiled untraced only.
     for dtype, cap in (("bf16", 0), ("bf16", 64), ("fp16", 0)):
@@ -127,15 +126,17 @@ def test_kernels_compile_for_hopper():
             pytest.skip("this Triton wheel carries no ptxas, so it cannot compile for NVIDIA here")
         assert returncode == 0, stderr[-3000:]
     lines = [line.split() for stdout, _, _ in outs for line in stdout.splitlines()]
-    assert len(lines) == 3 * 7 + 7 + 4 + 1   # (dtype, tracing) pairs x kernels (two_shot's twice more, as
-    #                                        one_shot), the 1 x 1 x 1 builds, the all-reduce's own, the barrier
-    assert sum(int(line[-1]) > 0 for line in lines) == 9   # the kernels given arguments of 1 really had some
+    assert len(lines) == 3 * 8 + 8 + 4 + 1   # (dtype, tracing) pairs x kernels, the 1 x 1 x 1 builds, the
+    #                                        all-reduce's own, the barrier
+    assert sum(int(line[-1]) > 0 for line in lines) == 10   # the kernels given arguments of 1 really had some
     for name, capacity, has_timer, cubin_bytes, pipelined, ones in lines:
         assert int(cubin_bytes) > 0
-        if name == "two_shot_gemm" and ones == "0":   # (with K = 1 there is no loop to pipeline)   # a flattened tile loop once cost it its pipelining: 3x slower on an H200
-            assert pipelined == "True", f"two_shot_gemm (trace capacity {capacity}) is not software-pipelined"
+        # (with K = 1 there is no loop to pipeline) A flattened tile loop once cost it its pipelining: 3x slower
+        # on an H200.
+        if name in ("two_shot_gemm", "one_shot_gemm", "one_rank_gemm") and ones == "0":
+            assert pipelined == "True", f"{name} (trace capacity {capacity}) is not software-pipelined"
         # The GPU timer is in the code exactly when tracing is on (and always in the barrier's watchdog).
         if name in ("two_shot_all_reduce", "one_shot_all_reduce"):
             continue   # (no trace; both wait, so they have the watchdog's clock)
-        if name not in ("barrier_kernel", "gemm_all_reduce_ring", "two_shot_reduce"):   # these wait: watchdog clock
+        if name not in ("barrier_kernel", "gemm_all_reduce_ring", "two_shot_reduce", "one_shot_reduce"):   # these wait
             assert has_timer == str(capacity == "64")

@@ -4,8 +4,8 @@ read in place (laid out as one column of tiles, see ``runtime/allreduce.py``).
 Two schemes, both summing in rank order in fp32 (so every rank gets the same bits):
 
 - **two-shot** (``two_shot_all_reduce``: copy in and publish to owners, then two_shot's own reduction,
-  ``reduce_owned_tiles``): tile ``t`` is summed once, by its owner ``t % W``, which writes the sum into every
-  rank. Each value crosses the links ``2 (W - 1) / W`` times: the scheme for large buffers.
+  ``reduce_tiles`` with the owner's plan): tile ``t`` is summed once, by its owner ``t % W``, which writes the
+  sum into every rank. Each value crosses the links ``2 (W - 1) / W`` times: the scheme for large buffers.
 - **one-shot** (``one_shot_all_reduce``: copy in and publish to every rank, then every rank reads every
   peer's copy of every tile and sums it itself). Each value crosses the links ``W - 1`` times, but there is
   one exchange instead of two: the scheme for small buffers, where latency, not bytes, decides.
@@ -29,7 +29,7 @@ import triton.language as tl
 from . import device
 from .gemm import tile_rows_offsets
 from .puzzle_parts import sum_partials   # (a puzzle's answer: see puzzle_parts.py)
-from .owner_reduce import PARTIAL_READY_FLAG, reduce_owned_tiles, slot_rows
+from .owner_reduce import PARTIAL_READY_FLAG, owned_tiles, reduce_tiles, slot_rows
 from .owner_reduce import WAIT_FLAGS as OWNER_WAIT_FLAGS
 
 WAIT_FLAGS = {**OWNER_WAIT_FLAGS, "partials_read": 3}   # the ids its waits pass to wait_at_least
@@ -74,9 +74,9 @@ def two_shot_all_reduce(x, numel, out, partials, partial_ready, results_in, watc
             if tile_id < total_tiles:
                 copy_in_and_publish(x, numel, partials, partial_ready, heap_bases, rank, world_size, tile_id,
                                     BLOCK_M, BLOCK_N, False, COPY_IN, ROWS * BLOCK_N)
-    reduce_owned_tiles(out, partials, partial_ready, results_in, partial_ready, watchdog, heap_bases, rank, world_size,
-                       epoch, M, N, N, 1, timeout_ns, no_trace, c, BLOCK_M, BLOCK_N, 1, COMM_SMS, 0, device.wait_for_tile,
-                       PEER_CACHE, sum_partials, False, ROWS, False)   # no CLAIM: nothing is taken, so any pointer does for taken
+    reduce_tiles(out, partials, partial_ready, results_in, partial_ready, watchdog, heap_bases, rank, world_size,
+                 epoch, M, N, N, 1, timeout_ns, no_trace, c, BLOCK_M, BLOCK_N, 1, COMM_SMS, 0, device.wait_for_tile,
+                 PEER_CACHE, sum_partials, False, ROWS, owned_tiles)   # no CLAIM: nothing is taken, so any pointer does for taken
     tl.store(launch_counts + c, epoch + 1)
 
 

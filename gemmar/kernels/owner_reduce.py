@@ -4,10 +4,11 @@ that tell each peer its C is complete, and the GEMM programs' help with tiles al
 standalone all-reduce (:mod:`gemmar.kernels.allreduce`) runs the same reduction over partials it copies
 in itself.
 
-With ``ONE_SHOT`` (the ``one_shot`` algorithm) the same code sums every tile on every rank instead: every
-rank "owns" every tile, reads all W partials of it in rank order and writes the sum into its own C only; the
-counts of step 6 then tell each peer that its partials of so many tiles have been read, and step 7 waits until
-every peer has read all of this rank's, so that the next launch may overwrite them."""
+Which tiles a rank sums, and into how many ranks' C it writes each sum, is the *plan*, a @triton.jit function
+passed to the reduction's loops (``PLAN``): :func:`owned_tiles` here (the tiles the rank owns, each sum into
+every rank's C); one_shot's ``every_tile`` (:mod:`gemmar.kernels.one_shot`: every tile, each sum into the
+rank's own C only). The loops are the same steps either way, so they are written once; the plan is the idea
+that tells the two algorithms apart."""
 
 import triton
 import triton.language as tl
@@ -55,19 +56,28 @@ def slot_rows(partials, tile_id, first, ROWS: tl.constexpr, BLOCK_M: tl.constexp
 
 @triton.jit(do_not_specialize=["rank", "epoch", "timeout_ns"])
 def two_shot_reduce(
-        C, partials, partial_ready, results_in, taken, watchdog, heap_bases, rank, world_size, epoch, M, N,
-        stride_cm, stride_cn, timeout_ns, trace, trace_counts,
+        # the output, the partials and the flags, on the symmetric heap
+        C, partials, partial_ready, results_in, taken, watchdog, heap_bases,
+        # who and which launch
+        rank, world_size, epoch,
+        # C's shape and strides; how long a wait may take
+        M, N, stride_cm, stride_cn, timeout_ns,
+        # this kernel's region of the trace buffer
+        trace, trace_counts,
+        # the tiles and the programs
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_SIZE_M: tl.constexpr, COMM_SMS: tl.constexpr,
-        TRACE_CAPACITY: tl.constexpr, WAIT_FOR_PARTIALS: tl.constexpr, PEER_CACHE: tl.constexpr,
-        SUM_PARTIALS: tl.constexpr, CLAIM: tl.constexpr, REDUCE_ROWS: tl.constexpr, ONE_SHOT: tl.constexpr):
+        TRACE_CAPACITY: tl.constexpr,
+        # parts (step 4's wait, step 5's sum) and how the sum runs
+        WAIT_FOR_PARTIALS: tl.constexpr, SUM_PARTIALS: tl.constexpr, PEER_CACHE: tl.constexpr,
+        CLAIM: tl.constexpr, REDUCE_ROWS: tl.constexpr):
     """The communication programs: reduce the tiles this rank owns that no GEMM program took (``CLAIM``: GEMM
     programs may take tiles), then wait for the others (steps 4-7). ``trace`` and ``trace_counts`` start at
     this kernel's own region of the rank's trace buffer. ``results_in`` holds one counter per owner,
     ``FLAG_STRIDE`` int32s apart (a cache line each)."""
-    n_events = reduce_owned_tiles(
+    n_events = reduce_tiles(
         C, partials, partial_ready, results_in, taken, watchdog, heap_bases, rank, world_size, epoch, M, N,
         stride_cm, stride_cn, timeout_ns, trace, tl.program_id(0), BLOCK_M, BLOCK_N, GROUP_SIZE_M, COMM_SMS,
-        TRACE_CAPACITY, WAIT_FOR_PARTIALS, PEER_CACHE, SUM_PARTIALS, CLAIM, REDUCE_ROWS, ONE_SHOT)
+        TRACE_CAPACITY, WAIT_FOR_PARTIALS, PEER_CACHE, SUM_PARTIALS, CLAIM, REDUCE_ROWS, owned_tiles)
     finish_trace(trace_counts, n_events, TRACE_CAPACITY)
 
 
@@ -78,35 +88,27 @@ def owned_count(total_tiles, owner, world_size):
 
 
 @triton.jit
-def summed_count(total_tiles, rank, world_size, ONE_SHOT: tl.constexpr):
-    """How many tiles rank ``rank`` sums: those it owns, or (``ONE_SHOT``) every tile."""
-    if ONE_SHOT:
-        count = total_tiles
-    else:
-        count = owned_count(total_tiles, rank, world_size)
-    return count
+def owned_tiles(total_tiles, rank, world_size):
+    """two_shot's plan: rank ``rank`` sums the tiles it owns, ``rank, rank + W, ...`` (``first``, ``stride``,
+    ``count``), and writes each sum into ``copies`` = every rank's C."""
+    return rank, world_size, owned_count(total_tiles, rank, world_size), world_size
 
 
 @triton.jit
-def summed_tile(j, rank, world_size, ONE_SHOT: tl.constexpr):
-    """The ``j``-th tile rank ``rank`` sums: its ``j``-th owned tile, or (``ONE_SHOT``) tile ``j``."""
-    if ONE_SHOT:
-        tile_id = j
-    else:
-        tile_id = rank + j * world_size
-    return tile_id
-
-
-@triton.jit
-def reduce_and_broadcast(C, partials, heap_bases, rank, world_size, M, N, stride_cm, stride_cn, trace, n_events, t,
-                         tile_id, num_pid_m, num_pid_n, FIRST: tl.constexpr, BLOCK_M: tl.constexpr,
-                         BLOCK_N: tl.constexpr, GROUP_SIZE_M: tl.constexpr, TRACE_CAPACITY: tl.constexpr,
-                         PEER_CACHE: tl.constexpr, SUM_PARTIALS: tl.constexpr, REDUCE_ROWS: tl.constexpr,
-                         ONE_SHOT: tl.constexpr):
+def reduce_and_broadcast(
+        # where: our C and partials (the heap), the tile, and C's shape
+        C, partials, heap_bases, rank, world_size, M, N, stride_cm, stride_cn, tile_id, num_pid_m, num_pid_n,
+        # into how many ranks' C the sum goes (the plan's copies)
+        copies,
+        # the trace: its buffer, events so far, the wait's start and its kind (FIRST)
+        trace, n_events, t, FIRST: tl.constexpr,
+        # the tiles, and how the sum runs
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_SIZE_M: tl.constexpr, TRACE_CAPACITY: tl.constexpr,
+        PEER_CACHE: tl.constexpr, SUM_PARTIALS: tl.constexpr, REDUCE_ROWS: tl.constexpr):
     """Steps 5 and 6 for one tile whose partials are all in (acquired by this program since ``t``, by a wait
     or a look, recorded as a ``FIRST`` event): their sum, in rank order and fp32, written in C's dtype into
-    every rank's C (ours first; ``ONE_SHOT``: ours only, every rank sums the tile itself). Returns
-    ``n_events`` after its three events.
+    ``copies`` ranks' C: ours first, then the next ones (two_shot's owner: every rank's; one_shot: ours only,
+    every rank sums the tile itself). Returns ``n_events`` after its three events.
 
     ``REDUCE_ROWS`` < ``BLOCK_M`` sums the tile ``REDUCE_ROWS`` rows at a time into our C, then copies it
     from there to the peers: a whole 128 x 256 fp32 sum needs 128 registers a thread at 8 warps, a
@@ -121,7 +123,7 @@ def reduce_and_broadcast(C, partials, heap_bases, rank, world_size, M, N, stride
         n_events, t = event(trace, n_events, t, REDUCE, tile_id, pid_m, pid_n, 0, -1, TRACE_CAPACITY)
         offsets, mask = tile_offsets(pid_m, pid_n, M, N, stride_cm, stride_cn, BLOCK_M, BLOCK_N)
         result = total.to(C.dtype.element_ty)
-        for step in range(1 if ONE_SHOT else world_size):
+        for step in range(copies):
             device.store(C + offsets, result, rank, (rank + step) % world_size, heap_bases, mask=mask)
     else:
         for r0 in range(0, BLOCK_M, REDUCE_ROWS):
@@ -134,7 +136,7 @@ def reduce_and_broadcast(C, partials, heap_bases, rank, world_size, M, N, stride
         # Our C's rows are read back by whichever thread the load's layout gives them to: the block barrier
         # makes every thread's writes visible to all of them first.
         tl.debug_barrier()
-        for step in range(1, 1 if ONE_SHOT else world_size):
+        for step in range(1, copies):
             for r0 in range(0, BLOCK_M, REDUCE_ROWS):
                 offsets, mask = tile_rows_offsets(pid_m, pid_n, r0, M, N, stride_cm, stride_cn, REDUCE_ROWS,
                                                   BLOCK_M, BLOCK_N)
@@ -172,24 +174,34 @@ def take_tile(taken, tile_id, epoch, CLAIM: tl.constexpr):
 
 
 @triton.jit
-def reduce_owned_tiles(
-        C, partials, partial_ready, results_in, taken, watchdog, heap_bases, rank, world_size, epoch, M, N,
-        stride_cm, stride_cn, timeout_ns, trace, c,
+def reduce_tiles(
+        # the output, the partials and the flags, on the symmetric heap
+        C, partials, partial_ready, results_in, taken, watchdog, heap_bases,
+        # who and which launch
+        rank, world_size, epoch,
+        # C's shape and strides; how long a wait may take
+        M, N, stride_cm, stride_cn, timeout_ns,
+        # the trace buffer; which communication program this is
+        trace, c,
+        # the tiles and the programs
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_SIZE_M: tl.constexpr, COMM_SMS: tl.constexpr,
-        TRACE_CAPACITY: tl.constexpr, WAIT_FOR_PARTIALS: tl.constexpr, PEER_CACHE: tl.constexpr,
-        SUM_PARTIALS: tl.constexpr, CLAIM: tl.constexpr, REDUCE_ROWS: tl.constexpr, ONE_SHOT: tl.constexpr):
-    """Steps 4-7 for communication program ``c``: owned tiles ``c, c + COMM_SMS, ...`` (in the order this rank
-    owns them), less those a GEMM program has taken (``CLAIM``); returns the number of events it recorded.
-    Also the standalone all-reduce's reduction (no ``CLAIM``). ``WAIT_FOR_PARTIALS`` is step 4's wait, a part
-    (``device.wait_for_tile``, or a mistake's function in its place)."""
+        TRACE_CAPACITY: tl.constexpr,
+        # parts (step 4's wait, step 5's sum), how the sum runs, and which tiles this rank sums (PLAN)
+        WAIT_FOR_PARTIALS: tl.constexpr, PEER_CACHE: tl.constexpr, SUM_PARTIALS: tl.constexpr, CLAIM: tl.constexpr,
+        REDUCE_ROWS: tl.constexpr, PLAN: tl.constexpr):
+    """Steps 4-7 for communication program ``c``: of the tiles this rank sums (``PLAN``: :func:`owned_tiles`,
+    or one_shot's every tile), the ``c``-th, ``c + COMM_SMS``-th, ..., less those a GEMM program has taken
+    (``CLAIM``); returns the number of events it recorded. Also the standalone all-reduce's reduction (no
+    ``CLAIM``). ``WAIT_FOR_PARTIALS`` is step 4's wait, a part (``device.wait_for_tile``, or a mistake's
+    function in its place)."""
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
     total_tiles = num_pid_m * num_pid_n
     n_events = tl.zeros((), tl.int32)
-    owned = summed_count(total_tiles, rank, world_size, ONE_SHOT)
-    broadcast = tl.zeros((), tl.int32)   # tiles this program has written into every rank's C
-    for j in range(c, owned, COMM_SMS):
-        tile_id = summed_tile(j, rank, world_size, ONE_SHOT)
+    first, stride, count, copies = PLAN(total_tiles, rank, world_size)
+    summed = tl.zeros((), tl.int32)   # tiles this program has summed (and written into `copies` ranks' C)
+    for j in range(c, count, COMM_SMS):
+        tile_id = first + j * stride
         # 4. Every rank's partial of launch `epoch` is in. Then the tile is ours unless a GEMM program has
         # taken it (it takes only complete tiles, so waiting first costs nothing; taking first would take
         # tiles from under their owner's GEMM program, which sums its own tiles before counting itself in).
@@ -199,58 +211,65 @@ def reduce_owned_tiles(
         if take_tile(taken, tile_id, epoch, CLAIM):
             # 5 and 6.
             n_events = reduce_and_broadcast(C, partials, heap_bases, rank, world_size, M, N, stride_cm, stride_cn,
-                                            trace, n_events, t, tile_id, num_pid_m, num_pid_n, PARTIAL_WAIT, BLOCK_M,
-                                            BLOCK_N, GROUP_SIZE_M, TRACE_CAPACITY, PEER_CACHE, SUM_PARTIALS,
-                                            REDUCE_ROWS, ONE_SHOT)
-            broadcast += 1
-    count_in_at_peers(results_in, broadcast, rank, world_size, heap_bases)
-    # 7. Every other owner's tiles: the last communication program waits for each owner's count, after its
-    # own reductions (one-shot: until each peer has read all of this rank's partials). (Under the interpreter
-    # every reduction of this rank has then run before any of its waits, which is what keeps the ranks from
-    # waiting on each other in a circle there.)
+                                            tile_id, num_pid_m, num_pid_n, copies, trace, n_events, t, PARTIAL_WAIT,
+                                            BLOCK_M, BLOCK_N, GROUP_SIZE_M, TRACE_CAPACITY, PEER_CACHE, SUM_PARTIALS,
+                                            REDUCE_ROWS)
+            summed += 1
+    count_in_at_peers(results_in, summed, rank, world_size, heap_bases)
+    # 7. Every other rank's tiles: the last communication program waits for each peer's count, after its own
+    # reductions (two_shot: until each owner's tiles are in our C; one_shot: until each peer has read all of
+    # this rank's partials). (Under the interpreter every reduction of this rank has then run before any of
+    # its waits, which is what keeps the ranks from waiting on each other in a circle there.)
     last = c == COMM_SMS - 1
     t = stamp(TRACE_CAPACITY)
     for step in range(1, tl.where(last, world_size, 1)):
         owner = (rank + step) % world_size
-        target = summed_count(total_tiles, owner, world_size, ONE_SHOT) * (epoch + 1)
-        device.wait_at_least(results_in + owner * FLAG_STRIDE, target, timeout_ns, watchdog, rank, -1,
-                             RESULTS_IN_FLAG, owner)
+        owner_first, owner_stride, owner_count, owner_copies = PLAN(total_tiles, owner, world_size)
+        device.wait_at_least(results_in + owner * FLAG_STRIDE, owner_count * (epoch + 1), timeout_ns, watchdog,
+                             rank, -1, RESULTS_IN_FLAG, owner)
         n_events, t = event(trace, n_events, t, RESULT_WAIT, -1, -1, -1, 0, owner, TRACE_CAPACITY)
     return n_events
 
 
 @triton.jit
-def help_reduce(C, partials, partial_ready, taken, heap_bases, rank, world_size, epoch, M, N,
-                stride_cm, stride_cn, trace, n_events, pid,
-                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_SIZE_M: tl.constexpr, NUM_SMS: tl.constexpr,
-                TRACE_CAPACITY: tl.constexpr, PEER_CACHE: tl.constexpr, SUM_PARTIALS: tl.constexpr,
-                REDUCE_ROWS: tl.constexpr, ONE_SHOT: tl.constexpr):
-    """A GEMM program that has published all its tiles helps with the owned tiles' reduction without ever
-    waiting: it looks at owned tiles from the last one back (``owned - 1 - pid``, then ``NUM_SMS`` further
-    back, ...), and reduces each whose partials are all in already and that no program has taken yet (steps
-    5 and 6); one that is not ready it leaves to the communication programs. Returns ``n_events`` and how
-    many tiles it wrote into every rank's C.
+def help_reduce(
+        # the output, the partials and the flags, on the symmetric heap
+        C, partials, partial_ready, taken, heap_bases,
+        # who and which launch; C's shape and strides
+        rank, world_size, epoch, M, N, stride_cm, stride_cn,
+        # the trace: its buffer and events so far; which GEMM program this is
+        trace, n_events, pid,
+        # the tiles and the programs
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_SIZE_M: tl.constexpr, NUM_SMS: tl.constexpr,
+        TRACE_CAPACITY: tl.constexpr,
+        # step 5's sum and how it runs; which tiles this rank sums (PLAN)
+        PEER_CACHE: tl.constexpr, SUM_PARTIALS: tl.constexpr, REDUCE_ROWS: tl.constexpr, PLAN: tl.constexpr):
+    """A GEMM program that has published all its tiles helps with the reduction of the tiles this rank sums
+    (``PLAN``) without ever waiting: it looks at them from the last one back (``count - 1 - pid``, then
+    ``NUM_SMS`` further back, ...), and reduces each whose partials are all in already and that no program has
+    taken yet (steps 5 and 6); one that is not ready it leaves to the communication programs. Returns
+    ``n_events`` and how many tiles it summed.
 
     Why: the communication programs keep up with the GEMM only if there are enough of them, and each one
     is an SM the GEMM does not have (16 of 132 at K_r 2048 made the GEMM take 18 waves of tiles instead of
     16). With the GEMM programs draining what is left when their own tiles are done, fewer suffice."""
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
-    owned = summed_count(num_pid_m * num_pid_n, rank, world_size, ONE_SHOT)
-    broadcast = tl.zeros((), tl.int32)
-    for k in range(pid, owned, NUM_SMS):
-        tile_id = summed_tile(owned - 1 - k, rank, world_size, ONE_SHOT)
+    first, stride, count, copies = PLAN(num_pid_m * num_pid_n, rank, world_size)
+    summed = tl.zeros((), tl.int32)
+    for k in range(pid, count, NUM_SMS):
+        tile_id = first + (count - 1 - k) * stride
         t = stamp(TRACE_CAPACITY)
         # An acquire look, not a wait: a tile not complete yet is a communication program's.
         seen = tl.atomic_add(partial_ready + tile_id, 0, sem="acquire", scope="sys")
         if seen >= world_size * (epoch + 1):
             if take_tile(taken, tile_id, epoch, True):
                 n_events = reduce_and_broadcast(C, partials, heap_bases, rank, world_size, M, N, stride_cm,
-                                                stride_cn, trace, n_events, t, tile_id, num_pid_m, num_pid_n, TAKE,
-                                                BLOCK_M, BLOCK_N, GROUP_SIZE_M, TRACE_CAPACITY, PEER_CACHE,
-                                                SUM_PARTIALS, REDUCE_ROWS, ONE_SHOT)
-                broadcast += 1
-    return n_events, broadcast
+                                                stride_cn, tile_id, num_pid_m, num_pid_n, copies, trace, n_events, t,
+                                                TAKE, BLOCK_M, BLOCK_N, GROUP_SIZE_M, TRACE_CAPACITY, PEER_CACHE,
+                                                SUM_PARTIALS, REDUCE_ROWS)
+                summed += 1
+    return n_events, summed
 
 
 def owned_count_on_host(total_tiles, owner, world_size):

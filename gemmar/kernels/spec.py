@@ -1,6 +1,6 @@
 """What one fused GEMM + all-reduce algorithm is, in one object: :class:`AlgorithmSpec`.
 
-Each kernel module ends with its ``SPEC`` (``atomics.py``, ``ring.py``, ``two_shot.py``); the registry
+Each kernel module ends with its ``SPEC`` (``atomics.py``, ``ring.py``, ``two_shot.py``, ``one_shot.py``); the registry
 (``gemmar/algorithms.py``) lists them. Everything outside the kernel modules - the launcher, the trace
 table, the replay, the figures, the puzzles, the CLI's choices - reads an algorithm through its spec, so a
 new algorithm (a user's own, in a notebook cell or a file) is one spec and its kernels:

@@ -29,11 +29,11 @@ beside each: the GEMM keeps every SM, and the reduction streams alongside it (``
   the tile, with a compare-and-swap: one program per tile per launch). A tile that is not complete yet it
   leaves alone, so it still never waits.
 
-  At world size 1 a tile's one partial is its sum: the GEMM program writes it straight into C
-  (:func:`write_alone_tile`, steps 2-6 at once) and the launch is the GEMM kernel alone, with no flags and
-  no communication programs. The partial's trip through memory (written, read back, written again as C)
-  and the second kernel, whose programs found every tile taken, each cost a measurable share of the launch
-  (docs/decisions.md, two_shot at world size 1).
+  At world size 1 a tile's one partial is its sum: the launch is another GEMM kernel alone
+  (``one_rank_gemm``), whose programs write each tile straight into C (:func:`write_alone_tile`, steps 2-6
+  at once), with no flags and no communication programs. The partial's trip through memory (written, read
+  back, written again as C) and the second kernel, whose programs found every tile taken, each cost a
+  measurable share of the launch (docs/decisions.md, two_shot at world size 1).
 
 - **communication programs** (``two_shot_reduce``, ``COMM_SMS`` of them), for the tiles this rank owns
   (``c, c + COMM_SMS, ...``):
@@ -69,12 +69,8 @@ programs only wait for GEMM programs (of any rank) and for owners' programs. Und
 each rank's GEMM kernel has run to the end before its reduction starts (its programs one after another:
 the later ones find more tiles complete and help more).
 
-**one_shot** (``ONE_SHOT_SPEC``, at the end of this module) runs these same two kernels with ``ONE_SHOT``: every
-rank sums every tile, so a GEMM program counts its partial in at every rank (step 3), each rank's programs sum
-all W partials of every tile in rank order and write the sum into their own C only (steps 5 and 6), and step 7
-waits until every peer has read all of this rank's partials (the counts of step 6 mean "read" there), which
-is what makes the next launch's overwriting of ``partials`` safe. One exchange instead of two, for W - 1
-copies of each partial on the links: the path for small C, where each exchange's latency decides.
+**one_shot** (:mod:`gemmar.kernels.one_shot`) is the variant in which every rank sums every tile: its own two
+kernels, on these buffers, with this module's launches.
 
 Step 5 is :func:`sum_partials`, passed to both kernels as ``SUM_PARTIALS`` so that notebook 6's puzzle can
 run a participant's own version of it. Step 4's wait is a part too (``WAIT_FOR_PARTIALS``): the teaching mistake
@@ -82,8 +78,6 @@ run a participant's own version of it. Step 4's wait is a part too (``WAIT_FOR_P
 late rank's partial is read before it is written.
 """
 
-import dataclasses
-import functools
 from dataclasses import dataclass
 
 import torch
@@ -97,8 +91,8 @@ from .puzzle_parts import sum_partials   # (a puzzle's answer: see puzzle_parts.
 from .gemm import GEMM_PHASE, tile_coords, tile_offsets, traced_gemm_tile
 from .mistakes import skip_the_wait
 from .owner_reduce import (BROADCAST, COMM_WARPS, REDUCE, REDUCE_ROWS, REDUCTION_PHASES, TAKE, WAIT_FLAGS,
-                           count_in_at_peers, help_reduce, owned_count_on_host, reduce_events, slot_pointers,
-                           two_shot_reduce)
+                           count_in_at_peers, help_reduce, owned_count_on_host, owned_tiles, reduce_events,
+                           slot_pointers, two_shot_reduce)
 from .spec import WAIT_PART, AlgorithmSpec, Done, Launch, Part, Phase
 
 PUBLISH_PHASE = Phase(9, "publish", "store")   # a GEMM program stores its partial and tells the owner
@@ -108,59 +102,86 @@ PUBLISH = tl.constexpr(PUBLISH_PHASE.kind_id)
 
 @triton.jit(do_not_specialize=["rank", "epoch"])
 def two_shot_gemm(
-        A, B, C, partials, partial_ready, results_in, taken, heap_bases, rank, world_size, epoch, M, N, K,
-        stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn, trace, trace_counts,
+        # this rank's K-slices of A and B; the output, the partials and the flags, on the symmetric heap
+        A, B, C, partials, partial_ready, results_in, taken, heap_bases,
+        # who and which launch
+        rank, world_size, epoch,
+        # the GEMM's shape and strides
+        M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
+        # this kernel's region of the trace buffer
+        trace, trace_counts,
+        # the GEMM's tiles and programs, and how it computes a tile
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_SIZE_M: tl.constexpr,
         NUM_SMS: tl.constexpr, DOT_PRECISION: tl.constexpr, TRACE_CAPACITY: tl.constexpr, EVEN_K: tl.constexpr,
-        TMA: tl.constexpr, PEER_CACHE: tl.constexpr, SUM_PARTIALS: tl.constexpr, HELP: tl.constexpr,
-        REDUCE_ROWS: tl.constexpr, ALONE: tl.constexpr, ONE_SHOT: tl.constexpr):
-    """The GEMM programs: compute each tile, publish it, move on (steps 1-3); then help with the reduction
-    of what is ready (:func:`help_reduce`), still without waiting. ``ALONE`` (world size 1): each tile goes
-    straight into C (:func:`write_alone_tile`).
+        TMA: tl.constexpr,
+        # the reduction the GEMM programs help with: whether they do, step 5's sum (a part), how it runs
+        HELP: tl.constexpr, SUM_PARTIALS: tl.constexpr, PEER_CACHE: tl.constexpr, REDUCE_ROWS: tl.constexpr):
+    """The GEMM programs: compute each tile, publish it to its owner, move on (steps 1-3); then help with the
+    reduction of what is ready (:func:`help_reduce`), still without waiting.
 
-    The tile loop is flattened with the K loop into one software pipeline (``tl.range(..., flatten=True)``:
-    the next tile's first loads start while this one's C is stored) only at world size 1 with tensor
-    descriptors: with the publishing epilogue (a block barrier and an atomic) inside a flattened loop, Triton
-    3.6-3.9 gives up software-pipelining the K loop altogether (one shared-memory stage instead of three;
-    ``tests/test_compile.py`` checks), and the GEMM ran several times slower. Alone, flattened, the GEMM
-    came closer to torch.matmul's time; with plain pointers (few rows) it did not help (docs/decisions.md,
-    the flattened loop)."""
+    The tile loop is not flattened with the K loop into one software pipeline (as :func:`one_rank_gemm`'s is):
+    with the publishing epilogue (a block barrier and an atomic) inside a flattened loop, Triton 3.6-3.9 gives
+    up software-pipelining the K loop altogether (one shared-memory stage instead of three;
+    ``tests/test_compile.py`` checks), and the GEMM ran several times slower."""
     pid = tl.program_id(0)
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
     n_events = tl.zeros((), tl.int32)
-    broadcast = tl.zeros((), tl.int32)   # tiles this program has written into every rank's C
-    for tile_id in tl.range(pid, num_pid_m * num_pid_n, NUM_SMS, flatten=ALONE and TMA):
+    for tile_id in tl.range(pid, num_pid_m * num_pid_n, NUM_SMS):
         # 1. Our partial of the tile.
         acc, pid_m, pid_n, n_events, t = traced_gemm_tile(
             A, B, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, tile_id, num_pid_m, num_pid_n, trace,
             n_events, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_SIZE_M, DOT_PRECISION, EVEN_K, TMA, TRACE_CAPACITY,
             tile_coords)
-        if ALONE:
-            n_events, t = write_alone_tile(acc, C, partials, M, N, stride_cm, stride_cn, trace, n_events, t, tile_id,
-                                           pid_m, pid_n, BLOCK_M, BLOCK_N, TRACE_CAPACITY)
-            broadcast += 1
-        else:
-            owner = tile_id % world_size
-            # 2. Our partial of this tile, into our own heap.
-            tl.store(slot_pointers(partials, tile_id, BLOCK_M, BLOCK_N), acc.to(partials.dtype.element_ty))
-            # 3. Count it in at the owner (one-shot: at every rank, each sums it): release, after every
-            # thread's store.
-            tl.debug_barrier()
-            if ONE_SHOT:
-                for step in range(world_size):
-                    device.atomic_add(partial_ready + tile_id, 1, rank, (rank + step) % world_size, heap_bases,
-                                      sem="release", scope="sys")
-                owner = -1
-            else:
-                device.atomic_add(partial_ready + tile_id, 1, rank, owner, heap_bases, sem="release", scope="sys")
-            n_events, t = event(trace, n_events, t, PUBLISH, tile_id, pid_m, pid_n, 0, owner, TRACE_CAPACITY)
+        owner = tile_id % world_size
+        # 2. Our partial of this tile, into our own heap.
+        tl.store(slot_pointers(partials, tile_id, BLOCK_M, BLOCK_N), acc.to(partials.dtype.element_ty))
+        # 3. Count it in at the owner: release, after every thread's store.
+        tl.debug_barrier()
+        device.atomic_add(partial_ready + tile_id, 1, rank, owner, heap_bases, sem="release", scope="sys")
+        n_events, t = event(trace, n_events, t, PUBLISH, tile_id, pid_m, pid_n, 0, owner, TRACE_CAPACITY)
+    summed = tl.zeros((), tl.int32)   # tiles this program has written into every rank's C
     if HELP:
-        n_events, helped = help_reduce(C, partials, partial_ready, taken, heap_bases, rank, world_size, epoch, M,
-                                       N, stride_cm, stride_cn, trace, n_events, pid, BLOCK_M, BLOCK_N, GROUP_SIZE_M,
-                                       NUM_SMS, TRACE_CAPACITY, PEER_CACHE, SUM_PARTIALS, REDUCE_ROWS, ONE_SHOT)
-        broadcast += helped
-    count_in_at_peers(results_in, broadcast, rank, world_size, heap_bases)
+        n_events, summed = help_reduce(C, partials, partial_ready, taken, heap_bases, rank, world_size, epoch, M, N,
+                                       stride_cm, stride_cn, trace, n_events, pid, BLOCK_M, BLOCK_N, GROUP_SIZE_M,
+                                       NUM_SMS, TRACE_CAPACITY, PEER_CACHE, SUM_PARTIALS, REDUCE_ROWS, owned_tiles)
+    count_in_at_peers(results_in, summed, rank, world_size, heap_bases)
+    finish_trace(trace_counts, n_events, TRACE_CAPACITY)
+
+
+@triton.jit
+def one_rank_gemm(
+        # this rank's A and B (all of K); the output, and the partials (for their dtype, the wire's)
+        A, B, C, partials,
+        # the GEMM's shape and strides
+        M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
+        # this kernel's region of the trace buffer
+        trace, trace_counts,
+        # the GEMM's tiles and programs, and how it computes a tile
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_SIZE_M: tl.constexpr,
+        NUM_SMS: tl.constexpr, DOT_PRECISION: tl.constexpr, TRACE_CAPACITY: tl.constexpr, EVEN_K: tl.constexpr,
+        TMA: tl.constexpr):
+    """two_shot and one_shot at world size 1: a tile's one partial is its sum, so each GEMM program writes its
+    tiles straight into C (:func:`write_alone_tile`, steps 2-6 at once), and the launch is this kernel alone,
+    with no flags and no communication programs. The partial's trip through memory (written, read back,
+    written again as C) and the second kernel, whose programs found every tile taken, each cost a measurable
+    share of the launch (docs/decisions.md, two_shot at world size 1).
+
+    With tensor descriptors (``TMA``) the tile loop is flattened with the K loop into one software pipeline
+    (``tl.range(..., flatten=True)``: the next tile's first loads start while this one's C is stored): the
+    GEMM came closer to torch.matmul's time; with plain pointers (few rows) it did not help (docs/decisions.md,
+    the flattened loop)."""
+    pid = tl.program_id(0)
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    n_events = tl.zeros((), tl.int32)
+    for tile_id in tl.range(pid, num_pid_m * num_pid_n, NUM_SMS, flatten=TMA):
+        acc, pid_m, pid_n, n_events, t = traced_gemm_tile(
+            A, B, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, tile_id, num_pid_m, num_pid_n, trace,
+            n_events, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_SIZE_M, DOT_PRECISION, EVEN_K, TMA, TRACE_CAPACITY,
+            tile_coords)
+        n_events, t = write_alone_tile(acc, C, partials, M, N, stride_cm, stride_cn, trace, n_events, t, tile_id,
+                                       pid_m, pid_n, BLOCK_M, BLOCK_N, TRACE_CAPACITY)
     finish_trace(trace_counts, n_events, TRACE_CAPACITY)
 
 
@@ -206,69 +227,65 @@ def buffers(alloc, config, world_size):
                           results_in=alloc(world_size * FLAG_WORDS, torch.int32), taken=alloc(tiles, torch.int32))
 
 
-def launches(ctx, one_shot=False):
+def launches(ctx, gemm_kernel=two_shot_gemm, reduce_kernel=two_shot_reduce):
     """Two kernels on two streams: the GEMM on the rank's, the reduction on its side stream (the rank's
     next launch waits for it). The reduction records into the trace buffer after the GEMM programs'.
-    ``one_shot``: every rank sums every tile (the ``one_shot`` algorithm)."""
+    one_shot's launches are these, with its own two kernels (``gemm_kernel``, ``reduce_kernel``)."""
     cfg, buf = ctx.config, ctx.buffers
+    # At world size 1 the GEMM programs write each tile into C themselves (one_rank_gemm), and the launch is
+    # their kernel alone; with the package's own sum only: a participant's sum_partials (notebook 6) or a
+    # teaching mistake must see every tile, so then the communication programs sum them all.
+    if ctx.world_size == 1 and SPEC.runs_its_own_parts(ctx.parts):
+        return [Launch(one_rank_gemm, (cfg.num_sms,), ctx.tuning(
+            A=ctx.A, B=ctx.B, C=buf.C, partials=buf.partials, M=cfg.m, N=cfg.n, K=ctx.K, **ctx.strides,
+            stride_cm=cfg.n, stride_cn=1, trace=ctx.trace, trace_counts=ctx.trace_counts, **ctx.gemm))]
     # GEMM programs help only when the communication programs are fewer than theirs (then each one is
     # an SM the GEMM does not have, and there may be too few to keep up); with one beside each GEMM program
     # there are enough, and looking over the tiles would only cost the GEMM programs time.
     help = cfg.comm_sms < cfg.num_sms
     # Beside the GEMM's, the communication programs must be small: they sum a tile in row chunks, at
     # COMM_WARPS. Few of them, on SMs of their own, must be quick per tile: the whole tile at once, at the
-    # GEMM's warps (chunks at 4 warps were several times slower there: docs/decisions.md, REDUCE_ROWS and
-    # COMM_WARPS). The interpreter sums in chunks of 8 rows, so the CPU suite runs the chunked code.
+    # GEMM's warps (chunks at 4 warps took 11.7 us a tile instead of 3.1 there, and W = 2's tail grew from
+    # 1.3 % to 7 %). The interpreter sums in chunks of 8 rows, so the CPU suite runs the chunked code.
     comm_warps = cfg.num_warps if help else COMM_WARPS
     reduce_rows = (cfg.BLK_M if help else REDUCE_ROWS) if ctx.gpu else 8
     if cfg.BLK_M % reduce_rows:
         reduce_rows = cfg.BLK_M
-    # At world size 1 the GEMM programs write each tile into C themselves (write_alone_tile), and the
-    # launch is their kernel alone; with the package's own sum only: a participant's sum_partials
-    # (notebook 6) or a teaching mistake must see every tile, so then the communication programs sum them all.
-    alone = ctx.world_size == 1 and SPEC.runs_its_own_parts(ctx.parts)
-    help = help and not alone
-    gemm = Launch(two_shot_gemm, (cfg.num_sms,), ctx.tuning(
+    gemm = Launch(gemm_kernel, (cfg.num_sms,), ctx.tuning(
         A=ctx.A, B=ctx.B, C=buf.C, partials=buf.partials, partial_ready=buf.partial_ready,
         results_in=buf.results_in, taken=buf.taken, heap_bases=ctx.heap.heap_bases, rank=ctx.rank,
         world_size=ctx.world_size, epoch=0, M=cfg.m, N=cfg.n, K=ctx.K, **ctx.strides, stride_cm=cfg.n, stride_cn=1,
-        trace=ctx.trace, trace_counts=ctx.trace_counts, **ctx.gemm, PEER_CACHE=ctx.peer_cache,
-        SUM_PARTIALS=ctx.parts["sum_partials"], HELP=help, REDUCE_ROWS=reduce_rows, ALONE=alone,
-        ONE_SHOT=one_shot),
+        trace=ctx.trace, trace_counts=ctx.trace_counts, **ctx.gemm, HELP=help,
+        SUM_PARTIALS=ctx.parts["sum_partials"], PEER_CACHE=ctx.peer_cache, REDUCE_ROWS=reduce_rows),
         per_launch=("epoch",))
     trace, trace_counts = ctx.trace_region(cfg.num_sms, cfg.comm_sms)
-    reduce = Launch(two_shot_reduce, (cfg.comm_sms,), ctx.tuning(
+    reduce = Launch(reduce_kernel, (cfg.comm_sms,), ctx.tuning(
         C=buf.C, partials=buf.partials, partial_ready=buf.partial_ready, results_in=buf.results_in,
         taken=buf.taken, watchdog=ctx.watchdog, heap_bases=ctx.heap.heap_bases, rank=ctx.rank,
-        world_size=ctx.world_size, epoch=0,
-        M=cfg.m, N=cfg.n, stride_cm=cfg.n, stride_cn=1, timeout_ns=ctx.timeout_ns, trace=trace,
-        trace_counts=trace_counts, BLOCK_M=cfg.BLK_M, BLOCK_N=cfg.BLK_N, GROUP_SIZE_M=cfg.gsize_m,
+        world_size=ctx.world_size, epoch=0, M=cfg.m, N=cfg.n, stride_cm=cfg.n, stride_cn=1, timeout_ns=ctx.timeout_ns,
+        trace=trace, trace_counts=trace_counts, BLOCK_M=cfg.BLK_M, BLOCK_N=cfg.BLK_N, GROUP_SIZE_M=cfg.gsize_m,
         COMM_SMS=cfg.comm_sms, TRACE_CAPACITY=ctx.gemm["TRACE_CAPACITY"], WAIT_FOR_PARTIALS=ctx.parts["partial_wait"],
-        PEER_CACHE=ctx.peer_cache, SUM_PARTIALS=ctx.parts["sum_partials"], CLAIM=help,
-        REDUCE_ROWS=reduce_rows, ONE_SHOT=one_shot,
+        SUM_PARTIALS=ctx.parts["sum_partials"], PEER_CACHE=ctx.peer_cache, CLAIM=help, REDUCE_ROWS=reduce_rows,
         num_stages=1, num_warps=comm_warps),
         stream="side", per_launch=("epoch",))
-    return [gemm] if alone else [gemm, reduce]
+    return [gemm, reduce]
 
 
-def summed_on_host(config, rank, world_size, one_shot):
-    """How many tiles ``rank`` sums: those it owns, or (one-shot) every tile."""
-    return config.tile_count if one_shot else owned_count_on_host(config.tile_count, rank, world_size)
-
-
-def events_per_program(config, world_size, one_shot=False):
+def events_per_program(config, world_size, summed=None):
+    """``summed``: how many tiles each rank sums (by default those it owns; one_shot's: every tile)."""
     # gemm and publish per tile (with take, reduce and broadcast at world size 1); take, reduce and broadcast
     # per summed tile it helps with
-    summed = [summed_on_host(config, r, world_size, one_shot) for r in range(world_size)]
+    summed = summed or [owned_count_on_host(config.tile_count, r, world_size) for r in range(world_size)]
     gemm = -(-config.tile_count // config.num_sms) * (5 if world_size == 1 else 2) + max(
         3 * -(-count // config.num_sms) for count in summed)
     return max([gemm] + [reduce_events(count, world_size, config.comm_sms) for count in summed])
 
 
-def events_per_launch(config, world_size, rank, one_shot=False):
+def events_per_launch(config, world_size, rank, summed=None):
+    """``summed``: how many tiles ``rank`` sums (by default those it owns; one_shot's: every tile)."""
     # gemm and publish per tile; the reduction's events as if one program recorded them all
-    return config.tile_count * 2 + reduce_events(summed_on_host(config, rank, world_size, one_shot), world_size,
-                                                 programs=1)
+    summed = owned_count_on_host(config.tile_count, rank, world_size) if summed is None else summed
+    return config.tile_count * 2 + reduce_events(summed, world_size, programs=1)
 
 
 SPEC = AlgorithmSpec(
@@ -288,24 +305,3 @@ SPEC = AlgorithmSpec(
                 "hopper_few_rows": {16: (16, 64, 128, 4, 4, 8), 64: (64, 64, 128, 4, 4, 8),
                                     512: (128, 128, 64, 4, 4, 8)}},
     builtin=True)
-
-
-# -- one-shot: the same kernels, every rank sums every tile ---------------------------------------------
-# One exchange instead of two (no owner hands its sums back), for W - 1 copies of each partial on the links
-# instead of 2 (W - 1) / W: for small C, where each exchange's latency, not its bytes, decides.
-ONE_SHOT_PHASES = tuple(
-    dataclasses.replace(p, waits_for={
-        "partial_wait": "tile {tile} waits for partial_ready (all {world_size} ranks' partials of the tile)",
-        "result_wait": "waits for results_in (rank {peer} has read every partial of this rank's)",
-    }.get(p.name, p.waits_for)) for p in PHASES)
-
-ONE_SHOT_SPEC = AlgorithmSpec(
-    name="one_shot", summary="two_shot's kernels, but every rank sums every tile from all ranks' partials and "
-                             "writes only its own C: one exchange instead of two",
-    buffers=buffers, launches=functools.partial(launches, one_shot=True), output=SPEC.output,
-    phases=ONE_SHOT_PHASES, labels={"store": "storing a partial, counting it in at every rank"},
-    done=Done("broadcast"), c_dtype=SPEC.c_dtype,
-    events_per_program=functools.partial(events_per_program, one_shot=True),
-    events_per_launch=functools.partial(events_per_launch, one_shot=True),
-    parts=SPEC.parts, mistake_parts=SPEC.mistake_parts, comm_programs=True, comm_beside_gemm=True, wire_dtype=True,
-    wait_flags=WAIT_FLAGS, gpu_tuning=SPEC.gpu_tuning, builtin=True)
