@@ -286,12 +286,11 @@ class Cluster(EngineCluster):
         line's, checked already: it runs as it is, with this cluster's ``timeout_s``)."""
         from .config import AllReduceConfig
 
-        if isinstance(numel, AllReduceConfig):
-            config = numel if numel.checked and numel.timeout_s == self.timeout_s else \
-                dataclasses.replace(numel, timeout_s=self.timeout_s).validate()
-        else:
-            config = AllReduceConfig(numel, datatype, comm_sms, iterations, seed, self.timeout_s, reps, bool(baseline),
-                                     scheme, bool(on_heap), bool(sanitize)).validate()
+        config = numel if isinstance(numel, AllReduceConfig) else AllReduceConfig(
+            numel, datatype, comm_sms, iterations, seed, self.timeout_s, reps, bool(baseline), scheme, bool(on_heap),
+            bool(sanitize))
+        if not (config.checked and config.timeout_s == self.timeout_s):   # (the API's one check)
+            config = dataclasses.replace(config, timeout_s=self.timeout_s).validate()
         if config.sanitize and self.backend != "cpu":
             raise UsageError(f"sanitize=True is not allowed on the {self.backend} backend: the sanitizer watches "
                              f"kernels under the Triton interpreter, so use backend='cpu'")
