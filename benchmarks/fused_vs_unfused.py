@@ -57,7 +57,7 @@ def main(out_dir, W, sweep, algorithms=ALGORITHMS, traces=True, shapes=("large",
         for m, n, k in [shape for group in shapes for shape in SHAPES[group]]:
             configs = {alg: config_for(m, n, k, alg, W) for alg in algorithms}
             figures = cluster.compare_to_unfused(configs)
-            print_figures(figures, configs, W)
+            print_figures(figures, configs)
             report["results"].append(dict(shape=(m, n, k), configs={a: c.to_dict() for a, c in configs.items()},
                                           **figures))
         for m, n, k in TRACED if traces else ():

@@ -101,7 +101,7 @@ def cmd_bench(args):
             log("-", W, f"timing every fused kernel and the unfused baseline ({args.reps} reps, median of 5)")
             configs = {alg: config_from_args(args, backend, alg) for alg in builtin_names()}
             figures = cluster.compare_to_unfused(configs, reps=args.reps)
-            print_figures(figures, configs, W)
+            print_figures(figures, configs)
     return _report_bench(args, config, result, figures)
 
 
@@ -199,7 +199,7 @@ def run_unfused(args, backend):
     log("-", W, starting_line(backend, W))
     with Cluster(world_size=W, backend=backend, heap_size=256 << 20, timeout_s=args.timeout) as cluster:
         figures = cluster.compare_to_unfused({}, reps=args.reps, problem=problem)
-    print_figures(figures, {}, W, problem)
+    print_figures(figures, {}, problem)
     success = figures["overlap_max_abs_diff"] <= figures["overlap_tolerance"]
     log("-", W, f"{'PASSED' if success else 'FAILED'}: the overlapped path's max|C - ref| = "
                 f"{figures['overlap_max_abs_diff']:.3g} (tolerance {figures['overlap_tolerance']:.3g})")

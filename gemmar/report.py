@@ -8,10 +8,11 @@ def log(rank, world_size, message, file=None):
     print(f"[gemmar] [{rank}/{world_size}] {message}", file=file or sys.stdout, flush=True)
 
 
-def print_figures(f, configs, W, problem=None):
+def print_figures(f, configs, problem=None):
     """The benchmark lines: baseline times, then each fused kernel with its ratios and tile settings
     (``problem``: the run's config when ``configs`` is empty, the unfused path alone)."""
     c = problem or next(iter(configs.values()))
+    W = c.world_size
     log("-", W, f"per-rank {c.m} x {c.n} x {-(-c.k // W)} {c.datatype}: torch.matmul {f['matmul_ms']:.3f} ms | "
                 f"NCCL all_reduce(C) {f['allreduce_ms']:.3f} ms | sequential {f['sequential_ms']:.3f} ms | "
                 f"overlapped in {f['overlap_chunks']} row blocks {f['overlap_ms']:.3f} ms "
