@@ -143,3 +143,25 @@ def test_casts_to_bf16_and_fp16_on_ranks_give_torchs_bits(clusters, world_size):
         # The integer 1 adds 1.0 into bf16 (it added 9.18e-41): every rank's 3 programs into rank 0's counter,
         # and each rank's 3 into its own.
         assert casts["counter"] == [3.0 * world_size if rank == 0 else 0.0, 3.0], casts["counter"]
+
+
+def bf16_dot(a, b, c, N: tl.constexpr):
+    rows, cols = tl.arange(0, N)[:, None], tl.arange(0, N)[None, :]
+    product = tl.dot(tl.load(a + rows * N + cols), tl.load(b + rows * N + cols))
+    tl.store(c + rows * N + cols, product)
+
+
+def test_a_bf16_dot_on_cpu_ranks_multiplies_values_not_their_bits(monkeypatch):
+    """Triton's interpreter keeps bf16 as uint16 bits and gave tl.dot those bits as integers (C ~ 7e10 for values
+    near 1: every bf16 case of Iris's tests/ops, examples/iris_real/bf16_matmul.py). Small integers are exact in
+    bf16 and their products' sums in fp32, so C must equal torch's product exactly."""
+    from gemmar.kernels.triton_support import gemmar_interpreter
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    kernel = triton.jit(bf16_dot)
+    generator = torch.Generator().manual_seed(5)
+    a, b = (torch.randint(-4, 5, (16, 16), generator=generator).to(torch.bfloat16) for _ in range(2))
+    c = torch.zeros(16, 16, dtype=torch.float32)
+    with gemmar_interpreter():
+        kernel[(1,)](a, b, c, N=16)
+    assert torch.equal(c, a.float() @ b.float())

@@ -25,7 +25,9 @@ Two gaps of the interpreter (every accepted release) are filled by :func:`_patch
 
 - **bf16 arithmetic**: the interpreter keeps bf16 values as their uint16 bits and runs ``+``, ``*``, ``<`` ... on
   those integers (``1.0 + 1.0`` gave ``2**127``). A bf16 operation is computed in fp32 here and rounded back to
-  bf16 (round to nearest even), as a GPU does.
+  bf16 (round to nearest even), as a GPU does. ``tl.dot`` converted only 8-bit float operands, so a bf16 GEMM
+  multiplied the bit patterns (C ~ 7e10 for ~1: every bf16 case of Iris's tests/ops); its bf16 operands are
+  given as their fp32 values (exact).
 - **atomics its C helper refuses** (``Unsupported data type``: fp32 ``atomic_xchg``, bf16 ``atomic_add``,
   float min/max ...) **or does not make atomic across processes** (fp16 ``atomic_add`` lost 52 of 1M updates
   between two ranks: elements under 4 bytes): done as a compare-and-swap loop on each element's bits, which is
@@ -306,6 +308,16 @@ def _patch_bf16_and_atomics(replace):
     replace(builder, "create_fma", create_fma)
     replace(builder, "create_atomic_rmw", create_atomic_rmw)
     # (the class's create_fadd etc. are lambdas that look binary_op up on the instance, so they take this one)
+
+    dot = builder.create_dot
+
+    def create_dot(self, a, b, *rest):
+        # (the interpreter converts only 8-bit float operands; a bf16 one is its uint16 bits, which np.matmul
+        # multiplied as integers: ~1e10 for values near 1. A bf16 value is exact in fp32, as a GPU's MMA takes it.)
+        a, b = (interpreter.TensorHandle(_bf16_as_fp32(h.data), tl.float32) if _is_bf16(h) else h for h in (a, b))
+        return dot(self, a, b, *rest)
+
+    replace(builder, "create_dot", create_dot)
 
 
 def _fp64_as_bf16(values):
