@@ -39,6 +39,40 @@ def test_dtype_names():
     assert RunConfig(m=100, n=33, BLK_M=32, BLK_N=16).tiles == (4, 3)
 
 
+def test_a_config_is_checked_once_where_it_comes_in_and_travels_down_unchanged():
+    """Issue 59: validate returns a checked copy (the given config stays as it was) and a checked config is not
+    checked again; nothing changes a config after that; an unknown setting is one line; and below the boundary
+    (the ranks' runtime, the kernels) no module calls validate or takes a mistake beside its parts."""
+    import dataclasses
+    import pathlib
+
+    import gemmar
+    from gemmar.config import AllReduceConfig
+
+    given = RunConfig(datatype=torch.float16, out_dtype=torch.float32)
+    checked = given.validate()
+    assert (checked.datatype, checked.out_dtype, checked.checked) == ("fp16", "fp32", True)
+    assert given.datatype is torch.float16 and not given.checked and checked.validate() is checked
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        checked.m = 64
+    assert not dataclasses.replace(checked, m=64).checked   # a derived config is checked again where it comes in
+    with pytest.raises(UsageError, match="setting 'blk_m' is not known: use RunConfig's names") as info:
+        RunConfig(blk_m=32)
+    assert "\n" not in str(info.value)
+    for settings, needle in ((dict(numel=0), "numel=0"), (dict(numel=8, comm_sms=0), "comm_sms=0"),
+                             (dict(numel=8, scheme="three_shot"), "scheme 'three_shot'"),
+                             (dict(numel=8, datatype="fp8"), "fp8"), (dict(numel=8, iterations=0), "iterations=0")):
+        with pytest.raises(UsageError, match=needle):
+            AllReduceConfig(**settings).validate()
+    assert AllReduceConfig(8, torch.float32).validate().datatype == "fp32"
+    package = pathlib.Path(gemmar.__file__).parent
+    for path in [*(package / "runtime").rglob("*.py"), *(package / "kernels").glob("*.py")]:
+        text = path.read_text()
+        assert ".validate(" not in text, path
+        signatures = re.findall(r"def \w+\(([^)]*)\)", text)
+        assert not [a for a in signatures if re.search(r"\bmistake\b", a) and re.search(r"\bparts\b", a)], path
+
+
 def test_algorithm_auto_follows_the_measured_rule():
     from gemmar.analysis.auto_rule import AUTO_RULE, choose_algorithm
 
