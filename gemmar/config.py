@@ -127,7 +127,7 @@ class RunConfig:
             return self
         for name in ("m", "n", "k"):
             _positive_int(name, getattr(self, name), MAX_DIM)
-        self = replace(self, datatype=dtype_name(self.datatype))
+        self = replace(self, datatype=dtype_name(self.datatype))   # (from here on: the new config, not the given)
         spec = self.spec
         for name in ("BLK_M", "BLK_N", "BLK_K"):
             value = getattr(self, name)
