@@ -16,7 +16,7 @@ def modules_in_map():
     ``folder/`` opens that folder for the lines indented under it; every ``name.py`` on a line belongs to the
     folder of the entry it describes."""
     text = open(os.path.join(ROOT, "docs", "architecture.md")).read()
-    block = text.split("```", 2)[1]
+    block = text.split("## File map", 1)[1].split("```", 2)[1]
     named, folders, current = set(), [], ""
     for line in block.splitlines():
         if not line.strip():
