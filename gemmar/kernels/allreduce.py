@@ -58,9 +58,14 @@ def copy_in_and_publish(x, numel, partials, partial_ready, heap_bases, rank, wor
 
 
 @triton.jit(do_not_specialize=["numel", "rank", "timeout_ns"])
-def two_shot_all_reduce(x, numel, out, partials, partial_ready, results_in, watchdog, heap_bases, rank, world_size,
-                        launch_counts, M, N, timeout_ns, no_trace, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                        COMM_SMS: tl.constexpr, PEER_CACHE: tl.constexpr, COPY_IN: tl.constexpr, ROWS: tl.constexpr):
+def two_shot_all_reduce(
+        # the values to sum and how many; the output, the partials and the flags, on the symmetric heap
+        x, numel, out, partials, partial_ready, results_in, watchdog, heap_bases,
+        # who; each program's launch count; the tiles' rows and columns; how long a wait may take; no trace
+        rank, world_size, launch_counts, M, N, timeout_ns, no_trace,
+        # the tiles and the programs, and how a tile is copied in and summed
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, COMM_SMS: tl.constexpr, PEER_CACHE: tl.constexpr,
+        COPY_IN: tl.constexpr, ROWS: tl.constexpr):
     """Two-shot, one launch: program ``c`` first copies in and publishes, for every owner, the tiles that
     program ``c`` of each rank reduces (owned index ``tile // W``, taken ``c, c + COMM_SMS, ...``), then runs
     two_shot's reduction (steps 4-7) for them. Its waits depend only on what program ``c`` of every rank
@@ -81,9 +86,14 @@ def two_shot_all_reduce(x, numel, out, partials, partial_ready, results_in, watc
 
 
 @triton.jit(do_not_specialize=["numel", "rank", "timeout_ns"])
-def one_shot_all_reduce(x, numel, out, partials, partial_ready, partials_read, watchdog, heap_bases, rank,
-                        world_size, launch_counts, M, N, timeout_ns, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                        COMM_SMS: tl.constexpr, PEER_CACHE: tl.constexpr, COPY_IN: tl.constexpr, ROWS: tl.constexpr):
+def one_shot_all_reduce(
+        # the values to sum and how many; the output, the partials and the flags, on the symmetric heap
+        x, numel, out, partials, partial_ready, partials_read, watchdog, heap_bases,
+        # who; each program's launch count; the tiles' rows and columns; how long a wait may take
+        rank, world_size, launch_counts, M, N, timeout_ns,
+        # the tiles and the programs, and how a tile is copied in and summed
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, COMM_SMS: tl.constexpr, PEER_CACHE: tl.constexpr,
+        COPY_IN: tl.constexpr, ROWS: tl.constexpr):
     """Every tile, on every rank, one launch: 0. copy in and publish the tiles this program sums (to every
     rank); 1. wait until all W copies are published; 2. sum them in rank order into this rank's ``out``;
     tell each peer its copy was read. 3. Each program then waits until every rank has read this rank's

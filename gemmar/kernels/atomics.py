@@ -36,12 +36,20 @@ PUSH = tl.constexpr(PUSH_PHASE.kind_id)
 
 @triton.jit(do_not_specialize=["rank", "parity"])
 def gemm_all_reduce_atomics(
-        A, B, C_pair, heap_bases, rank, world_size, parity,
+        # this rank's K-slices of A and B; the pair of C buffers, on the symmetric heap
+        A, B, C_pair, heap_bases,
+        # who, and which of the pair this launch adds into
+        rank, world_size, parity,
+        # the GEMM's shape and strides
         M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
+        # the trace buffer
         trace, trace_counts,
+        # the GEMM's tiles and programs, and how it computes a tile
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_SIZE_M: tl.constexpr,
         NUM_SMS: tl.constexpr, DOT_PRECISION: tl.constexpr, TRACE_CAPACITY: tl.constexpr,
-        EVEN_K: tl.constexpr, TMA: tl.constexpr, TILE_COORDS: tl.constexpr, PUSH_PARTIAL: tl.constexpr):
+        EVEN_K: tl.constexpr, TMA: tl.constexpr,
+        # parts: the tile order (notebook 1's puzzle) and one push (notebook 2's)
+        TILE_COORDS: tl.constexpr, PUSH_PARTIAL: tl.constexpr):
     pid = tl.program_id(0)
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
@@ -49,13 +57,12 @@ def gemm_all_reduce_atomics(
     plane = tl.cast(M, tl.int64) * N
     C = C_pair + parity * plane
     C_next = C_pair + (1 - parity) * plane
+    gemm = (A, B, M, N, K, stride_am, stride_ak, stride_bk, stride_bn)   # (see gemm.traced_gemm_tile)
+    tiling = tl.constexpr((BLOCK_M, BLOCK_N, BLOCK_K, GROUP_SIZE_M, DOT_PRECISION, EVEN_K, TMA, TRACE_CAPACITY))
     n_events = tl.zeros((), tl.int32)
     for tile_id in range(pid, num_pid_m * num_pid_n, NUM_SMS):
         # 1. This rank's partial of the tile.
-        acc, pid_m, pid_n, n_events, t = traced_gemm_tile(
-            A, B, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, tile_id, num_pid_m, num_pid_n, trace,
-            n_events, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_SIZE_M, DOT_PRECISION, EVEN_K, TMA, TRACE_CAPACITY,
-            TILE_COORDS)
+        acc, pid_m, pid_n, n_events, t = traced_gemm_tile(gemm, tiling, tile_id, trace, n_events, TILE_COORDS)
         offsets, mask = tile_offsets(pid_m, pid_n, M, N, stride_cm, stride_cn, BLOCK_M, BLOCK_N)
         # 2. Ready the next launch's output: this tile of our own C_next, which no rank touches this launch.
         tl.store(C_next + offsets, tl.zeros((BLOCK_M, BLOCK_N), tl.float32), mask=mask)

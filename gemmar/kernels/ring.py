@@ -59,13 +59,23 @@ SLOT_FREE_FLAG, DATA_READY_FLAG = tl.constexpr(WAIT_FLAGS["slot_free"]), tl.cons
 
 @triton.jit(do_not_specialize=["rank", "epoch", "timeout_ns"])
 def gemm_all_reduce_ring(
-        A, B, C, ring_buffer, data_ready, slot_free, watchdog, heap_bases, rank, world_size, epoch,
+        # this rank's K-slices of A and B; the output, the ring's slots and flags, on the symmetric heap
+        A, B, C, ring_buffer, data_ready, slot_free, watchdog, heap_bases,
+        # who and which launch
+        rank, world_size, epoch,
+        # the GEMM's shape and strides; how long a wait may take
         M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn, timeout_ns,
+        # the trace buffer
         trace, trace_counts,
+        # the GEMM's tiles and programs, and how it computes a tile
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_SIZE_M: tl.constexpr,
         NUM_SMS: tl.constexpr, DOT_PRECISION: tl.constexpr, TRACE_CAPACITY: tl.constexpr,
-        SLOT_CACHE: tl.constexpr, EVEN_K: tl.constexpr, TMA: tl.constexpr, TILE_COORDS: tl.constexpr,
-        REDUCE_STEP: tl.constexpr, SLOT_FREE_WAIT: tl.constexpr, DATA_READY_WAIT: tl.constexpr):
+        EVEN_K: tl.constexpr, TMA: tl.constexpr,
+        # how a slot is read (its cache modifier)
+        SLOT_CACHE: tl.constexpr,
+        # parts: the tile order (notebook 1's puzzle), step 5 (notebook 3's), the waits of steps 1 and 4
+        TILE_COORDS: tl.constexpr, REDUCE_STEP: tl.constexpr, SLOT_FREE_WAIT: tl.constexpr,
+        DATA_READY_WAIT: tl.constexpr):
     pid = tl.program_id(0)
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
@@ -73,12 +83,11 @@ def gemm_all_reduce_ring(
     prev_rank = (rank + world_size - 1) % world_size
     # A slot is a dense BLOCK_M x BLOCK_N fp32 tile; edge tiles carry padding that is never stored in C.
     slot_offsets = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+    gemm = (A, B, M, N, K, stride_am, stride_ak, stride_bk, stride_bn)   # (see gemm.traced_gemm_tile)
+    tiling = tl.constexpr((BLOCK_M, BLOCK_N, BLOCK_K, GROUP_SIZE_M, DOT_PRECISION, EVEN_K, TMA, TRACE_CAPACITY))
     n_events = tl.zeros((), tl.int32)
     for tile_id in range(pid, num_pid_m * num_pid_n, NUM_SMS):
-        acc, pid_m, pid_n, n_events, t = traced_gemm_tile(
-            A, B, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, tile_id, num_pid_m, num_pid_n, trace,
-            n_events, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_SIZE_M, DOT_PRECISION, EVEN_K, TMA, TRACE_CAPACITY,
-            TILE_COORDS)
+        acc, pid_m, pid_n, n_events, t = traced_gemm_tile(gemm, tiling, tile_id, trace, n_events, TILE_COORDS)
         slot = ring_buffer + tile_id * (BLOCK_M * BLOCK_N) + slot_offsets
         total = acc
         payload = acc

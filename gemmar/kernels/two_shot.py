@@ -126,13 +126,12 @@ def two_shot_gemm(
     pid = tl.program_id(0)
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
+    gemm = (A, B, M, N, K, stride_am, stride_ak, stride_bk, stride_bn)   # (see gemm.traced_gemm_tile)
+    tiling = tl.constexpr((BLOCK_M, BLOCK_N, BLOCK_K, GROUP_SIZE_M, DOT_PRECISION, EVEN_K, TMA, TRACE_CAPACITY))
     n_events = tl.zeros((), tl.int32)
     for tile_id in tl.range(pid, num_pid_m * num_pid_n, NUM_SMS):
         # 1. Our partial of the tile.
-        acc, pid_m, pid_n, n_events, t = traced_gemm_tile(
-            A, B, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, tile_id, num_pid_m, num_pid_n, trace,
-            n_events, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_SIZE_M, DOT_PRECISION, EVEN_K, TMA, TRACE_CAPACITY,
-            tile_coords)
+        acc, pid_m, pid_n, n_events, t = traced_gemm_tile(gemm, tiling, tile_id, trace, n_events, tile_coords)
         owner = tile_id % world_size
         # 2. Our partial of this tile, into our own heap.
         tl.store(slot_pointers(partials, tile_id, BLOCK_M, BLOCK_N), acc.to(partials.dtype.element_ty))
@@ -174,25 +173,28 @@ def one_rank_gemm(
     pid = tl.program_id(0)
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
+    gemm = (A, B, M, N, K, stride_am, stride_ak, stride_bk, stride_bn)   # (see gemm.traced_gemm_tile)
+    tiling = tl.constexpr((BLOCK_M, BLOCK_N, BLOCK_K, GROUP_SIZE_M, DOT_PRECISION, EVEN_K, TMA, TRACE_CAPACITY))
     n_events = tl.zeros((), tl.int32)
     for tile_id in tl.range(pid, num_pid_m * num_pid_n, NUM_SMS, flatten=TMA):
-        acc, pid_m, pid_n, n_events, t = traced_gemm_tile(
-            A, B, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, tile_id, num_pid_m, num_pid_n, trace,
-            n_events, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_SIZE_M, DOT_PRECISION, EVEN_K, TMA, TRACE_CAPACITY,
-            tile_coords)
+        acc, pid_m, pid_n, n_events, t = traced_gemm_tile(gemm, tiling, tile_id, trace, n_events, tile_coords)
         n_events, t = write_alone_tile(acc, C, partials, M, N, stride_cm, stride_cn, trace, n_events, t, tile_id,
                                        pid_m, pid_n, BLOCK_M, BLOCK_N, TRACE_CAPACITY)
     finish_trace(trace_counts, n_events, TRACE_CAPACITY)
 
 
 @triton.jit
-def write_alone_tile(acc, C, partials, M, N, stride_cm, stride_cn, trace, n_events, t, tile_id, pid_m, pid_n,
-                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TRACE_CAPACITY: tl.constexpr):
+def write_alone_tile(
+        # the tile's partial product; the output, and the partials (for their dtype); C's shape and strides
+        acc, C, partials, M, N, stride_cm, stride_cn,
+        # the trace: its buffer, events so far, the GEMM's end; the tile
+        trace, n_events, t, tile_id, pid_m, pid_n,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TRACE_CAPACITY: tl.constexpr):
     """Steps 2-6 for a tile at world size 1, in the GEMM program: the tile's one partial is its sum, so it
     goes straight into C instead of through ``partials`` (written, read back and written again as C: at the
     large shapes that round trip cost a sixth of the GEMM's time; docs/decisions.md, two_shot at world size 1).
-    Same bits as the communication programs' sum (rounded to the wire dtype, then 0 + it in fp32, then to C's dtype). Nobody
-    else reads the tile, so no flag is set.
+    Same bits as the communication programs' sum (rounded to the wire dtype, then 0 + it in fp32, then to C's
+    dtype). Nobody else reads the tile, so no flag is set.
 
     Why not for every tile a rank owns at any world size: the GEMM program would then also read the W - 1
     other partials, and that took the 128 x 256 tile's GEMM from 166 registers a thread to 255 with spills
