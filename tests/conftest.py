@@ -50,7 +50,8 @@ class Clusters:
 # "slow": stress and randomized runs, compiling for sm_90, the widgets, the Iris-style programs of 3b4c197's
 # era, the README's own commands. Times per file: pytest --durations=0.
 TIERS = {"test_browser": "browser", "test_notebooks": "notebook",
-         "test_lifecycle": "system", "test_faults": "system", "test_attacks": "system", "test_cli": "system", "test_shared_server": "system",
+         "test_lifecycle": "system", "test_faults": "system", "test_programs_end_with_their_run": "system", "test_limits_are_named_in_one_line": "system",
+         "test_reports_are_written_whole_or_not_at_all": "system", "test_cli": "system", "test_shared_server": "system",
          "test_reliability": "slow", "test_compile": "slow", "test_explorer": "slow", "test_iris_programs": "slow",
          "test_readme": "slow"}
 

@@ -12,7 +12,7 @@ import threading
 import time
 
 import psutil
-from test_attacks import ctrl_c_as_in_a_terminal
+from run_as_user import GEMMAR, alive, ctrl_c_as_in_a_terminal, gone_within
 import pytest
 
 import gemmar
@@ -100,7 +100,7 @@ def test_a_killed_controller_leaves_nothing_after_stop():
     assert wait_until(lambda: not leftovers(info), timeout_s=10), leftovers(info)
 
 
-def test_ctrl_c_ends_a_cli_run_at_once_in_one_line():   # (ctrl_c_as_in_a_terminal: test_attacks.py says why)
+def test_ctrl_c_ends_a_cli_run_at_once_in_one_line():   # (ctrl_c_as_in_a_terminal: run_as_user.py says why)
     cli = subprocess.Popen([sys.executable, "-m", "gemmar.cli", "bench", "-r", "2", "-m", "64", "-n", "64", "-k", "64",
                             "--iterations", "100000", "-v"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                            preexec_fn=ctrl_c_as_in_a_terminal)
@@ -251,3 +251,49 @@ def test_ctrl_c_while_the_command_starts_is_one_line_too():
     cli.send_signal(signal.SIGINT)
     out, err = cli.communicate(timeout=30)
     assert out == "" and (cli.returncode, err) == (130, "gemmar: interrupted\n")
+
+
+@pytest.mark.parametrize("moment", ["while the engines start", "mid-run, twice", "just after PASSED"])
+def test_ctrl_c_at_any_moment_is_one_line_and_leaves_nothing(moment):
+    """Ctrl-C while the engines start (3.8 s, and once an asyncio "Task was destroyed" dump), twice mid-run (a
+    traceback from the second), just after PASSED (an EngineCluster.__del__ traceback): now the command ends at
+    once with its one line and exit 130, and the cluster's reaper ends what it had started."""
+    import contextlib
+    import signal
+
+    iterations = "100000" if moment == "mid-run, twice" else "1"
+    cli = subprocess.Popen(GEMMAR + ["bench", "-r", "2", "-m", "32", "-n", "32", "-k", "32", "-v", "--iterations",
+                                     iterations], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                           preexec_fn=ctrl_c_as_in_a_terminal)
+    cue = {"while the engines start": "starting 2 ipyparallel", "mid-run, twice": "iteration ",
+           "just after PASSED": "PASSED"}[moment]   # (mid-run: any iteration after the first; -v skips some lines)
+    try:
+        import threading
+
+        seen, cued = [], threading.Event()   # (the cue must come within 180 s: a test never waits without end)
+
+        def read():
+            for line in cli.stdout:
+                seen.append(line)
+                if cue in line and " iteration 1/" not in line:
+                    cued.set()
+                    return
+
+        threading.Thread(target=read, daemon=True).start()
+        assert cued.wait(180), f"no {cue!r} from the command within 180 s: {seen}"
+        children = psutil.Process(cli.pid).children(recursive=True)
+        cli.send_signal(signal.SIGINT)
+        if moment == "mid-run, twice":   # (while the first one's cleanup ran: exit -2, killed by SIGINT, before)
+            time.sleep(0.3)
+            with contextlib.suppress(ProcessLookupError):
+                cli.send_signal(signal.SIGINT)
+        _, err = cli.communicate(timeout=30)
+    finally:
+        cli.kill()
+    if moment == "just after PASSED" and cli.returncode in (0, -2):
+        # (it ended before the signal came; or the signal came while Python was ending, after it had put Ctrl-C's
+        # default action back: no line then, but no traceback either)
+        assert err == "", err
+    else:
+        assert (cli.returncode, err) == (130, "gemmar: interrupted\n"), (cli.returncode, err)
+    assert gone_within([p.pid for p in children], 15), [p for p in children if alive(p.pid)]

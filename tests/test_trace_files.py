@@ -219,3 +219,27 @@ def test_a_traces_repr_says_k_global_and_per_rank():
     """Workshop dry run 3: notebook 5's keys (files named by K per rank) and the traces (K global) disagreed."""
     trace = Trace.load(os.path.join(DATA, "h200-atomics-8192x8192x8192.trace.json.gz"))
     assert "8192x8192x16384 (K 8192 per rank)" in repr(trace)
+
+
+def _iris_trace(path, ranks, program=0, pid_m=0, pid_n=0):
+    """An Iris device trace of ``ranks`` ranks, an event per rank; rank 0's names ``program``, ``pid_m``, ``pid_n``."""
+    events = [dict(name="compute", cat="iris", ph="X", ts=float(r), dur=1.0, pid=r, tid=0,
+                   args=dict(program_id=program if r == 0 else 0, pid_m=pid_m if r == 0 else 0,
+                             pid_n=pid_n if r == 0 else r % 4, target_rank=-1, op_index=r)) for r in range(ranks)]
+    path.write_text(json.dumps(dict(traceEvents=events, metadata=dict(time_unit="us"))))
+    return str(path)
+
+
+def test_a_trace_naming_program_2_to_the_20_draws_its_tile_grid(tmp_path, capsys):
+    """A trace of 9 ranks whose one event names program 2**20 - 1: a colour per program (3.2 GiB, then an
+    OverflowError in matplotlib) before; now a ramp of colours, ranks in rows of 8. A grid too large to draw is
+    refused in one line before anything is allocated."""
+    trace = _iris_trace(tmp_path / "wide.trace.json", 9, program=(1 << 20) - 1)
+    assert cli.main(["gantt", trace, "-o", str(tmp_path / "g.png"), "--tile_grid", str(tmp_path / "t.png")]) == 0, \
+        capsys.readouterr().err
+    assert (tmp_path / "t.png").stat().st_size > 1000 and (tmp_path / "g.png").stat().st_size > 1000
+    huge = _iris_trace(tmp_path / "huge.trace.json", 8, pid_m=1023, pid_n=1023)
+    assert cli.main(["gantt", huge, "-o", str(tmp_path / "g2.png"), "--tile_grid", str(tmp_path / "t2.png")]) == 2
+    line, = capsys.readouterr().err.strip().splitlines()
+    assert "tile grid of 8 ranks x 1024 x 1024 tiles is too large to draw" in line, line
+    assert not (tmp_path / "t2.png").exists()
