@@ -77,9 +77,15 @@ _GEMMAR_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Frames in these files are the device API, not the kernel: a report names the line that called them. The
 # package's own puzzle parts too (kernels/puzzle_parts.py's FILENAME): a report names the line that calls the part.
 PASS_THROUGH = (os.path.join(_TRITON_DIR, "triton") + os.sep, os.path.join(_GEMMAR_DIR, "sanitizer") + os.sep,
-                os.path.join(_GEMMAR_DIR, "kernels", "device.py"), os.path.join(_GEMMAR_DIR, "iris", "device.py"),
-                os.path.join(_GEMMAR_DIR, "iris", "tiles.py"), "<gemmar puzzle parts>",
+                os.path.join(_GEMMAR_DIR, "kernels", "device.py"), "<gemmar puzzle parts>",
                 os.path.join(_GEMMAR_DIR, "kernels", "triton_support.py"))   # (an aggregate's bound jit methods)
+# A layer above the kit whose module is a device API of its own (gemmar's Iris layer: iris.device, its tiles)
+# sets this name true in the module: reports pass through its frames too, and the kit names no file of it.
+DEVICE_API_MODULE = "REPORTS_NAME_THE_LINE_THAT_CALLS_THIS_MODULE"
+
+
+def passes_through(frame):
+    return frame.f_code.co_filename.startswith(PASS_THROUGH) or frame.f_globals.get(DEVICE_API_MODULE, False)
 
 
 def place(where):
@@ -95,7 +101,7 @@ def kernel_line():
     """(file, line, function) of the innermost frame that is the kernel's own code, not the device API (for the
     one-line reports of translate's rank check here and of the sanitizer)."""
     frame = sys._getframe(2)
-    while frame is not None and frame.f_code.co_filename.startswith(PASS_THROUGH):
+    while frame is not None and passes_through(frame):
         frame = frame.f_back
     if frame is None:
         return ("?", 0, "?")

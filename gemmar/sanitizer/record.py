@@ -27,7 +27,7 @@ import time
 import numpy as np
 
 from ..errors import HeapBoundsError
-from ..kernels.device import PASS_THROUGH, kernel_line, place
+from ..kernels.device import kernel_line, passes_through, place
 
 UNNAMED = "heap tensor at byte"   # (the heap's name for an allocation nobody named)
 ARTICLED = {"read": "a read", "write": "a write", "rmw": "an atomic", "access": "an access"}
@@ -272,7 +272,7 @@ def _argument_named(address):
     for _ in range(16):
         if frame is None:
             return None
-        if not frame.f_code.co_filename.startswith(PASS_THROUGH):
+        if not passes_through(frame):
             for name, value in frame.f_locals.items():
                 data = getattr(getattr(value, "handle", None), "data", None)
                 dtype = getattr(value, "dtype", None)
