@@ -71,6 +71,8 @@ if __name__ == "__main__":
     # python -m gemmar.analysis.source instructors/package_parts.py: encode that text into puzzle_parts.dat.
     from ..kernels import puzzle_parts
 
+    if len(sys.argv) != 2:
+        sys.exit("usage: python -m gemmar.analysis.source instructors/package_parts.py (the parts' readable text)")
     with open(sys.argv[1]) as f:
         data = encode(f.read())
     with open(puzzle_parts.DATA, "w") as f:
