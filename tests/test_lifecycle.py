@@ -65,6 +65,18 @@ def test_a_living_owner_stays_alive_to_its_engines_when_the_system_clock_is_step
     assert start_stamp(child.pid) is None and child_stamp not in (None, own)
 
 
+def test_the_reaper_is_told_of_a_folder_before_the_folder_exists(tmp_path):
+    """A cluster's folders (its ipyparallel profile, its heap folder in /dev/shm) are announced to its reaper
+    before they are made: a Ctrl-C between a mkdtemp and telling the reaper (the CLI ends at once, os._exit(130))
+    left an empty heap folder in /dev/shm for good."""
+    from gemmar.runtime.heap.cpu import private_folder
+
+    told = []
+    path = private_folder(str(tmp_path), "gemmar-heaps-", lambda p: told.append((p, os.path.exists(p))))
+    assert told and told[-1] == (path, False) and os.path.isdir(path)
+    assert os.stat(path).st_mode & 0o777 == 0o700
+
+
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
 def test_the_cluster_dies_with_its_owner(tmp_path, sig):
     (tmp_path / "owner.py").write_text(OWNER)

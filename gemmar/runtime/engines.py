@@ -27,6 +27,7 @@ from ..config import MIN_TIMEOUT_S
 from ..errors import ClusterError, GemmarError, HeapBoundsError, RankDiedError, UsageError
 from . import limits, memory, rank as rank_runtime
 from .heap import DEFAULT_HEAP_BYTES, make_heap_folder, remove_arenas, shm_dir
+from .heap.cpu import private_folder
 from .backends import check_heap_fits, check_world_size, resolve_backend, shares_gpu
 from .deaths import DeathWatch
 from .processes import _children, _kill, _session, start_stamp
@@ -104,9 +105,10 @@ class EngineCluster(RestartsEarly):
         limits.check_can_start(self.world_size, engines, self.backend, shm_dir())
         self.profile_dir = self.heap_folder = None
         try:
-            self.profile_dir = tempfile.mkdtemp(prefix=f"gemmar-{self.cluster_id}-ipython-")
-            self.heap_folder = make_heap_folder()
-            self._start_reaper()
+            self._start_reaper()   # first: it is told each folder before the folder exists
+            announce = lambda path: self._tell_reaper(f"tree {path}")  # noqa: E731
+            self.profile_dir = private_folder(tempfile.gettempdir(), f"gemmar-{self.cluster_id}-ipython-", announce)
+            self.heap_folder = make_heap_folder(announce)
             self._ipp, env = self._ipyparallel_cluster()
             atexit.register(_stop_at_exit, weakref.ref(self))
             self._ipp.start_controller_sync(environment={"IPYTHONDIR": self.profile_dir, TAG_VARIABLE: self.cluster_id})
@@ -183,7 +185,7 @@ class EngineCluster(RestartsEarly):
         self._reaper = subprocess.Popen([sys.executable, os.path.join(os.path.dirname(__file__), "reaper.py")],
                                         stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                         start_new_session=True, text=True)
-        self._tell_reaper(f"tree {self.heap_folder}", f"tree {self.profile_dir}", f"tag {self.cluster_id}")
+        self._tell_reaper(f"tag {self.cluster_id}")
 
     def _tell_reaper(self, *lines):
         self._reaper.stdin.write("".join(line + "\n" for line in lines))

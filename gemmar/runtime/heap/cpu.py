@@ -15,6 +15,7 @@ refuses anything else in one line, never mapping it.
 import contextlib
 import mmap
 import os
+import secrets
 import shutil
 import stat
 import tempfile
@@ -33,9 +34,26 @@ def shm_dir():
     return "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
 
 
-def make_heap_folder():
-    """A new folder for one cluster's heap files and rendezvous stores, private to this user (0700)."""
-    return tempfile.mkdtemp(prefix="gemmar-heaps-", dir=shm_dir())
+def make_heap_folder(announce=None):
+    """A new folder for one cluster's heap files and rendezvous stores, private to this user (0700).
+    ``announce(path)`` is told each path before it is made (``private_folder``)."""
+    return private_folder(shm_dir(), "gemmar-heaps-", announce)
+
+
+def private_folder(parent, prefix, announce=None):
+    """A new folder ``parent/prefix<random>``, 0700, as ``mkdtemp`` makes one, but ``announce(path)`` is told the
+    path before it exists: a cluster's reaper then knows every folder it must remove, whenever its owner dies (a
+    Ctrl-C between a ``mkdtemp`` and telling the reaper left an empty heap folder in /dev/shm for good)."""
+    for _ in range(100):
+        path = os.path.join(parent, prefix + secrets.token_hex(6))
+        if announce is not None:
+            announce(path)
+        try:
+            os.mkdir(path, 0o700)
+            return path
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"{parent}: no free name for a new {prefix}* folder after 100 tries")
 
 
 def check_private_folder(folder, rank):
