@@ -19,7 +19,7 @@ GPU = torch.cuda.is_available()
 if not GPU:
     os.environ["TRITON_INTERPRET"] = "1"
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-    import gemmar.kernels  # noqa: F401  (the interpreter's patches)
+    from gemmar.kernels.triton_support import gemmar_interpreter   # (the interpreter's patches, in their scope)
 
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
@@ -111,4 +111,8 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    if GPU:
+        main()
+    else:
+        with gemmar_interpreter():   # (gemmar patches Triton's interpreter only where it runs kernels)
+            main()

@@ -78,11 +78,11 @@ def one_shot_push_kernel(
     total_tiles = num_pid_m * num_pid_n
     half = (epoch % 2) * world_size
     gemm = (A, B, M, N, K, stride_am, stride_ak, stride_bk, stride_bn)   # (see gemm.traced_gemm_tile)
-    tiling = tl.constexpr((BLOCK_M, BLOCK_N, BLOCK_K, GROUP_SIZE_M, DOT_PRECISION, EVEN_K, TMA, TRACE_CAPACITY))
     n_events = tl.zeros((), tl.int32)
     for tile_id in range(tl.program_id(0), total_tiles, NUM_SMS):
         # 1. Our partial.
-        acc, pid_m, pid_n, n_events, t = traced_gemm_tile(gemm, tiling, tile_id, trace, n_events, tile_coords)
+        acc, pid_m, pid_n, n_events, t = traced_gemm_tile(gemm, tile_id, trace, n_events, tile_coords, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_SIZE_M,
+                                                           DOT_PRECISION, EVEN_K, TMA, TRACE_CAPACITY)
         # 2. Into our slot of every rank's inbox; then count it in there, after every thread's store.
         mine = inbox_slot(inbox, half, rank, total_tiles, tile_id, BLOCK_M, BLOCK_N)
         for step in range(world_size):

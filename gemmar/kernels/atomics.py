@@ -58,11 +58,11 @@ def gemm_all_reduce_atomics(
     C = C_pair + parity * plane
     C_next = C_pair + (1 - parity) * plane
     gemm = (A, B, M, N, K, stride_am, stride_ak, stride_bk, stride_bn)   # (see gemm.traced_gemm_tile)
-    tiling = tl.constexpr((BLOCK_M, BLOCK_N, BLOCK_K, GROUP_SIZE_M, DOT_PRECISION, EVEN_K, TMA, TRACE_CAPACITY))
     n_events = tl.zeros((), tl.int32)
     for tile_id in range(pid, num_pid_m * num_pid_n, NUM_SMS):
         # 1. This rank's partial of the tile.
-        acc, pid_m, pid_n, n_events, t = traced_gemm_tile(gemm, tiling, tile_id, trace, n_events, TILE_COORDS)
+        acc, pid_m, pid_n, n_events, t = traced_gemm_tile(gemm, tile_id, trace, n_events, TILE_COORDS, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_SIZE_M,
+                                                           DOT_PRECISION, EVEN_K, TMA, TRACE_CAPACITY)
         offsets, mask = tile_offsets(pid_m, pid_n, M, N, stride_cm, stride_cn, BLOCK_M, BLOCK_N)
         # 2. Ready the next launch's output: this tile of our own C_next, which no rank touches this launch.
         tl.store(C_next + offsets, tl.zeros((BLOCK_M, BLOCK_N), tl.float32), mask=mask)

@@ -75,27 +75,20 @@ def gemm_tile(A, B, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, pid_m, 
 
 
 @triton.jit
-def traced_gemm_tile(gemm, TILING: tl.constexpr, tile_id, trace, n_events, TILE_COORDS: tl.constexpr):
+def traced_gemm_tile(gemm, tile_id, trace, n_events, TILE_COORDS: tl.constexpr,
+                     # how the GEMM is tiled and computed, and the trace's capacity
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_SIZE_M: tl.constexpr,
+                     DOT_PRECISION: tl.constexpr, EVEN_K: tl.constexpr, TMA: tl.constexpr,
+                     TRACE_CAPACITY: tl.constexpr):
     """The step every kernel starts a tile with: where the tile is, its partial product, and a ``gemm``
     trace event. Returns (acc, pid_m, pid_n, n_events, t): ``t``, the GEMM's end, starts the next phase.
 
-    A kernel names its GEMM's arguments once, in two groups, and passes them on whole:
-
-    - ``gemm``, the rank's partial product: ``(A, B, M, N, K, stride_am, stride_ak, stride_bk, stride_bn)``;
-    - ``TILING``, how it is tiled and traced, one constexpr: ``tl.constexpr((BLOCK_M, BLOCK_N, BLOCK_K,
-      GROUP_SIZE_M, DOT_PRECISION, EVEN_K, TMA, TRACE_CAPACITY))``.
-
-    ``TILE_COORDS`` is the tile-id -> (pid_m, pid_n) function: :func:`tile_coords`, or a participant's own
-    (notebook 1's puzzle, through the kernels' ``TILE_COORDS`` argument)."""
+    A kernel names its GEMM's operands once, ``gemm = (A, B, M, N, K, stride_am, stride_ak, stride_bk,
+    stride_bn)``, and passes them on whole; the tiling stays separate constexpr arguments (a tuple of constexprs
+    is one constexpr in Triton 3.9, but Triton 3.6's interpreter refuses it). ``TILE_COORDS`` is the tile-id ->
+    (pid_m, pid_n) function: :func:`tile_coords`, or a participant's own (notebook 1's puzzle, through the
+    kernels' ``TILE_COORDS`` argument)."""
     A, B, M, N, K, stride_am, stride_ak, stride_bk, stride_bn = gemm
-    BLOCK_M: tl.constexpr = TILING[0]
-    BLOCK_N: tl.constexpr = TILING[1]
-    BLOCK_K: tl.constexpr = TILING[2]
-    GROUP_SIZE_M: tl.constexpr = TILING[3]
-    DOT_PRECISION: tl.constexpr = TILING[4]
-    EVEN_K: tl.constexpr = TILING[5]
-    TMA: tl.constexpr = TILING[6]
-    TRACE_CAPACITY: tl.constexpr = TILING[7]
     pid_m, pid_n = TILE_COORDS(tile_id, tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_SIZE_M)
     # (A float here failed deep in the address arithmetic below, in Triton's words, with no line of the part.)
     tl.static_assert(pid_m.dtype.is_int(), "TILE_COORDS returned a pid_m that is not a whole number")
@@ -141,10 +134,10 @@ def persistent_gemm(
     ``FLATTEN`` lets the compiler merge the tile loop and the K loop into one software pipeline, so the
     loads of the next tile start while the current one is still being stored (compiled only)."""
     gemm = (A, B, M, N, K, stride_am, stride_ak, stride_bk, stride_bn)   # (see traced_gemm_tile)
-    tiling = tl.constexpr((BLOCK_M, BLOCK_N, BLOCK_K, GROUP_SIZE_M, DOT_PRECISION, EVEN_K, TMA, TRACE_CAPACITY))
     n_events = tl.zeros((), tl.int32)
     for tile_id in tl.range(tl.program_id(0), tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N), NUM_SMS, flatten=FLATTEN):
-        acc, pid_m, pid_n, n_events, t = traced_gemm_tile(gemm, tiling, tile_id, trace, n_events, tile_coords)
+        acc, pid_m, pid_n, n_events, t = traced_gemm_tile(gemm, tile_id, trace, n_events, tile_coords, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_SIZE_M,
+                                                           DOT_PRECISION, EVEN_K, TMA, TRACE_CAPACITY)
         offsets, mask = tile_offsets(pid_m, pid_n, M, N, stride_cm, stride_cn, BLOCK_M, BLOCK_N)
         tl.store(C + offsets, acc.to(C.dtype.element_ty), mask=mask)
         n_events, t = event(trace, n_events, t, STORE, tile_id, pid_m, pid_n, 0, -1, TRACE_CAPACITY)

@@ -67,11 +67,11 @@ def one_shot_gemm(
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
     gemm = (A, B, M, N, K, stride_am, stride_ak, stride_bk, stride_bn)   # (see gemm.traced_gemm_tile)
-    tiling = tl.constexpr((BLOCK_M, BLOCK_N, BLOCK_K, GROUP_SIZE_M, DOT_PRECISION, EVEN_K, TMA, TRACE_CAPACITY))
     n_events = tl.zeros((), tl.int32)
     for tile_id in tl.range(pid, num_pid_m * num_pid_n, NUM_SMS):
         # 1. Our partial of the tile.
-        acc, pid_m, pid_n, n_events, t = traced_gemm_tile(gemm, tiling, tile_id, trace, n_events, tile_coords)
+        acc, pid_m, pid_n, n_events, t = traced_gemm_tile(gemm, tile_id, trace, n_events, tile_coords, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_SIZE_M,
+                                                           DOT_PRECISION, EVEN_K, TMA, TRACE_CAPACITY)
         # 2. Our partial of this tile, into our own heap.
         tl.store(slot_pointers(partials, tile_id, BLOCK_M, BLOCK_N), acc.to(partials.dtype.element_ty))
         # 3. Count it in at every rank (each sums it): release, after every thread's store.

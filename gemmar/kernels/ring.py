@@ -84,10 +84,10 @@ def gemm_all_reduce_ring(
     # A slot is a dense BLOCK_M x BLOCK_N fp32 tile; edge tiles carry padding that is never stored in C.
     slot_offsets = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
     gemm = (A, B, M, N, K, stride_am, stride_ak, stride_bk, stride_bn)   # (see gemm.traced_gemm_tile)
-    tiling = tl.constexpr((BLOCK_M, BLOCK_N, BLOCK_K, GROUP_SIZE_M, DOT_PRECISION, EVEN_K, TMA, TRACE_CAPACITY))
     n_events = tl.zeros((), tl.int32)
     for tile_id in range(pid, num_pid_m * num_pid_n, NUM_SMS):
-        acc, pid_m, pid_n, n_events, t = traced_gemm_tile(gemm, tiling, tile_id, trace, n_events, TILE_COORDS)
+        acc, pid_m, pid_n, n_events, t = traced_gemm_tile(gemm, tile_id, trace, n_events, TILE_COORDS, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_SIZE_M,
+                                                           DOT_PRECISION, EVEN_K, TMA, TRACE_CAPACITY)
         slot = ring_buffer + tile_id * (BLOCK_M * BLOCK_N) + slot_offsets
         total = acc
         payload = acc
