@@ -6,7 +6,5 @@ mkdir -p "$(dirname "$1")"
 exec > >(tee -a "$1") 2>&1
 export TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-# (gemmar is not pip-installed there, so its entry points are unknown: name the Iris layer's program hook)
-export GEMMAR_PROGRAM_HOOKS="iris=gemmar.iris.hook:HOOK"
 quiet() { grep -v -e Warn -e enable_symm -e warn; }
 date -u; nvidia-smi --query-gpu=name,clocks.max.sm,memory.total --format=csv,noheader

@@ -228,7 +228,10 @@ def _run_parser(sub):
                         "gets this heap")
     from .programs import hooks
 
-    hooks.add_arguments(p)   # (the layers' own flags: gemmar's Iris layer adds --iris PATH and --replace_iris)
+    try:
+        hooks.add_arguments(p)   # (the layers' own flags: gemmar's Iris layer adds --iris PATH and --replace_iris)
+    except UsageError as e:   # (a broken hook is said by `gemmar run`, in one line; the other commands work)
+        p.set_defaults(hook_error=str(e))
     p.add_argument("--sanitize", action="store_true",
                    help="(cpu) record every heap access of the program's kernels and report races across ranks "
                         "and programs, and accesses outside their buffer (docs/sanitizer.md); exit 1 on a race")

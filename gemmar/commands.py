@@ -323,6 +323,8 @@ def cmd_run(args):
         raise UsageError(f"--timeout {args.timeout:g}: use seconds from 0 to 86400")
     from .programs import hooks
 
+    if getattr(args, "hook_error", None):
+        raise UsageError(args.hook_error)
     hook_options = hooks.given(args)
     hooks.plans(hook_options)   # (a bad --iris is one line here, before any engine starts)
     backend = resolve_backend(args.backend, args.num_ranks)

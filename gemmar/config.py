@@ -102,13 +102,7 @@ class RunConfig:
     sanitize: bool = False
 
     def __new__(cls, *args, **settings):
-        """An unknown setting is refused in one line that names it and the known ones (not a TypeError)."""
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(settings) - known)
-        if unknown:
-            raise UsageError(f"setting {unknown[0]!r} is not known: use RunConfig's names "
-                             f"({', '.join(sorted(known))})")
-        return super().__new__(cls)
+        return _refuse_unknown_settings(cls, settings)
 
     @classmethod
     def from_settings(cls, settings, **fixed):
@@ -216,6 +210,16 @@ class RunConfig:
         return asdict(self)
 
 
+def _refuse_unknown_settings(cls, settings):
+    """A config's ``__new__``: an unknown setting is refused in one line that names it and the known ones (not a
+    TypeError)."""
+    known = {f.name for f in fields(cls)}
+    unknown = sorted(set(settings) - known)
+    if unknown:
+        raise UsageError(f"setting {unknown[0]!r} is not known: use {cls.__name__}'s names ({', '.join(sorted(known))})")
+    return object.__new__(cls)
+
+
 @dataclass(frozen=True)
 class AllReduceConfig:
     """One run of the standalone all-reduce (``Cluster.all_reduce``, ``gemmar allreduce``; ``runtime/allreduce.py``):
@@ -232,6 +236,9 @@ class AllReduceConfig:
     scheme: str = "auto"        # SCHEMES, or auto
     on_heap: bool = False       # the values already lie in the heap's input: no copy in
     sanitize: bool = False      # cpu: record the launches' heap accesses
+
+    def __new__(cls, *args, **settings):
+        return _refuse_unknown_settings(cls, settings)
 
     @property
     def checked(self):

@@ -59,6 +59,8 @@ def test_a_config_is_checked_once_where_it_comes_in_and_travels_down_unchanged()
     with pytest.raises(UsageError, match="setting 'blk_m' is not known: use RunConfig's names") as info:
         RunConfig(blk_m=32)
     assert "\n" not in str(info.value)
+    with pytest.raises(UsageError, match="setting 'sizes' is not known: use AllReduceConfig's names"):
+        AllReduceConfig(8, sizes=2)
     for settings, needle in ((dict(numel=0), "numel=0"), (dict(numel=8, comm_sms=0), "comm_sms=0"),
                              (dict(numel=8, scheme="three_shot"), "scheme 'three_shot'"),
                              (dict(numel=8, datatype="fp8"), "fp8"), (dict(numel=8, iterations=0), "iterations=0")):

@@ -121,3 +121,21 @@ def test_leaving_the_scope_by_an_exception_gives_triton_back_as_it_was(interpret
         assert old.keys() == new.keys()
         assert [k for k in old if new[k] is not old[k]] == []
     assert doubled_one(kernel) == pytest.approx(1.7014118e38) and applied() == []
+
+
+def test_a_layer_whose_patch_fails_leaves_the_patches_as_they_were():
+    """A subscriber whose apply raises inside the scope: the error reaches its caller, the patches in place stay
+    as they were, and later scopes are not poisoned by it."""
+    from gemmar.kernels.triton_support import subscribe
+
+    def broken(replace):
+        raise RuntimeError("a broken layer")
+
+    slot = next(name for name, _, apply in PATCHES if apply is None and name != "heap accesses recorded")
+    with gemmar_interpreter():
+        before = applied()
+        with pytest.raises(RuntimeError, match="a broken layer"):
+            subscribe(slot, broken)
+        assert applied() == before
+    with gemmar_interpreter():
+        assert applied() == before

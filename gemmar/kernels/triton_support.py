@@ -442,10 +442,19 @@ def subscribe(name, apply):
     if name not in slots:
         raise UsageError(f"interpreter patch slot {name!r} does not exist; slots: {', '.join(map(repr, slots))}")
     with _lock:
+        before = _subscribed.get(name)
         _subscribed[name] = apply
         if _depth:   # (between kernel launches: re-applied in the declared order)
             _restore()
-            _apply()
+            try:
+                _apply()
+            except BaseException:   # (a broken layer: the patches as they were, and the error, not a poisoned process)
+                if before is None:
+                    del _subscribed[name]
+                else:
+                    _subscribed[name] = before
+                _apply()
+                raise
 
 
 def applied():

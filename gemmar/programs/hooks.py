@@ -2,9 +2,10 @@
 
 The kit runs any program on its ranks (``gemmar run``, ``Cluster.run_script``, ``Cluster.activate``) and knows no
 layer by name. A layer (gemmar's Iris layer is one: ``import iris`` on every rank) registers a hook under the
-entry-point group ``gemmar.program_hooks`` of its distribution (pyproject.toml); a source tree run without an
-install names hooks in ``GEMMAR_PROGRAM_HOOKS`` instead (``name=module:attribute``, comma-separated). A hook is an
-object with:
+entry-point group ``gemmar.program_hooks`` of its distribution (pyproject.toml). gemmar run from its source tree
+without an install, or an editable install made before a hook was declared, has no such metadata: then the
+declarations are read from the source tree's pyproject.toml itself. ``GEMMAR_PROGRAM_HOOKS`` adds or replaces hooks
+(``name=module:attribute``, comma-separated). A hook is an object with:
 
 - ``options``: ``{keyword: (default, metavar, help)}``: the keywords ``run_script`` and ``activate`` take for it,
   and the ``--keyword`` flags of ``gemmar run`` (a bool default makes a switch, anything else takes a value);
@@ -17,6 +18,7 @@ object with:
 
 import importlib
 import os
+import re
 from importlib import metadata
 
 from ..errors import UsageError
@@ -34,6 +36,8 @@ def _named():
         for point in distribution.entry_points:
             if point.group == ENTRY_POINT_GROUP:
                 named.setdefault(point.name, point.value)
+    for name, target in _declared_in_source_tree().items():
+        named.setdefault(name, target)
     for item in filter(None, (part.strip() for part in os.environ.get(ENVIRONMENT_VARIABLE, "").split(","))):
         name, _, target = item.partition("=")
         if not name or ":" not in target:
@@ -42,16 +46,34 @@ def _named():
     return named
 
 
+def _declared_in_source_tree():
+    """The hooks the source tree's pyproject.toml declares (its ``[project.entry-points."gemmar.program_hooks"]``
+    table), when gemmar runs from a checkout; {} for an installed wheel, which has no pyproject.toml beside it."""
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "pyproject.toml")
+    try:
+        text = open(path, encoding="utf-8").read()
+    except OSError:
+        return {}
+    table = re.search(r'^\[project\.entry-points\."' + re.escape(ENTRY_POINT_GROUP) + r'"\]\n(.*?)(?=^\[|\Z)', text,
+                      re.MULTILINE | re.DOTALL)
+    return dict(re.findall(r'^(\w+)\s*=\s*"([\w.]+:\w+)"', table.group(1), re.MULTILINE)) if table else {}
+
+
+def _load(name, target):
+    module, _, attribute = target.partition(":")
+    try:
+        hook = getattr(importlib.import_module(module), attribute)
+    except Exception as e:  # noqa: BLE001 - whatever a layer's module raises is said in one line
+        raise UsageError(f"program hook {name!r} ({target}) cannot be loaded: {type(e).__name__}: {e}") from None
+    missing = [a for a in ("options", "choose", "describe", "prepare_rank") if not hasattr(hook, a)]
+    if missing:
+        raise UsageError(f"program hook {name!r} ({target}) has no {', '.join(missing)}: not a program hook")
+    return hook
+
+
 def hooks():
     """{name: hook} of every registered hook, in name order (so every rank prepares in the same order)."""
-    found = {}
-    for name, target in sorted(_named().items()):
-        module, _, attribute = target.partition(":")
-        try:
-            found[name] = getattr(importlib.import_module(module), attribute)
-        except (ImportError, AttributeError) as e:
-            raise UsageError(f"program hook {name!r} ({target}) cannot be loaded: {e}") from None
-    return found
+    return {name: _load(name, target) for name, target in sorted(_named().items())}
 
 
 def options():
@@ -74,25 +96,26 @@ def given(args):
 
 
 def plans(given):
-    """Each hook's plan from the keywords ``given`` (a keyword no hook takes is refused in one line)."""
+    """Each hook's plan from the keywords ``given`` (a keyword no hook takes is refused in one line), as
+    {name: (its module:attribute, plan)}: a rank loads the hook the client chose, whatever it finds registered."""
     known = options()
     unknown = sorted(set(given) - set(known))
     if unknown:
-        allowed = ", ".join(sorted(known)) or "none: no program hook is registered"
+        allowed = ", ".join(sorted(known)) or ("none: no program hook is registered (an editable install made "
+                                               "before this gemmar: run pip install -e . again)")
         raise UsageError(f"{', '.join(unknown)}: not a keyword of a program run; allowed: {allowed}")
-    return {name: hook.choose(**{k: v for k, v in given.items() if known[k][0] == name})
+    named = _named()
+    return {name: (named[name], hook.choose(**{k: v for k, v in given.items() if known[k][0] == name}))
             for name, hook in hooks().items()}
 
 
 def descriptions(made):
     """'name: line' for each plan whose hook describes it."""
-    loaded = hooks()
-    lines = [(name, loaded[name].describe(plan)) for name, plan in made.items()]
+    lines = [(name, _load(name, target).describe(plan)) for name, (target, plan) in made.items()]
     return [f"{name}: {line}" for name, line in lines if line]
 
 
 def prepare_rank(made):
-    """On a rank: every hook's ``prepare_rank`` with its plan, in name order."""
-    loaded = hooks()
-    for name, plan in made.items():
-        loaded[name].prepare_rank(plan)
+    """On a rank: every chosen hook's ``prepare_rank`` with its plan, in name order."""
+    for name, (target, plan) in sorted(made.items()):
+        _load(name, target).prepare_rank(plan)
