@@ -6,10 +6,9 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 
-import psutil
 import pytest
+from inputs import process_alive, wait_until
 
 GEMMAR = [sys.executable, "-m", "gemmar.cli"]
 
@@ -29,20 +28,9 @@ def needs_mount_namespace():
         pytest.skip(f"no mount namespace here: {probe.stderr.decode().strip()}")
 
 
-def alive(pid):
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
-
-
 def gone_within(pids, seconds):
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if not any(alive(p) for p in pids):
-            return True
-        time.sleep(0.1)
-    return not any(alive(p) for p in pids)
+    """Whether every process of ``pids`` has ended (zombies count as ended) within ``seconds``."""
+    return wait_until(lambda: not any(process_alive(p) for p in pids), seconds, poll_s=0.1)
 
 
 def ctrl_c_as_in_a_terminal():

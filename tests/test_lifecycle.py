@@ -12,11 +12,11 @@ import threading
 import time
 
 import psutil
-from run_as_user import GEMMAR, alive, ctrl_c_as_in_a_terminal, gone_within
+from run_as_user import GEMMAR, ctrl_c_as_in_a_terminal, gone_within
 import pytest
 
 import gemmar
-from inputs import wait_until
+from inputs import process_alive, wait_until
 
 # A client that starts a cluster, says what it is made of, then runs for minutes unless stopped.
 OWNER = textwrap.dedent('''
@@ -308,4 +308,4 @@ def test_ctrl_c_at_any_moment_is_one_line_and_leaves_nothing(moment):
         assert err == "", err
     else:
         assert (cli.returncode, err) == (130, "gemmar: interrupted\n"), (cli.returncode, err)
-    assert gone_within([p.pid for p in children], 15), [p for p in children if alive(p.pid)]
+    assert gone_within([p.pid for p in children], 15), [p for p in children if process_alive(p.pid)]

@@ -9,7 +9,8 @@ import sys
 
 import pytest
 
-from run_as_user import GEMMAR, alive, gone_within
+from inputs import process_alive
+from run_as_user import GEMMAR, gone_within
 
 # A program whose every rank starts two children that try to outlive the run: one leaves the rank's session
 # (setsid) and ignores SIGTERM; the other double-forks, leaves the session and drops gemmar's environment too.
@@ -56,7 +57,7 @@ def test_nothing_a_rank_starts_outlives_the_run(tmp_path, ending):
     try:
         assert len(pids) == 4, (p.stdout, p.stderr)
         assert p.returncode == (0 if ending == "normal" else 3), p.stderr
-        assert gone_within(pids, 3), f"still alive after the run: {[q for q in pids if alive(q)]}"
+        assert gone_within(pids, 3), f"still alive after the run: {[q for q in pids if process_alive(q)]}"
     finally:
         for pid in pids:
             try:

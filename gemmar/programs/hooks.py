@@ -71,14 +71,21 @@ def _load(name, target):
     return hook
 
 
+def _registered():
+    """{name: (its module:attribute, hook)} of every registered hook, in name order (so every rank prepares in the
+    same order), read once for a caller that needs both."""
+    return {name: (target, _load(name, target)) for name, target in sorted(_named().items())}
+
+
 def hooks():
-    """{name: hook} of every registered hook, in name order (so every rank prepares in the same order)."""
-    return {name: _load(name, target) for name, target in sorted(_named().items())}
+    """{name: hook} of every registered hook, in name order."""
+    return {name: hook for name, (_, hook) in _registered().items()}
 
 
-def options():
-    """{keyword: (hook name, default, metavar, help)} over every hook."""
-    return {keyword: (name, *spec) for name, hook in hooks().items() for keyword, spec in hook.options.items()}
+def options(registered=None):
+    """{keyword: (hook name, default, metavar, help)} over every hook (of ``registered``, else of those registered)."""
+    registered = _registered() if registered is None else registered
+    return {keyword: (name, *spec) for name, (_, hook) in registered.items() for keyword, spec in hook.options.items()}
 
 
 def add_arguments(parser):
@@ -98,15 +105,15 @@ def given(args):
 def plans(given):
     """Each hook's plan from the keywords ``given`` (a keyword no hook takes is refused in one line), as
     {name: (its module:attribute, plan)}: a rank loads the hook the client chose, whatever it finds registered."""
-    known = options()
+    registered = _registered()
+    known = options(registered)
     unknown = sorted(set(given) - set(known))
     if unknown:
         allowed = ", ".join(sorted(known)) or ("none: no program hook is registered (an editable install made "
                                                "before this gemmar: run pip install -e . again)")
         raise UsageError(f"{', '.join(unknown)}: not a keyword of a program run; allowed: {allowed}")
-    named = _named()
-    return {name: (named[name], hook.choose(**{k: v for k, v in given.items() if known[k][0] == name}))
-            for name, hook in hooks().items()}
+    return {name: (target, hook.choose(**{k: v for k, v in given.items() if known[k][0] == name}))
+            for name, (target, hook) in registered.items()}
 
 
 def descriptions(made):
