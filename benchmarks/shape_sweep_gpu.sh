@@ -1,20 +1,32 @@
 #!/usr/bin/env bash
-# Issue 60 on ONE NVIDIA GPU, from the repository root: the shape sweep with every candidate tile and the worst ten
-# traced, the rules fitted from it (all models, and each model left out), a second run that times auto with the
-# fitted rule and each shape with its model left out, and gemmar tune twice (the second reuses the cache).
-# About 9 minutes on an H100 if the first run takes its whole --max_seconds; the second step needs no GPU.
-#   bash benchmarks/shape_sweep_gpu.sh OUTDIR [first|second]   (two runs: first, then second)
+# Issue 60 on ONE NVIDIA GPU, from the repository root: the shape sweep with every candidate tile and the worst
+# traced, in pieces that each fit one call (`first`, then `more` until every shape is measured: each piece starts
+# where the pieces before it stopped), then `second`: the rules fitted from every piece (all models, and each model
+# left out; no GPU needed), a run that times auto with the fitted rule and each shape with its model left out, and
+# gemmar tune twice (the second reuses the cache).
+#   bash benchmarks/shape_sweep_gpu.sh OUTDIR [first|more|second]   (MAX_SECONDS=450 bounds a piece)
 set -uo pipefail
-OUTDIR=${1:?usage: benchmarks/shape_sweep_gpu.sh OUTDIR [first|second]}
+OUTDIR=${1:?usage: benchmarks/shape_sweep_gpu.sh OUTDIR [first|more|second]}
+STEP=${2:-first}
 mkdir -p "$OUTDIR"
 source benchmarks/gpu_session.sh "$OUTDIR/shape-sweep.log"
 python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)'
-if [ "${2:-first}" = first ]; then
-  timeout 560 python3 benchmarks/shape_sweep.py "$OUTDIR/sweep.json" --grid --trace_worst 10 --max_seconds 450 2>&1 | quiet
-else
-  python3 benchmarks/shape_sweep.py --analyse "$OUTDIR/sweep.json" --rules_out "$OUTDIR/rules.json" 2>&1 | quiet
-  timeout 400 python3 benchmarks/shape_sweep.py "$OUTDIR/confirm.json" --auto_only --rule "$OUTDIR/rules-all.json" \
-    --lomo "$OUTDIR/rules.json" --max_seconds 330 2>&1 | quiet
-  for i in 1 2; do timeout 60 python3 -m gemmar.cli tune 128x5120x3456 2048x5120x1280 --cache "$OUTDIR/tuning.json" 2>&1 | quiet; done
-fi
+MAX=${MAX_SECONDS:-450}
+measured() {   # how many shapes the pieces so far measured (they run in the same order)
+  python3 -c 'import json, sys; print(sum(len(json.load(open(f))["results"]) for f in sys.argv[1:]))' "$OUTDIR"/sweep-*.json 2>/dev/null || echo 0
+}
+case "$STEP" in
+  first|more)
+    [ "$STEP" = first ] && rm -f "$OUTDIR"/sweep-*.json
+    start=$(measured); piece=$(( $(ls "$OUTDIR"/sweep-*.json 2>/dev/null | wc -l) + 1 ))
+    echo "=== piece $piece from shape $start"
+    timeout $(( MAX + 110 )) python3 benchmarks/shape_sweep.py "$OUTDIR/sweep-$piece.json" --grid --trace_worst 5 \
+      --start "$start" --max_seconds "$MAX" 2>&1 | quiet ;;
+  second)
+    python3 benchmarks/shape_sweep.py --analyse "$OUTDIR"/sweep-*.json --rules_out "$OUTDIR/rules.json" 2>&1 | quiet
+    timeout $(( MAX + 70 )) python3 benchmarks/shape_sweep.py "$OUTDIR/confirm.json" --auto_only \
+      --rule "$OUTDIR/rules-all.json" --lomo "$OUTDIR/rules.json" --max_seconds "$MAX" 2>&1 | quiet
+    for i in 1 2; do timeout 60 python3 -m gemmar.cli tune 128x5120x3456 2048x5120x1280 --cache "$OUTDIR/tuning.json" 2>&1 | quiet; done ;;
+  *) echo "usage: benchmarks/shape_sweep_gpu.sh OUTDIR [first|more|second]"; exit 2 ;;
+esac
 date -u
