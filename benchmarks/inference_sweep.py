@@ -14,7 +14,6 @@ import argparse
 import datetime
 import json
 import sys
-import time
 
 import numpy as np
 import torch
@@ -25,6 +24,7 @@ from gemmar.runtime import rank as rank_runtime
 from gemmar.runtime.allreduce import SymmetricAllReduce
 from gemmar.runtime.heap.cpu import make_heap_folder, remove_arenas
 from gemmar.runtime.launch import FusedGemmAllReduce
+from gemmar.runtime.timing import one_trial
 
 REPS, TRIALS = 20, 5
 SHAPES = [(4096, 8192, 1024), (1024, 8192, 3584), (256, 8192, 8192), (64, 8192, 3584), (16, 8192, 1024),
@@ -43,30 +43,11 @@ TILES = {
 
 def timed(fn, streams=()):
     """(wall ms, gpu ms, host us) of one call of ``fn``, each the median of TRIALS trials of REPS calls."""
-    wall, gpu, host = [], [], []
-    for hide_host in (False, True):
-        for _ in range(TRIALS):
-            torch.cuda.synchronize()
-            if hide_host:
-                torch.cuda._sleep(int(REPS * 400e-6 * 1.98e9))   # ~400 us a launch: more than any host time
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            for s in streams:
-                s.wait_event(start)
-            t = time.perf_counter()
-            for _ in range(REPS):
-                fn()
-            spent = time.perf_counter() - t
-            for s in streams:
-                done = torch.cuda.Event()
-                done.record(s)
-                torch.cuda.current_stream().wait_event(done)
-            end.record()
-            torch.cuda.synchronize()
-            (gpu if hide_host else wall).append(start.elapsed_time(end) / REPS)
-            if hide_host:
-                host.append(spent / REPS * 1e6)
-    return float(np.median(wall)), float(np.median(gpu)), float(np.median(host))
+    wall = [one_trial(fn, REPS, streams)[0] for _ in range(TRIALS)]
+    # (~400 us a launch held back: more than any host time)
+    held = [one_trial(fn, REPS, streams, hold_ms=REPS * 0.4) for _ in range(TRIALS)]
+    gpu, host = (float(np.median(column)) for column in zip(*held))
+    return float(np.median(wall)), gpu, host / REPS * 1e6
 
 
 def gemm_sweep(heap, quick):

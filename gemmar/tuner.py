@@ -40,34 +40,16 @@ def one_gpu_rank(heap_bytes):
         remove_arenas(folder)
 
 
-def _sleep_cycles(ms):
-    return int(ms * 1e-3 * 1.98e9)
-
-
 def time_call(fn, est_ms, streams=()):
     """{"gpu_ms", "wall_ms"}: medians over TRIALS trials of back-to-back calls of ``fn``; ``streams``: other
     streams ``fn`` enqueues work on (joined into the timing)."""
+    from .runtime.timing import one_trial
+
     reps = int(min(50, max(3, TRIAL_MS / max(est_ms, 1e-3))))
     out = {}
     for hide_host in (True, False) if est_ms < WALL_BELOW_MS else (True,):
-        times = []
-        for _ in range(TRIALS):
-            torch.cuda.synchronize()
-            if hide_host:   # ~60 us a launch: more than a launch's host time
-                torch.cuda._sleep(_sleep_cycles(reps * 0.06))
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            for s in streams:
-                s.wait_event(start)
-            for _ in range(reps):
-                fn()
-            for s in streams:
-                done = torch.cuda.Event()
-                done.record(s)
-                torch.cuda.current_stream().wait_event(done)
-            end.record()
-            torch.cuda.synchronize()
-            times.append(start.elapsed_time(end) / reps)
+        hold_ms = reps * 0.06 if hide_host else 0.0   # ~60 us a launch: more than a launch's host time
+        times = [one_trial(fn, reps, streams, hold_ms)[0] for _ in range(TRIALS)]
         out["gpu_ms" if hide_host else "wall_ms"] = float(np.median(times))
     out.setdefault("wall_ms", out["gpu_ms"])
     return out

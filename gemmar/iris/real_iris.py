@@ -279,19 +279,9 @@ class HeapOverGemmar:
         heap.release_program_memory()
 
     def allocate(self, num_elements, dtype, alignment=1024):
-        import torch
-
-        itemsize = torch.empty((), dtype=dtype).element_size()
-        nbytes = max(int(num_elements), 0) * itemsize
-        padded = -(-max(nbytes, 1) // alignment) * alignment   # (Iris's allocators round up to the alignment)
         self.refresh_peer_access()   # (collective, as in Iris: see refresh_peer_access)
         with self.heap.allocating_for_program():
-            offset = self.heap._alloc(padded + alignment, from_end=True)
-        offset = -(-offset // alignment) * alignment
-        self.heap._allocations[offset] = [max(nbytes, 1), f"heap tensor at byte {offset}", (int(num_elements),),
-                                          str(dtype).replace("torch.", "")]
-        self.heap._table = None
-        return self.heap.arena[offset:offset + nbytes].view(dtype).view(int(num_elements))
+            return self.heap.empty(max(int(num_elements), 0), dtype, alignment=alignment)
 
     def get_device(self):
         return self.heap.arena.device

@@ -3,6 +3,7 @@ all-reduce of C, the two in sequence, and overlapped in row blocks), every kerne
 timing. Called by the client (``Cluster.compare_to_unfused``) on every engine at once."""
 
 import contextlib
+import time
 
 import numpy as np
 import torch
@@ -14,31 +15,44 @@ from .problem import rank_slice, seeded_problem, tolerance
 from .rank import errors_as_results, check_all, local_ranks
 
 
+GPU_CLOCK_HZ = 1.98e9   # (an H100's or H200's top SM clock: torch.cuda._sleep counts cycles)
+
+
+def one_trial(fn, reps, streams=(), hold_ms=0.0):
+    """(GPU milliseconds per call, host seconds spent enqueueing) of ``reps`` back-to-back calls of ``fn``, from
+    events on the current stream; ``streams`` (where ``fn`` also enqueues work) start after the first event and
+    must finish before the last. ``hold_ms``: the GPU first sleeps this long, so the host is ahead when the calls
+    start and its launch time stays out of the GPU's figure (0: a user's loop, the host's time included)."""
+    torch.cuda.synchronize()
+    if hold_ms:
+        torch.cuda._sleep(int(hold_ms * 1e-3 * GPU_CLOCK_HZ))
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for stream in streams:
+        stream.wait_event(start)
+    began = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    host_seconds = time.perf_counter() - began
+    for stream in streams:
+        done = torch.cuda.Event()
+        done.record(stream)
+        torch.cuda.current_stream().wait_event(done)
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / reps, host_seconds
+
+
 def median_ms(fn, reps, streams=(), one_process=False, trials=5):
     """Median over ``trials`` of the mean time of ``reps`` back-to-back calls, all ranks starting together
-    (ranks in separate processes meet at a torch.distributed barrier first). The events are on the default
-    stream; ``streams`` (the ranks' own, where their kernels run) start after the first event and must
-    finish before the last."""
+    (ranks in separate processes meet at a torch.distributed barrier first); see one_trial."""
     times = []
     for _ in range(trials):
         if not one_process:
             import torch.distributed as dist
 
             dist.barrier()
-        torch.cuda.synchronize()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for stream in streams:
-            stream.wait_event(start)
-        for _ in range(reps):
-            fn()
-        for stream in streams:
-            done = torch.cuda.Event()
-            done.record(stream)
-            torch.cuda.current_stream().wait_event(done)
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) / reps)
+        times.append(one_trial(fn, reps, streams)[0])
     return float(np.median(times))
 
 

@@ -82,15 +82,16 @@ class SymmetricHeap:
         self._barrier_exit = words[24:25]
 
     # -- allocation -----------------------------------------------------------------------------------
-    def _alloc(self, nbytes, from_end=False):
+    def _alloc(self, nbytes, from_end=False, alignment=ALIGN):
+        align = max(ALIGN, alignment)   # (both powers of two)
         if from_end:
-            offset = (self._end - nbytes) // ALIGN * ALIGN
+            offset = (self._end - nbytes) // align * align
             if offset < self._top:
                 raise UsageError(f"heap too small: {nbytes} more bytes do not fit in the {self._end - self._top} "
                                  f"left of this rank's {self.size}-byte heap")
             self._end = offset
             return offset
-        offset = -(-self._top // ALIGN) * ALIGN
+        offset = -(-self._top // align) * align
         if offset + nbytes > self._end:
             held = f" ({self.size - self._end} of them held by an Iris program's tensors)" if self._end < self.size else ""
             raise UsageError(f"heap too small: this run needs {offset + nbytes} bytes of symmetric heap per rank, "
@@ -98,14 +99,15 @@ class SymmetricHeap:
         self._top = offset + nbytes
         return offset
 
-    def empty(self, shape, dtype, from_end=False):
+    def empty(self, shape, dtype, from_end=False, alignment=ALIGN):
+        """A tensor on the heap, its first byte at a multiple of ``alignment`` (a power of two; at least ALIGN)."""
         from_end = from_end or self._program_allocations
         shape = (shape,) if isinstance(shape, int) else tuple(shape)
         count = 1
         for s in shape:
             count *= s
         nbytes = count * torch.empty((), dtype=dtype).element_size()
-        offset = self._alloc(nbytes, from_end)
+        offset = self._alloc(nbytes, from_end, alignment)
         self._allocations[offset] = [nbytes, f"heap tensor at byte {offset}", shape, str(dtype).replace("torch.", "")]
         self._table = None
         return self.arena[offset:offset + nbytes].view(dtype).view(shape)
