@@ -4,7 +4,8 @@
 # tests, Iris's examples 06 and 24, gemmar's examples/iris_real programs, and benchmarks/iris_vs_gemmar.py.
 # Prints every run's output and exit code; exits 1 if a run that should pass failed.
 #   bash benchmarks/iris_on_gpu.sh IRIS_CHECKOUT OUTDIR [TRITONBLAS_FOLDER]
-# RANKS="1 2" picks the layouts; ONLY=1 runs only the all-reduce variants and Iris's launcher.
+# RANKS="1 2" picks the layouts; ONLY=1 runs only the all-reduce variants and Iris's launcher; SUITE="tests/ccl ..."
+# runs only Iris's launcher on those folders whole (SUITE_TIMEOUT seconds a folder, default 200).
 # IRIS_CHECKOUT: a checkout of Iris (not part of gemmar); TRITONBLAS_FOLDER: where `import tritonblas` is found
 # (Iris's ops need it; without it they say so in one line).
 set -u
@@ -26,6 +27,13 @@ run() {   # run EXPECTED_EXIT ARGS...: gemmar run ARGS, said as failed when its 
 }
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
 for R in ${RANKS:-1 2 $([ "$GPUS" -gt 2 ] && echo "$GPUS")}; do
+  if [ -n "${SUITE:-}" ]; then
+    echo "=== Iris's launcher, $SUITE at $R rank(s)"
+    # shellcheck disable=SC2086
+    timeout $(( ${SUITE_TIMEOUT:-200} * $(echo $SUITE | wc -w) + 60 )) python3 benchmarks/iris_tests.py "$IRIS" --real \
+      --ranks $R --folders $SUITE --out "$OUT/iris-suite-$R" --timeout "${SUITE_TIMEOUT:-200}" 2>&1 | grep -v "cases reported"
+    continue
+  fi
   run 0 -r $R examples/iris_real/all_reduce_variants.py --dtype bf16 -m 256 -n 1024 --calls 3 --comm_sms 16 --block 32 64
   [ -n "${ONLY:-}" ] || run 0 -r $R "$IRIS/examples/24_ccl_all_reduce/example.py" -m 512 -n 512 --validate
   [ $R -ge 2 ] && [ -z "${ONLY:-}" ] && run 0 -r $R "$IRIS/examples/06_message_passing/message_passing_device_context.py"

@@ -12,18 +12,19 @@ mkdir -p "$OUTDIR"
 source benchmarks/gpu_session.sh "$OUTDIR/shape-sweep.log"
 python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)'
 MAX=${MAX_SECONDS:-450}
+pieces() { ls "$OUTDIR"/sweep-*.json 2>/dev/null | grep -E '/sweep-[0-9]+\.json$'; }   # (not their -summary.json)
 measured() {   # how many shapes the pieces so far measured (they run in the same order)
-  python3 -c 'import json, sys; print(sum(len(json.load(open(f))["results"]) for f in sys.argv[1:]))' "$OUTDIR"/sweep-*.json 2>/dev/null || echo 0
+  python3 -c 'import json, sys; print(sum(len(json.load(open(f))["results"]) for f in sys.argv[1:]))' $(pieces)
 }
 case "$STEP" in
   first|more)
     [ "$STEP" = first ] && rm -f "$OUTDIR"/sweep-*.json
-    start=$(measured); piece=$(( $(ls "$OUTDIR"/sweep-*.json 2>/dev/null | wc -l) + 1 ))
+    start=$(measured); piece=$(( $(pieces | wc -l) + 1 ))
     echo "=== piece $piece from shape $start"
     timeout $(( MAX + 110 )) python3 benchmarks/shape_sweep.py "$OUTDIR/sweep-$piece.json" --grid --trace_worst 5 \
       --start "$start" --max_seconds "$MAX" 2>&1 | quiet ;;
   second)
-    python3 benchmarks/shape_sweep.py --analyse "$OUTDIR"/sweep-*.json --rules_out "$OUTDIR/rules.json" 2>&1 | quiet
+    python3 benchmarks/shape_sweep.py --analyse $(pieces) --rules_out "$OUTDIR/rules.json" 2>&1 | quiet
     timeout $(( MAX + 70 )) python3 benchmarks/shape_sweep.py "$OUTDIR/confirm.json" --auto_only \
       --rule "$OUTDIR/rules-all.json" --lomo "$OUTDIR/rules.json" --max_seconds "$MAX" 2>&1 | quiet
     for i in 1 2; do timeout 60 python3 -m gemmar.cli tune 128x5120x3456 2048x5120x1280 --cache "$OUTDIR/tuning.json" 2>&1 | quiet; done ;;

@@ -15,7 +15,7 @@ from .problem import rank_slice, seeded_problem, tolerance
 from .rank import errors_as_results, check_all, local_ranks
 
 
-GPU_CLOCK_HZ = 1.98e9   # (an H100's or H200's top SM clock: torch.cuda._sleep counts cycles)
+GPU_CLOCK_HZ = 1.98e9   # (a Hopper GPU's top SM clock: torch.cuda._sleep counts cycles, not time)
 
 
 def one_trial(fn, reps, streams=(), hold_ms=0.0):
