@@ -136,7 +136,7 @@ def set_device(device):
 # with. The sanitizer learns of each meeting (``arrive`` before, ``leave`` after): what every rank did before it
 # happens before what any rank does after it, as gemmar's own heap barrier says with its flags.
 HOST_COLLECTIVES = ("barrier", "all_reduce", "all_gather", "all_gather_object", "all_gather_into_tensor",
-                    "broadcast", "broadcast_object_list", "reduce_scatter_tensor", "all_to_all_single")
+                    "broadcast", "broadcast_object_list", "reduce_scatter_tensor", "all_to_all_single", "all_to_all")
 
 
 def _told_to_sanitizer(name, collective):
@@ -172,6 +172,56 @@ def _raise_if_a_rank_left(error, name):
         raise RankLeftError(f"{left} before the dist.{name}") from error
 
 
+class _Done:
+    """What an ``async_op=True`` collective returns when it was done at once."""
+
+    def wait(self, timeout=None):
+        return True
+
+    def is_completed(self):
+        return True
+
+
+def all_to_all(output_tensor_list, input_tensor_list, group=None, async_op=False):
+    """``dist.all_to_all``; where the group's backend has none (gloo of some torch releases with GPU tensors: the
+    group of ranks sharing one GPU), the same exchange through ``all_gather``, said once."""
+    import torch.distributed as dist
+
+    try:
+        return _original["all_to_all"](output_tensor_list, input_tensor_list, group=group, async_op=async_op)
+    except RuntimeError as error:
+        if "does not support alltoall" not in str(error):   # (torch's words; raised on every rank alike)
+            raise
+        _say_once("all_to_all", f"dist.all_to_all: the {dist.get_backend(group)} group has none here; "
+                                f"gemmar exchanges the tensors through dist.all_gather instead")
+    all_to_all_by_gather(output_tensor_list, input_tensor_list, group)
+    return _Done() if async_op else None
+
+
+def all_to_all_by_gather(output_tensor_list, input_tensor_list, group=None):
+    """Rank i's ``input_tensor_list[j]`` into rank j's ``output_tensor_list[i]``, by gathering every rank's
+    inputs (tensors of one size and dtype: what Iris's tests and the usual all-to-all send)."""
+    import torch
+    import torch.distributed as dist
+
+    world, me = dist.get_world_size(group), dist.get_rank(group)
+    tensors = list(input_tensor_list) + list(output_tensor_list)
+    if len(input_tensor_list) != world or len(output_tensor_list) != world:
+        raise UsageError(f"dist.all_to_all: {len(input_tensor_list)} inputs and {len(output_tensor_list)} outputs "
+                         f"for a group of {world} ranks: give one of each per rank")
+    shapes = {(t.numel(), t.dtype) for t in tensors}
+    if len(shapes) != 1:
+        raise UsageError(f"dist.all_to_all over {dist.get_backend(group)} here: gemmar exchanges tensors of one size "
+                         f"and dtype, not {sorted((n, str(d)) for n, d in shapes)}")
+    size = tensors[0].numel()
+    sent = torch.cat([t.reshape(-1) for t in input_tensor_list])
+    gathered = [torch.empty_like(sent) for _ in range(world)]
+    # (torch's own all_gather: the sanitizer already knows this meeting as the all_to_all)
+    _original.get("all_gather", dist.all_gather)(gathered, sent, group=group)
+    for source, out in enumerate(output_tensor_list):
+        out.copy_(gathered[source][me * size:(me + 1) * size].view(out.shape))
+
+
 _original = {}
 
 
@@ -195,7 +245,8 @@ def install():
     for name in HOST_COLLECTIVES:
         if hasattr(dist, name):
             _original[name] = getattr(dist, name)
-            setattr(dist, name, _told_to_sanitizer(name, _original[name]))
+            ours = all_to_all if name == "all_to_all" else _original[name]
+            setattr(dist, name, _told_to_sanitizer(name, ours))
 
 
 @contextlib.contextmanager
