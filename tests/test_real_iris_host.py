@@ -108,6 +108,9 @@ def test_a_flag_left_by_an_earlier_call_is_named_stale(clusters, tmp_path):
     races = result.sanitizer.races
     assert races and all("mine" in r.text for r in races), out
     assert any("left at stale.py:10 in an earlier kernel launch" in r.text and "flags[0]" in r.text for r in races), out
+    # (launches counted per kernel: the rank's own count also has the barrier kernels between)
+    assert any("1st launch of" in r.text and "this write is in rank" in r.text and "2nd launch of" in r.text
+               for r in races), out
 
 
 def test_a_rank_stopped_at_the_deadline_is_named_with_its_line(clusters, tmp_path):

@@ -273,10 +273,21 @@ def _stale_value(acquire, release, by_thread):
              and x.sem in RELEASES and keys & set(x.keys.tolist())]
     if not older:
         return f" (it saw {acquire.values[0]:g}, an older value)"
-    return (f" (it saw {acquire.values[0]:g}, which rank {older[-1].rank} left at {older[-1].line} in an earlier "
-            f"kernel launch, its launch {older[-1].call} ({older[-1].kernel}); this write is in its launch "
-            f"{release.call}: a flag that keeps its value from one launch to the next needs a value only this launch "
-            f"sets, or a reset before each launch)")
+    left = older[-1]
+    return (f" (it saw {acquire.values[0]:g}, which rank {left.rank} left at {left.line} in an earlier kernel launch, "
+            f"{_launch_of_its_kernel(left, by_thread)}; this write is in {_launch_of_its_kernel(release, by_thread)}: "
+            f"a flag that keeps its value from one launch to the next needs a value only this launch sets, or a reset "
+            f"before each launch)")
+
+
+def _launch_of_its_kernel(access, by_thread):
+    """``its 2nd launch of all_reduce_one_shot``: launches of the same kernel by the same rank, counted (the rank's
+    launch numbers also count the barrier kernels gemmar and the program launch in between)."""
+    calls = {x.call for accesses in by_thread.values() for x in accesses
+             if x.rank == access.rank and x.kernel == access.kernel and x.call <= access.call}
+    n = len(calls)
+    nth = f"{n}{'th' if 10 <= n % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(n % 10, 'th')}"
+    return f"rank {access.rank}'s {nth} launch of {access.kernel}"
 
 
 def _hint(race, by_thread, names):
