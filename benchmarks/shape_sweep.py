@@ -278,6 +278,8 @@ def analyse(paths, rules_out, how="wall"):
                 for model in models}
         picks["leave-one-model-out rule (from the grid)"] = \
             lambda row: grid_ratios(row, how).get(rule_tile(row["m"], lomo[row["model"]]))
+        if rule_tile(1) is not None:   # (gemmar's RULE as shipped, where it is not the fit above)
+            picks["gemmar's RULE (from the grid)"] = lambda row: grid_ratios(row, how).get(rule_tile(row["m"]))
         print(f"rule fitted on all models: {rule}")
         summary["rule_all"] = {str(b): list(t) for b, t in rule.items()}
         summary["rules_lomo"] = {mdl: {str(b): list(t) for b, t in r.items()} for mdl, r in lomo.items()}

@@ -6,9 +6,10 @@ ship beside their model) and the fitted rule that answers for every shape the ca
 A cache entry is keyed by the GPU's name, the dtype, the world size and the per-rank shape (M, N, K_r) and gives
 the kernel and its tile (BLK_M, BLK_N, BLK_K, num_warps, num_stages, gsize_m) that measured fastest there. Where
 the cache holds no entry, the rule (:data:`RULE`, by rows per rank, fitted on the shape sweep's measured grid:
-benchmarks/shape_sweep.py; docs/decisions.md, "The tile rule") gives the tile, and while the rule is empty the
-algorithm's own measured tiles stand (``tuning.tuned_defaults``). This module needs no GPU and no torch: the CPU
-tests read, refuse and fall back without either.
+benchmarks/shape_sweep.py; docs/decisions.md, the tile rule and the tuning cache) gives the tile for two_shot and
+one_shot at one rank on Hopper; elsewhere, or were the rule empty, the algorithm's own measured tiles stand
+(``tuning.tuned_defaults``). This module needs no GPU and no torch: the CPU tests read, refuse and fall back
+without either.
 """
 
 import datetime
@@ -24,11 +25,20 @@ TILE_KNOBS = ("BLK_M", "BLK_N", "BLK_K", "num_warps", "num_stages", "gsize_m")
 TILED = ("two_shot", "one_shot")
 DATATYPES = ("fp16", "bf16", "fp32")
 
-# The rule: {most rows per rank: (BLK_M, BLK_N, BLK_K, num_warps, num_stages, gsize_m)}, to be fitted on the shape
-# sweep's grid at world size 1 (benchmarks/shape_sweep.py --grid, then --analyse: lab/models/tile_rule.py). Empty until a sweep has
-# run on a GPU (docs/decisions.md, "The tile rule"): until then a shape the cache does not hold keeps the
-# algorithm's measured tiles (tuning.tuned_defaults).
-RULE = {}
+# The rule: {most rows per rank: (BLK_M, BLK_N, BLK_K, num_warps, num_stages, gsize_m)}, fitted on the shape sweep's
+# grid at world size 1 (benchmarks/shape_sweep.py --grid, then --analyse: lab/models/tile_rule.py), per bucket the
+# tile with the least geometric-mean time / torch.matmul's; at 17-64 rows the tile the algorithm already had, which
+# the fit of GPU time picks too (the fit of a user's loop, host time included, picked one slower on the GPU there).
+# Why each bucket has its tile, and what the rule leaves slow: docs/decisions.md, the tile rule and the tuning cache.
+RULE = {
+    16: (16, 64, 256, 4, 3, 8),
+    64: (64, 64, 128, 4, 4, 8),
+    128: (64, 128, 128, 4, 4, 8),
+    256: (64, 128, 128, 4, 4, 8),
+    512: (128, 128, 64, 4, 4, 8),
+    2048: (128, 256, 64, 8, 4, 8),
+    1 << 20: (128, 256, 64, 8, 3, 8),
+}
 # The tiles the tuner and the sweep time, by the rows per rank they suit (at world size 1 the GEMM reads A and B
 # through plain pointers up to tuning.FEW_ROWS rows, through tensor descriptors above).
 CANDIDATES = {

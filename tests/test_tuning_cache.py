@@ -57,7 +57,7 @@ def test_a_missing_entry_falls_back_to_the_rule(cache, gpu, datatype, world_size
     choice = choose(gpu, datatype, world_size, shape, rule=FITTED)
     assert not choice.cached and "rule" in choice.source
     assert tile_of(choice.tile) == rule_tile(shape[0], FITTED) == FITTED[512]
-    # With no fitted rule (RULE empty until a sweep has run on a GPU), the algorithm's measured tiles stand.
+    # With an empty rule, the algorithm's measured tiles stand.
     monkeypatch.setattr("gemmar.tuning_cache.RULE", {})
     assert choose(gpu, datatype, world_size, shape) is None
     knobs = tuned_defaults("cuda", "two_shot", (9, 0), 132, shape=(*shape, world_size), gpu=gpu, datatype=datatype)
@@ -76,6 +76,26 @@ def test_the_rule_answers_at_one_rank_on_hopper_and_leaves_the_rest_as_measured(
     assert tuned_defaults("cuda", "ring", (9, 0), 132, shape=(16, 8192, 1024, 1), gpu=H100, datatype="bf16")["BLK_M"] == 128
     assert tuned_defaults("cuda", "two_shot", (8, 0), 108, shape=(16, 8192, 1024, 1), gpu="A100",
                           datatype="bf16")["BLK_M"] == 128
+
+
+def test_the_shipped_rule_answers_every_row_count_with_a_tile_the_sweep_times(tmp_path):
+    """RULE is fitted on the sweep's grid, so each bucket's tile is one of the candidates timed at those rows, and
+    its largest bound answers for any M above it too."""
+    from gemmar.tuning_cache import RULE, candidates
+
+    bounds = sorted(RULE)
+    assert bounds[-1] >= 1 << 20 and bounds[0] >= 1
+    lower = 0
+    for bound in bounds:
+        for m in {lower + 1, bound}:
+            assert RULE[bound] in candidates(m), (bound, m, RULE[bound])
+            assert rule_tile(m) == RULE[bound]
+        lower = bound
+    assert rule_tile(1 << 21) == RULE[bounds[-1]]
+    # Each is a tile a cache file may hold (save_cache refuses any other), so `gemmar tune` can start from it.
+    path = str(tmp_path / "rule.json")
+    save_cache([make_entry(H100, "bf16", 1, (bound, 8, 8), "two_shot", tile) for bound, tile in RULE.items()], path)
+    assert len(load_cache(path)) == len(RULE)
 
 
 def good_entry():
