@@ -28,8 +28,12 @@ import sys
 import types
 
 from ..errors import UsageError
+from ..kernels.device import DEVICE_API_MODULE
 from . import this_rank
 
+# Iris's device-side memory API (iris.load/store/atomic_*, DeviceContext, tiles): a bounds or rank report names the
+# line of the kernel that called it, as for gemmar's stand-in; Iris's own kernels (ccl, ops) are named themselves.
+DEVICE_API_PACKAGES = ("iris.mem.", "iris.device.")
 STAND_IN = "gemmar"   # the iris a rank runs when asked for gemmar's own (``--replace_iris``)
 
 
@@ -221,6 +225,9 @@ def host(root):
         raise UsageError(f"the Iris at {root} has no iris.host.iris.SymmetricHeap: gemmar hosts Iris's layout of "
                          f"2026 (iris/host/iris.py builds a SymmetricHeap); run it with --replace_iris instead")
     symmetric_heap.SymmetricHeap = host_module.SymmetricHeap = HeapOverGemmar
+    for name, module in list(sys.modules.items()):   # (Iris's device API: reports name the line calling it)
+        if name.startswith(DEVICE_API_PACKAGES) and module is not None:
+            setattr(module, DEVICE_API_MODULE, True)
     if this_rank.rank_heap().arena.device.type == "cpu":
         _accept_the_cpu_as_cuda(importlib.import_module("iris.host.memory.tensors"))
     return iris

@@ -15,6 +15,13 @@ from .processes import _exit_text, _reaped_exit_code
 from .rank import OWNER_GONE_EXIT, progress_path
 
 
+# A rank's process that touched memory it does not have: under the interpreter, a kernel's address that lands on
+# no heap (a rank outside the world read from heap_bases, an offset past a buffer) reaches the real memory.
+SIGSEGV_CAUSE = (" (on cpu ranks most often a kernel's address outside every heap: a rank outside the world, or an "
+                 "offset past its buffer; run it with the sanitizer on, gemmar run --sanitize or sanitize=True, to "
+                 "have the access named with its line)")
+
+
 class DeathWatch:
     """The engine processes of one start of a cluster: ``processes`` (psutil.Process per engine, our children,
     so their exit codes can be read), ``engine_ranks`` (the ranks each hosts), and ``pids`` (each rank's
@@ -44,8 +51,9 @@ class DeathWatch:
             except psutil.TimeoutExpired:
                 continue
             why = memory.sigkill_cause(self.oom_kills_before) if code == -9 else memory.sigbus_cause() \
-                if code == -signal.SIGBUS else (": it found the client that owns the cluster gone and ended "
-                                                "every rank") if code == OWNER_GONE_EXIT else ""
+                if code == -signal.SIGBUS else SIGSEGV_CAUSE if code == -signal.SIGSEGV else \
+                (": it found the client that owns the cluster gone and ended every rank") if code == OWNER_GONE_EXIT \
+                else ""
             lost[i] = ("died", f"engine process {proc.pid} {_exit_text(code)}{why}")
         return lost
 
