@@ -115,7 +115,7 @@ def cause_of(message):
     return text[:160] or "(no message)"
 
 
-def run_folder(checkout, folder, ranks, out, timeout, heap_bytes, extra, real=False, max_dim=None):
+def run_folder(checkout, folder, ranks, out, timeout, heap_bytes, extra, real=False, max_dim=None, sanitize=False):
     name = folder.strip("/").replace("/", "_")
     results = os.path.join(out, name)
     os.makedirs(results, exist_ok=True)
@@ -125,7 +125,8 @@ def run_folder(checkout, folder, ranks, out, timeout, heap_bytes, extra, real=Fa
                GEMMAR_IRIS_MAX_DIM=str(max_dim or ""),
                PYTHONPATH=os.pathsep.join([HERE] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
     which = ["--iris", os.path.abspath(checkout)] if real else ["--replace_iris"]
-    command = [sys.executable, "-m", "gemmar", "run", *which, "-r", str(ranks), "--timeout", str(timeout),
+    command = [sys.executable, "-m", "gemmar", "run", *which, *(["--sanitize"] if sanitize else []), "-r", str(ranks),
+               "--timeout", str(timeout),
                "--heap_size", str(heap_bytes),
                "tests/run_tests_distributed.py", folder, "-p", "iris_tests_plugin", "-p", "no:cacheprovider",
                "--continue-on-collection-errors", "-q", "--color=no", *extra]
@@ -150,6 +151,9 @@ def main():
                         help="skip cases with a dimension (M, N, K, size, a shape's) over this, each counted with its "
                              "reason (Iris's own kernels at 8192 x 8192 take minutes per case under the interpreter)")
     parser.add_argument("--ranks", type=int, default=2)
+    parser.add_argument("--sanitize", action="store_true",
+                        help="gemmar run --sanitize (cpu ranks): a case that reads past the world or a buffer fails "
+                             "with the line, instead of ending its rank by SIGSEGV and the folder with it")
     parser.add_argument("--folders", nargs="+", default=FOLDERS)
     parser.add_argument("--out", default=None, help="where logs and the summary go (default: a new temp folder)")
     parser.add_argument("--timeout", type=int, default=3600, help="seconds per folder before gemmar run stops it")
@@ -177,7 +181,7 @@ def main():
     for folder in args.folders:
         code, seconds, last, results = run_folder(args.checkout, folder, args.ranks, out, args.timeout,
                                                   int(args.heap_gib * (1 << 30)), args.pytest_args, args.real,
-                                                  args.max_dim)
+                                                  args.max_dim, args.sanitize)
         merged = merge(case_outcomes(results), collected(results), args.ranks)
         counts = collections.Counter(outcome for outcome, _ in merged.values())
         ours = collections.Counter(m for o, m in merged.values() if o == "skipped" and m in OURS)
