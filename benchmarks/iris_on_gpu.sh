@@ -5,7 +5,8 @@
 # Prints every run's output and exit code; exits 1 if a run that should pass failed.
 #   bash benchmarks/iris_on_gpu.sh IRIS_CHECKOUT OUTDIR [TRITONBLAS_FOLDER]
 # RANKS="1 2" picks the layouts; ONLY=1 runs only the all-reduce variants and Iris's launcher; SUITE="tests/ccl ..."
-# runs only Iris's launcher on those folders whole (SUITE_TIMEOUT seconds a folder, default 200).
+# runs only Iris's launcher on those folders whole (SUITE_TIMEOUT seconds a folder, default 200): it prints their
+# tables and never fails the script (Iris's own failures are expected there; the tables sort them).
 # IRIS_CHECKOUT: a checkout of Iris (not part of gemmar); TRITONBLAS_FOLDER: where `import tritonblas` is found
 # (Iris's ops need it; without it they say so in one line).
 set -u

@@ -81,6 +81,14 @@ SHAPES = [dict(model=model, layer=layer, tp=tp, m=m, n=n, k=k // tp)
 TARGETS = dict(median=1.02, worst=1.15, few_rows=1.10, few_rows_m=64)   # issue 60's, on auto's wall ratio
 
 
+def write_whole(path, report):
+    """The JSON written beside ``path`` and renamed over it: a run stopped while writing (its call's time limit)
+    leaves the last whole file, which the next piece counts its shapes from."""
+    with open(path + ".part", "w") as f:
+        json.dump(report, f, indent=1)
+    os.replace(path + ".part", path)
+
+
 def shape_name(s):
     return f"{s['m']}x{s['n']}x{s['k']}"
 
@@ -154,8 +162,7 @@ def run(args):
             del A, B, ref
             report["results"].append(row)
             print(line(row), flush=True)
-            with open(args.out, "w") as f:
-                json.dump(report, f, indent=1)
+            write_whole(args.out, report)
         if args.trace_worst:
             # Where the worst shapes' time goes: auto's tile traced once each (gemmar's own events).
             worst = sorted(report["results"], key=lambda row: -(ratio(row, row["auto"]) or 99))[:args.trace_worst]
@@ -168,8 +175,7 @@ def run(args):
                 print(f"traced {shape_name(row)}: {row['trace']}", flush=True)
                 del A, B
     report["seconds"] = round(time.monotonic() - started, 1)
-    with open(args.out, "w") as f:
-        json.dump(report, f, indent=1)
+    write_whole(args.out, report)
     print(f"wrote {args.out} ({report['seconds']} s)")
     analyse([args.out], None)
 

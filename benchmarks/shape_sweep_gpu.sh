@@ -24,6 +24,7 @@ case "$STEP" in
     timeout $(( MAX + 110 )) python3 benchmarks/shape_sweep.py "$OUTDIR/sweep-$piece.json" --grid --trace_worst 5 \
       --start "$start" --max_seconds "$MAX" 2>&1 | quiet ;;
   second)
+    [ -n "$(pieces)" ] || { echo "no sweep-N.json in $OUTDIR: run the first step first"; exit 2; }
     python3 benchmarks/shape_sweep.py --analyse $(pieces) --rules_out "$OUTDIR/rules.json" 2>&1 | quiet
     timeout $(( MAX + 70 )) python3 benchmarks/shape_sweep.py "$OUTDIR/confirm.json" --auto_only \
       --rule "$OUTDIR/rules-all.json" --lomo "$OUTDIR/rules.json" --max_seconds "$MAX" 2>&1 | quiet

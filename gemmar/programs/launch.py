@@ -34,6 +34,8 @@ _run = None   # this rank's program while it runs: dict(rank, world_size, backen
 
 
 def _say_once(key, message):
+    if _run is None:   # (torch's functions stay replaced between programs; said only while one runs)
+        return
     if key not in _run["told"] and _run["rank"] == 0:
         print(f"[gemmar] {message}", file=sys.stderr, flush=True)
     _run["told"].add(key)

@@ -263,7 +263,7 @@ def _acquires_of(access, release, by_thread):
             keys & set(x.keys.tolist())]
 
 
-def _stale_value(acquire, release, by_thread):
+def _stale_value(acquire, release, by_thread, kernels):
     """What an acquire that came too early saw: a value the releasing program left in an earlier kernel call
     (a flag signalled with a constant and never reset, Iris issue #465), or an older one."""
     if not acquire.values:
@@ -275,22 +275,23 @@ def _stale_value(acquire, release, by_thread):
         return f" (it saw {acquire.values[0]:g}, an older value)"
     left = older[-1]
     return (f" (it saw {acquire.values[0]:g}, which rank {left.rank} left at {left.line} in an earlier kernel launch, "
-            f"{_launch_of_its_kernel(left, by_thread)}; this write is in {_launch_of_its_kernel(release, by_thread)}: "
+            f"{_launch_of_its_kernel(left, kernels)}; this write is in {_launch_of_its_kernel(release, kernels)}: "
             f"a flag that keeps its value from one launch to the next needs a value only this launch sets, or a reset "
             f"before each launch)")
 
 
-def _launch_of_its_kernel(access, by_thread):
-    """``its 2nd launch of all_reduce_one_shot``: launches of the same kernel by the same rank, counted (the rank's
-    launch numbers also count the barrier kernels gemmar and the program launch in between)."""
-    calls = {x.call for accesses in by_thread.values() for x in accesses
-             if x.rank == access.rank and x.kernel == access.kernel and x.call <= access.call}
+def _launch_of_its_kernel(access, kernels):
+    """``rank 1's 2nd launch of all_reduce_one_shot``: launches of the same kernel by the same rank, counted
+    (``kernels``: the order's (rank, call) -> launch; the rank's call numbers also count the barrier kernels gemmar
+    and the program launch in between)."""
+    calls = [call for (rank, call), launch in kernels.items()
+             if rank == access.rank and launch["name"] == access.kernel and call <= access.call]
     n = len(calls)
     nth = f"{n}{'th' if 10 <= n % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(n % 10, 'th')}"
     return f"rank {access.rank}'s {nth} launch of {access.kernel}"
 
 
-def _hint(race, by_thread, names):
+def _hint(race, by_thread, names, kernels):
     """What would order the two sides. A plain store against an atomic is a flag written without release.
     Otherwise the intended direction is the one where one side's program releases a flag after its access
     and the other side's program acquires that flag somewhere; the hint says whether it acquired too early,
@@ -332,7 +333,7 @@ def _hint(race, by_thread, names):
     earlier = [x for x in acquires if x.seq < b.seq]
     if earlier:
         return (f"{b.who()} acquires {flag} at {earlier[-1].line} first, but not the value {a.who()} releases "
-                f"at {release.line} after this {a.kind}{_stale_value(earlier[-1], release, by_thread)}: wait for "
+                f"at {release.line} after this {a.kind}{_stale_value(earlier[-1], release, by_thread, kernels)}: wait for "
                 f"that value.")
     if later:
         return (f"{b.who()} {b.doing()} it before its acquire of {flag} at {later[0].line}, which would see the "
@@ -365,5 +366,5 @@ def analyse(records):
 
     races = sorted(order.races.values(), key=lambda r: r.second.seq)
     for race in races:
-        race.hint = _hint(race, order.by_thread, names)
+        race.hint = _hint(race, order.by_thread, names, order.kernels)
     return SanitizerReport(races, order.accesses, len(records))

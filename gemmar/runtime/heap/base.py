@@ -83,6 +83,8 @@ class SymmetricHeap:
 
     # -- allocation -----------------------------------------------------------------------------------
     def _alloc(self, nbytes, from_end=False, alignment=ALIGN):
+        if alignment < 1 or alignment & (alignment - 1):
+            raise UsageError(f"heap alignment {alignment}: use a power of two")
         align = max(ALIGN, alignment)   # (both powers of two)
         if from_end:
             offset = (self._end - nbytes) // align * align
@@ -108,8 +110,10 @@ class SymmetricHeap:
             count *= s
         nbytes = count * torch.empty((), dtype=dtype).element_size()
         offset = self._alloc(nbytes, from_end, alignment)
-        self._allocations[offset] = [nbytes, f"heap tensor at byte {offset}", shape, str(dtype).replace("torch.", "")]
-        self._table = None
+        if nbytes:   # (an empty tensor holds no byte; it would share its offset with a neighbour's entry)
+            self._allocations[offset] = [nbytes, f"heap tensor at byte {offset}", shape,
+                                         str(dtype).replace("torch.", "")]
+            self._table = None
         return self.arena[offset:offset + nbytes].view(dtype).view(shape)
 
     def name(self, tensor, name):
