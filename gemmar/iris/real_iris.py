@@ -28,7 +28,6 @@ import sys
 import types
 
 from ..errors import UsageError
-from ..kernels.device import DEVICE_API_MODULE
 from . import this_rank
 
 # Iris's device-side memory API (iris.load/store/atomic_*, DeviceContext, tiles): a bounds or rank report names the
@@ -225,6 +224,8 @@ def host(root):
         raise UsageError(f"the Iris at {root} has no iris.host.iris.SymmetricHeap: gemmar hosts Iris's layout of "
                          f"2026 (iris/host/iris.py builds a SymmetricHeap); run it with --replace_iris instead")
     symmetric_heap.SymmetricHeap = host_module.SymmetricHeap = HeapOverGemmar
+    from ..kernels.device import DEVICE_API_MODULE   # (here: the CLI reads this module before it imports Triton)
+
     for name, module in list(sys.modules.items()):   # (Iris's device API: reports name the line calling it)
         if name.startswith(DEVICE_API_PACKAGES) and module is not None:
             setattr(module, DEVICE_API_MODULE, True)
