@@ -50,12 +50,20 @@ class DeathWatch:
                 code = _reaped_exit_code(proc)
             except psutil.TimeoutExpired:
                 continue
-            why = memory.sigkill_cause(self.oom_kills_before) if code == -9 else memory.sigbus_cause() \
-                if code == -signal.SIGBUS else SIGSEGV_CAUSE if code == -signal.SIGSEGV else \
-                (": it found the client that owns the cluster gone and ended every rank") if code == OWNER_GONE_EXIT \
-                else ""
-            lost[i] = ("died", f"engine process {proc.pid} {_exit_text(code)}{why}")
+            lost[i] = ("died", f"engine process {proc.pid} {_exit_text(code)}{self._cause(code)}")
         return lost
+
+    def _cause(self, code):
+        """Words to add to how an engine process ended, where its exit code says more; else ''."""
+        if code == -signal.SIGKILL:
+            return memory.sigkill_cause(self.oom_kills_before)
+        if code == -signal.SIGBUS:
+            return memory.sigbus_cause()
+        if code == -signal.SIGSEGV:
+            return SIGSEGV_CAUSE
+        if code == OWNER_GONE_EXIT:
+            return ": it found the client that owns the cluster gone and ended every rank"
+        return ""
 
     def dead(self):
         return {i: what for i, (how, what) in self.lost().items() if how == "died"}
