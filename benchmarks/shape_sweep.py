@@ -1,7 +1,7 @@
 """Real models' tensor-parallel shapes on one GPU: every fused kernel and ``auto`` against torch.matmul at world
 size 1, each checked against torch; a JSON and a heat map (M against N x K) beside it.
 
-    python3 benchmarks/shape_sweep.py OUT.json [--grid] [--cache FILE] [--rule RULE.json] [--lomo RULES.json]
+    python3 benchmarks/shape_sweep.py OUT.json [--grid] [--split] [--cache FILE] [--rule RULE.json] [--lomo RULES.json]
                                       [--trace_worst 10] [--shard 1/2] [--max_seconds S]
     python3 benchmarks/shape_sweep.py --analyse OUT.json [--rules_out RULES.json]   (no GPU: figures, fits, maps)
 
@@ -14,7 +14,8 @@ fused kernel's time at every world size.
 Per shape: torch.matmul; each fused kernel with the package's defaults before any cache or rule (``defaults``:
 ``tuning.tuned_defaults`` with no GPU name, the tiles measured at N = 8192); ``auto``, the kernel and tile that
 ``tuning_cache.choose`` gives (the cache given by --cache, else the rule of --rule or gemmar's RULE, else the
-defaults); with --grid every candidate tile
+defaults; and the K slices of tuning.split_k_rule); with --split, auto's tile at each number of K slices (SPLITS)
+where its tiles are fewer than the SMs; with --grid every candidate tile
 (``tuning_cache.candidates``: the tuner's choices, and what the rule is fitted on); with --lomo, the tile of a rule
 fitted with the shape's own model left out (``--analyse --rules_out`` writes those rules from a --grid run).
 Ratios are fused time / torch.matmul's, as a user's loop sees them (``wall``: host time included) and with the
@@ -30,6 +31,9 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # gemmar and the lab (lab/README.md)
+
+# The K slices --split times at shapes with fewer tiles than SMs (RunConfig.split_k; the rule: tuning.split_k_rule).
+SPLITS = (1, 2, 3, 4, 6, 8, 12, 16)
 
 # (model, layer, TP, N = hidden size, K = the layer's whole input width, [M tokens per rank]); per-rank K = K / TP.
 # Sizes from each model's published config (hidden_size, intermediate_size / moe_intermediate_size, heads x head
@@ -144,13 +148,22 @@ def run(args):
                 knobs = tuned_defaults("cuda", "two_shot", capability, sms, shape=(m, n, k, 1), given={})
                 algorithm, tile, source = "two_shot", tuple(knobs[key] for key in TILE_KNOBS), \
                     "the algorithm's measured tiles (no cache entry, no fitted rule)"
-            row["auto"] = dict(time_config(heap, config_for(m, n, k, args.datatype, algorithm,
-                                                            tile_knobs(tile, sms)), A, B, ref, mm["gpu_ms"]),
-                               algorithm=algorithm, tile=list(tile), source=source)
+            knobs = tile_knobs(tile, sms, (m, n, k), algorithm)
+            row["auto"] = dict(time_config(heap, config_for(m, n, k, args.datatype, algorithm, knobs), A, B, ref,
+                                           mm["gpu_ms"]),
+                               algorithm=algorithm, tile=list(tile), split_k=knobs["split_k"], source=source)
+            steps = -(-k // tile[2])
+            if args.split and -(-m // tile[0]) * -(-n // tile[1]) < sms:
+                # (fewer tiles than SMs: auto's tile with each number of K slices, the rule's included)
+                row["split_grid"] = [dict(time_config(heap, config_for(m, n, k, args.datatype, algorithm,
+                                                                       tile_knobs(tile, sms, split_k=split)),
+                                                      A, B, ref, mm["gpu_ms"]), split_k=split)
+                                     for split in SPLITS if split <= steps]
             if lomo:
                 held = tuple(rule_tile(m, {int(b): t for b, t in lomo[s["model"]].items()}))
                 row["lomo"] = dict(time_config(heap, config_for(m, n, k, args.datatype, "two_shot",
-                                                                tile_knobs(held, sms)), A, B, ref, mm["gpu_ms"]),
+                                                                tile_knobs(held, sms, (m, n, k))), A, B, ref,
+                                               mm["gpu_ms"]),
                                    tile=list(held))
             if args.grid:
                 row["grid"] = [dict(time_config(heap, config_for(m, n, k, args.datatype, "two_shot",
@@ -193,7 +206,7 @@ def trace_shares(heap, m, n, k, datatype, tile, sms, A, B):
     from gemmar.runtime.launch import FusedGemmAllReduce
     from gemmar.tuner import config_for, tile_knobs
 
-    config = config_for(m, n, k, datatype, "two_shot", dict(tile_knobs(tile, sms), trace=True))
+    config = config_for(m, n, k, datatype, "two_shot", dict(tile_knobs(tile, sms, (m, n, k)), trace=True))
     try:
         with heap.scope():
             fused = FusedGemmAllReduce(heap, config)
@@ -274,6 +287,25 @@ def analyse(paths, rules_out, how="wall"):
     if all("lomo" in row for row in rows):
         picks["leave-one-model-out rule (timed)"] = lambda row: ratio(row, row["lomo"], how)
     summary = {}
+    split_rows = [row for row in rows if row.get("split_grid")]
+    if split_rows:
+        def split_ratios(row):
+            return {g["split_k"]: ratio(row, g, how) for g in row.get("split_grid", []) if ratio(row, g, how)}
+
+        picks["auto's tile, best K slices per shape"] = lambda row: min(split_ratios(row).values(), default=None) \
+            if row.get("split_grid") else ratio(row, row["auto"], how)
+        picks["auto's tile, never split (split_k 1)"] = lambda row: split_ratios(row).get(1) \
+            if row.get("split_grid") else ratio(row, row["auto"], how)
+        print(f"K slices at the {len(split_rows)} shapes with fewer tiles than SMs (auto's tile; ratio to matmul, "
+              f"{how}; * the rule's, + the best):")
+        for row in split_rows:
+            by_split = split_ratios(row)
+            best = min(by_split, key=by_split.get) if by_split else None
+            tile = row["auto"]["tile"]
+            cells = " ".join(f"{k}:{r:.2f}{'*' if k == row['auto'].get('split_k') else ''}{'+' if k == best else ''}"
+                             for k, r in sorted(by_split.items()))
+            print(f"  {shape_name(row):>16} tiles {-(-row['m'] // tile[0]) * -(-row['n'] // tile[1]):>3} "
+                  f"steps {-(-row['k'] // tile[2]):>3}  {cells}")
     if all("grid" in row for row in rows):
         picks["best of grid (per-shape tuning)"] = lambda row: min(grid_ratios(row, how).values(), default=None)
         data = [(row["m"], grid_ratios(row, how)) for row in rows]
@@ -315,7 +347,7 @@ def analyse(paths, rules_out, how="wall"):
                  else "")
         print(f"  {r:.3f}x {row['model']} {row['layer']} TP{row['tp']} {shape_name(row)} tile {row['auto']['tile']}"
               f"{where}")
-    base = os.path.splitext(paths[0])[0]
+    base = os.path.splitext(paths[0])[0] + ("" if how == "wall" else f"-{how}")
     heat_map(rows, lambda row: ratio(row, row["auto"], how), f"auto / torch.matmul ({how}), {head['gpu']}",
              base + "-auto.png")
     if all("two_shot" in row["kernels"] for row in rows):
@@ -389,6 +421,8 @@ def main():
                                        "where the cache has no entry, instead of gemmar's RULE")
     parser.add_argument("--lomo", help="leave-one-model-out rules ({model: rule}, from --analyse --rules_out): time "
                                        "each shape with the rule fitted without its model")
+    parser.add_argument("--split", action="store_true", help="at shapes with fewer tiles than SMs, also time auto's "
+                                                              "tile with each number of K slices in SPLITS")
     parser.add_argument("--trace", action="store_true", help="also trace auto's tile once per shape (the shares)")
     parser.add_argument("--auto_only", action="store_true", help="time auto (and --lomo) alone, not every kernel's "
                                                                   "defaults (a second run, to confirm a fitted rule)")

@@ -4,9 +4,11 @@
 # where the pieces before it stopped), then `second`: the rules fitted from every piece (all models, and each model
 # left out; no GPU needed), a run that times auto with the fitted rule and each shape with its model left out, and
 # gemmar tune twice (the second reuses the cache).
-#   bash benchmarks/shape_sweep_gpu.sh OUTDIR [first|more|second]   (MAX_SECONDS=450 bounds a piece)
+#   bash benchmarks/shape_sweep_gpu.sh OUTDIR [first|more|second|split]   (MAX_SECONDS=450 bounds a piece)
+# `split`: one run with split-K (auto with tuning.split_k_rule's K slices, and auto's tile at each of SPLITS where its
+# tiles are fewer than the SMs), analysed by wall time and by GPU time.
 set -uo pipefail
-OUTDIR=${1:?usage: benchmarks/shape_sweep_gpu.sh OUTDIR [first|more|second]}
+OUTDIR=${1:?usage: benchmarks/shape_sweep_gpu.sh OUTDIR [first|more|second|split]}
 STEP=${2:-first}
 mkdir -p "$OUTDIR"
 source benchmarks/gpu_session.sh "$OUTDIR/shape-sweep.log"
@@ -29,6 +31,10 @@ case "$STEP" in
     timeout $(( MAX + 70 )) python3 benchmarks/shape_sweep.py "$OUTDIR/confirm.json" --auto_only \
       --rule "$OUTDIR/rules-all.json" --lomo "$OUTDIR/rules.json" --max_seconds "$MAX" 2>&1 | quiet
     for i in 1 2; do timeout 60 python3 -m gemmar.cli tune 128x5120x3456 2048x5120x1280 --cache "$OUTDIR/tuning.json" 2>&1 | quiet; done ;;
-  *) echo "usage: benchmarks/shape_sweep_gpu.sh OUTDIR [first|more|second]"; exit 2 ;;
+  split)   # split-K: auto (its rule's K slices) and auto's tile at every number of slices, judged by wall and GPU time
+    timeout $(( MAX + 110 )) python3 benchmarks/shape_sweep.py "$OUTDIR/split.json" --split --trace_worst 5 \
+      --max_seconds "$MAX" 2>&1 | quiet
+    python3 benchmarks/shape_sweep.py --analyse "$OUTDIR/split.json" --how gpu 2>&1 | quiet ;;
+  *) echo "usage: benchmarks/shape_sweep_gpu.sh OUTDIR [first|more|second|split]"; exit 2 ;;
 esac
 date -u

@@ -9,7 +9,7 @@ import sys
 from .algorithms import builtin_names, get as get_algorithm
 from .analysis.auto_rule import AUTO_RULE, choose_algorithm
 from .analysis.plots import plural
-from .config import DTYPES, IRIS_AMD_ONLY, AllReduceConfig, RunConfig
+from .config import DTYPES, IRIS_AMD_ONLY, SPLIT_K_ALGORITHMS, AllReduceConfig, RunConfig
 from .errors import UsageError
 from .outputs import (DEFAULT_TRACE_FILE, check_output_path, iris_report, raise_if_not_written, trace_path_for,
                       write_report, write_whole)
@@ -52,6 +52,8 @@ def config_from_args(args, backend, algorithm=None):
                              f"{knobs['num_sms']} GEMM programs: use more than --gemm_sms")
         knobs["comm_sms"] = comm
     takes_dtypes = strict or spec.wire_dtype
+    if not strict and algorithm not in SPLIT_K_ALGORITHMS:
+        knobs["split_k"] = 1   # (the baseline compared with a split-K run cuts no K)
     return RunConfig(m=args.m, n=args.n, k=args.k, datatype=args.datatype, algorithm=algorithm,
                      world_size=args.num_ranks, iterations=args.iterations, timeout_s=args.timeout,
                      trace=args.trace_tiles, sanitize=args.sanitize, seed=args.seed, out_dtype=args.out_dtype if takes_dtypes else None,

@@ -62,6 +62,10 @@ def _positive_int(name, value, largest):
         raise UsageError(f"{name}={value} is out of range: use a whole number from 1 to {largest}")
 
 
+# Split-K (RunConfig.split_k): the algorithms whose world-size-1 launch can cut K, and the most slices a tile takes.
+SPLIT_K_ALGORITHMS = ("two_shot", "one_shot")
+MAX_SPLIT_K = 64
+
 # The shortest watchdog: under the interpreter one rank's programs run one after another, so a wait for a
 # peer's program can last that long with nothing wrong (0.001 s reported deadlocks that were not).
 MIN_TIMEOUT_S = 1.0
@@ -91,6 +95,9 @@ class RunConfig:
     # Compiled-GPU tuning; ignored by the interpreter.
     num_warps: int = 4
     num_stages: int = 3
+    # Split-K: each tile's K cut into this many slices, each a unit of work for its own program (two_shot and
+    # one_shot at world size 1, where a few rows and a long K leave SMs without a tile; kernels/two_shot.py).
+    split_k: int = 1
     # The dtype of C, and (two_shot) of the partial tiles that travel between ranks. None: the algorithm's
     # choice - atomics and ring sum in C itself, which must be fp32; two_shot sends and returns the input dtype.
     out_dtype: str = None
@@ -155,6 +162,16 @@ class RunConfig:
         if self.num_warps & (self.num_warps - 1):
             raise UsageError(f"num_warps={self.num_warps} is not allowed: use a power of two from 1 to 32")
         _positive_int("num_stages", self.num_stages, 8)
+        _positive_int("split_k", self.split_k, MAX_SPLIT_K)
+        if self.split_k > 1:
+            if self.algorithm not in SPLIT_K_ALGORITHMS or self.world_size != 1:
+                raise UsageError(f"split_k={self.split_k} is not allowed with {self.algorithm} at world size "
+                                 f"{self.world_size}: split-K runs with {' or '.join(SPLIT_K_ALGORITHMS)} at world "
+                                 f"size 1 only (use split_k=1)")
+            steps = -(-self.k // self.BLK_K)
+            if self.split_k > steps:
+                raise UsageError(f"split_k={self.split_k} is more than the {steps} steps of BLK_K={self.BLK_K} in "
+                                 f"K={self.k}: use at most {steps}")
         if isinstance(self.timeout_s, bool) or not (isinstance(self.timeout_s, (int, float)) and
                                                     MIN_TIMEOUT_S <= self.timeout_s <= 86400):
             raise UsageError(f"timeout_s={self.timeout_s!r} is not allowed: use seconds from {MIN_TIMEOUT_S:g} to "

@@ -109,9 +109,15 @@ def time_config(heap, config, A, B, ref, est_ms):
         return dict(ok=False, error=f"{type(e).__name__}: {first}")
 
 
-def tile_knobs(tile, sms):
-    """A tile tuple (TILE_KNOBS order) as RunConfig knobs at world size 1: one program per SM."""
-    return dict(zip(TILE_KNOBS, tile), num_sms=sms, comm_sms=sms)
+def tile_knobs(tile, sms, shape=None, algorithm="two_shot", split_k=None):
+    """A tile tuple (TILE_KNOBS order) as RunConfig knobs at world size 1: one program per SM; with the ``shape``
+    (M, N, K), the K slices the package would take with that tile (``tuning.split_k_rule``) unless ``split_k``
+    says how many."""
+    from .tuning import split_k_rule
+
+    if split_k is None:
+        split_k = 1 if shape is None else split_k_rule(algorithm, (*shape, 1), tuple(tile[:3]), sms)
+    return dict(zip(TILE_KNOBS, tile), num_sms=sms, comm_sms=sms, split_k=split_k)
 
 
 def tune_shape(heap, shape, datatype, gpu, sms, algorithm="two_shot", tiles=None, seed=0, on_tile=None, first=None):
@@ -124,8 +130,8 @@ def tune_shape(heap, shape, datatype, gpu, sms, algorithm="two_shot", tiles=None
     tried = []
     ahead = [tuple(t) for t in (first, rule_tile(m)) if t is not None]
     for tile in dict.fromkeys(ahead + [tuple(t) for t in (tiles or candidates(m))]):
-        figures = time_config(heap, config_for(m, n, k, datatype, algorithm, tile_knobs(tile, sms)), A, B, ref,
-                              matmul["gpu_ms"])
+        figures = time_config(heap, config_for(m, n, k, datatype, algorithm, tile_knobs(tile, sms, shape, algorithm)),
+                              A, B, ref, matmul["gpu_ms"])
         tried.append(dict(tile=list(tile), **figures))
         if on_tile:
             on_tile(len(tried))

@@ -2,7 +2,7 @@
 per algorithm, programs per SM, the split between GEMM and communication programs, the few-rows tiles),
 from measured figures (docs/decisions.md). On the cpu backend a run takes RunConfig's own defaults."""
 
-from .config import DTYPES, RunConfig, dtype_name, k_bounds
+from .config import DTYPES, MAX_SPLIT_K, SPLIT_K_ALGORITHMS, RunConfig, dtype_name, k_bounds
 
 # Per-GPU starting points: (BLK_M, BLK_N, BLK_K, num_warps, num_stages, gsize_m). An algorithm's spec may
 # give its own (AlgorithmSpec.gpu_tuning, measured: docs/decisions.md); these are for the others.
@@ -17,7 +17,13 @@ COMM_SMS_AT_K2048 = 16
 # (few_rows_tile) when its usual tile leaves SMs idle, and at world size 1 it reads A and B through plain pointers
 # (launch.gemm_operands). Chosen from measured few-rows shapes (docs/decisions.md, FEW_ROWS).
 FEW_ROWS = 512
-TUNED_KNOBS = ("BLK_M", "BLK_N", "BLK_K", "num_warps", "num_stages", "gsize_m", "num_sms", "comm_sms")
+# Split-K (two_shot and one_shot at world size 1): cut each tile's K into slices when the tiles fill at most
+# 1 / SPLIT_WHEN_FILLS of the SMs, as many as fill them, each slice at least SPLIT_MIN_STEPS steps of BLK_K (a
+# shorter one costs more in its fp32 slot's trip through memory than it saves). First set from the shape sweep's
+# few-rows shapes (docs/decisions.md, split-K).
+SPLIT_WHEN_FILLS = 2
+SPLIT_MIN_STEPS = 4
+TUNED_KNOBS = ("BLK_M", "BLK_N", "BLK_K", "num_warps", "num_stages", "gsize_m", "num_sms", "comm_sms", "split_k")
 
 
 def reads_by_tma(n, k, world_size, datatype):
@@ -56,6 +62,9 @@ def tuned_defaults(backend, algorithm, capability=(0, 0), multiprocessors=0, sha
     tile = chosen or tile
     knobs = dict(zip(TUNED_KNOBS[:6], tile), **given)
     sms = multiprocessors or 108
+    if "split_k" not in given:
+        knobs["split_k"] = 1 if shape is None or shared else split_k_rule(
+            algorithm, shape, (knobs["BLK_M"], knobs["BLK_N"], knobs["BLK_K"]), given.get("num_sms", sms))
     if not spec.comm_programs:
         comm = 0
     elif "comm_sms" in given:
@@ -102,6 +111,20 @@ def few_rows_tile(spec, family, tile, m, n, sms):
     if not few or -(-m // tile[0]) * -(-n // tile[1]) >= sms:
         return tile
     return next((few[rows] for rows in sorted(few) if m <= rows), tile)
+
+
+def split_k_rule(algorithm, shape, blocks, sms):
+    """Slices per tile (RunConfig.split_k) for ``shape`` (M, N, K per rank, world size) with ``blocks`` (BLK_M,
+    BLK_N, BLK_K) on ``sms`` programs: 1 unless the algorithm splits K at this world size and its tiles fill at
+    most 1 / SPLIT_WHEN_FILLS of the programs; then as many slices as fill them, each of at least
+    SPLIT_MIN_STEPS steps of BLK_K."""
+    m, n, k_rank, world_size = shape
+    if world_size != 1 or algorithm not in SPLIT_K_ALGORITHMS:
+        return 1
+    tiles = -(-m // blocks[0]) * -(-n // blocks[1])
+    if tiles * SPLIT_WHEN_FILLS > sms:
+        return 1
+    return max(1, min(sms // tiles, -(-k_rank // blocks[2]) // SPLIT_MIN_STEPS, MAX_SPLIT_K))
 
 
 def split_programs(sms, tiles, k_per_rank, world_size=1):

@@ -48,7 +48,7 @@ SCRIPT = textwrap.dedent('''
         # A software-pipelined K loop keeps one wgmma group in flight while the next tiles load.
         pipelined = "wgmma.wait_group.sync.aligned 1" in ptx
         print(fn.__name__, constexprs.get("TRACE_CAPACITY"), "globaltimer" in ptx, len(compiled.asm["cubin"]), pipelined,
-              len(ones))
+              bool(constexprs.get("TMA")), len(ones))
 
     def kernels(dtype, cap):
         tiles = dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_SIZE_M=8, NUM_SMS=132, DOT_PRECISION="tf32",
@@ -81,6 +81,12 @@ SCRIPT = textwrap.dedent('''
         yield (two_shot.one_rank_gemm,
                {**descriptors, "C": "*" + dtype, "partials": "*" + dtype, **{k: "i32" for k in ints}, "trace": "*i64",
                 "trace_counts": "*i64"}, dict(tiles, BLOCK_N=256, NUM_SMS=116, TMA=True))
+        # split-K at world size 1: few rows read through plain pointers, more through descriptors
+        split = {"C": "*" + dtype, "slices": "*fp32", "slices_in": "*i32", **{k: "i32" for k in ints},
+                 "trace": "*i64", "trace_counts": "*i64"}
+        yield (two_shot.one_rank_split_gemm, {"A": "*" + dtype, "B": "*" + dtype, **split},
+               dict(tiles, BLOCK_M=16, BLOCK_N=64, BLOCK_K=256, TMA=False, SPLIT_K=4))
+        yield (two_shot.one_rank_split_gemm, {**descriptors, **split}, dict(tiles, BLOCK_N=256, TMA=True, SPLIT_K=3))
         for kernel in (two_shot.two_shot_reduce, one_shot.one_shot_reduce):
             yield (kernel,
                    {"C": "*" + dtype, "partials": "*" + dtype, "partial_ready": "*i32", "results_in": "*i32",
@@ -126,14 +132,17 @@ def test_kernels_compile_for_hopper():
             pytest.skip("this Triton wheel carries no ptxas, so it cannot compile for NVIDIA here")
         assert returncode == 0, stderr[-3000:]
     lines = [line.split() for stdout, _, _ in outs for line in stdout.splitlines()]
-    assert len(lines) == 3 * 8 + 8 + 4 + 1   # (dtype, tracing) pairs x kernels, the 1 x 1 x 1 builds, the
+    assert len(lines) == 3 * 10 + 10 + 4 + 1   # (dtype, tracing) pairs x kernels, the 1 x 1 x 1 builds, the
     #                                        all-reduce's own, the barrier
-    assert sum(int(line[-1]) > 0 for line in lines) == 10   # the kernels given arguments of 1 really had some
-    for name, capacity, has_timer, cubin_bytes, pipelined, ones in lines:
+    assert sum(int(line[-1]) > 0 for line in lines) == 12   # the kernels given arguments of 1 really had some
+    for name, capacity, has_timer, cubin_bytes, pipelined, tma, ones in lines:
         assert int(cubin_bytes) > 0
         # (with K = 1 there is no loop to pipeline) A flattened tile loop once cost it its pipelining: 3x slower
         # on an H200.
-        if name in ("two_shot_gemm", "one_shot_gemm", "one_rank_gemm") and ones == "0":
+        # (through plain pointers, for few rows, no K loop is software-pipelined, split or not: measured faster there
+        # than descriptors all the same; docs/decisions.md, FEW_ROWS)
+        if name in ("two_shot_gemm", "one_shot_gemm", "one_rank_gemm", "one_rank_split_gemm") and ones == "0" and \
+                tma == "True":
             assert pipelined == "True", f"{name} (trace capacity {capacity}) is not software-pipelined"
         # The GPU timer is in the code exactly when tracing is on (and always in the barrier's watchdog).
         if name in ("two_shot_all_reduce", "one_shot_all_reduce"):

@@ -26,6 +26,7 @@ def test_k_bounds_cover_k_exactly_once(K, W):
     ("datatype", "int8", "int8"), ("algorithm", "tree", "tree"), ("world_size", 0, "world_size=0"),
     ("num_sms", 0, "num_sms=0"), ("gsize_m", 0, "gsize_m=0"), ("iterations", 0, "iterations=0"),
     ("num_warps", 3, "num_warps=3"), ("timeout_s", 0, "timeout_s=0"), ("m", True, "not an integer"),
+    ("split_k", 0, "split_k=0"), ("split_k", 2, "split_k=2 is not allowed with ring at world size 2"),
 ])
 def test_bad_values_name_themselves(field, value, needle):
     with pytest.raises(UsageError, match=needle.replace("(", r"\(").replace(".", r"\.")) as info:
@@ -296,3 +297,29 @@ def test_a_mistyped_flag_gets_the_flag_it_meant(capsys):
         said = capsys.readouterr().err.strip()
         assert stop.value.code == 2 and said.count("\n") == 0, said
         assert (f"(did you mean {meant}?)" in said) if meant else ("did you mean" not in said), said
+
+
+def test_split_k_is_refused_where_it_cannot_run_and_chosen_only_for_few_tiles_and_a_long_k():
+    from gemmar.tuning import SPLIT_MIN_STEPS, split_k_rule
+
+    for settings, needle in ((dict(algorithm="two_shot", world_size=2, split_k=2), "at world size 1 only"),
+                             (dict(algorithm="atomics", world_size=1, split_k=2), "with atomics at world size 1"),
+                             (dict(algorithm="one_shot", world_size=1, k=64, BLK_K=32, split_k=3),
+                              "split_k=3 is more than the 2 steps of BLK_K=32 in K=64: use at most 2")):
+        with pytest.raises(UsageError, match=needle) as info:
+            RunConfig(**settings).validate()
+        assert "\n" not in str(info.value)
+    assert RunConfig(algorithm="one_shot", world_size=1, k=64, BLK_K=32, split_k=2).validate().split_k == 2
+    # One row at K = 8192 with 16 x 64 x 256 tiles: 32 tiles on 132 SMs, 32 steps of K: 4 slices fill the SMs.
+    assert split_k_rule("two_shot", (1, 2048, 8192, 1), (16, 64, 256), 132) == 4
+    # ... at most K's steps / SPLIT_MIN_STEPS slices, and none where the tiles fill half the SMs, at W >= 2,
+    # for an algorithm without split-K
+    assert split_k_rule("two_shot", (1, 2048, 1024, 1), (16, 64, 256), 132) == 4 // SPLIT_MIN_STEPS
+    assert split_k_rule("two_shot", (16, 8192, 8192, 1), (16, 64, 256), 132) == 1
+    assert split_k_rule("two_shot", (1, 2048, 8192, 2), (16, 64, 256), 132) == 1
+    assert split_k_rule("ring", (1, 2048, 8192, 1), (16, 64, 256), 132) == 1
+    knobs = tuned_defaults("cuda", "two_shot", (9, 0), 132, shape=(1, 2048, 8192, 1))
+    assert knobs["split_k"] == split_k_rule("two_shot", (1, 2048, 8192, 1),
+                                            (knobs["BLK_M"], knobs["BLK_N"], knobs["BLK_K"]), knobs["num_sms"]) > 1
+    assert tuned_defaults("cuda", "two_shot", (9, 0), 132, shape=(1, 2048, 8192, 1), given={"split_k": 1})["split_k"] == 1
+    assert tuned_defaults("cpu", "two_shot")["split_k"] == 1

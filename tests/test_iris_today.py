@@ -330,3 +330,18 @@ def test_the_ranks_that_waited_for_a_rank_that_left_are_one_line():
     result = ProgramResult("prog.py", [1, 4, 1, 1], [left, "exit code 4", left, "ValueError: late (prog.py:20)"])
     assert result.failure_lines() == ["rank 1 ended (exit code 4) before the barrier at prog.py:12; ranks 0, 2 were "
                                       "waiting there", "rank 3: ValueError: late (prog.py:20)"]
+
+
+def test_a_wrapped_factory_still_takes_the_default_device():
+    """Ranks sharing a GPU and cpu ranks wrap torch's factories to map devices; torch.set_default_device must
+    still reach them, mapped too (Iris's flash-decode test sets the default device to cuda and then made its
+    tensors on the cpu on ranks sharing a GPU: "Pointer argument cannot be accessed from Triton (cpu tensor?)").
+    'meta' stands in for the GPU: the same path without one."""
+    code = ("import torch; from gemmar.programs import host_calls; "
+            "host_calls._factories_mapped(lambda d: 'meta' if str(d).split(':')[0] == 'cuda' else d); "
+            "torch.set_default_device('cuda:1'); "
+            "print(torch.randn(2).device, torch.empty(3).device, torch.arange(4).device, "
+            "torch.zeros(1, device='cuda:0').device, torch.ones(1, device='cpu').device)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["meta", "meta", "meta", "meta", "cpu"], done.stdout

@@ -147,3 +147,30 @@ def test_two_shot_at_one_rank_gemm_programs_write_the_bits_the_reduction_would(c
             by_gemm = written.program < 3
             assert by_gemm.all() if writers == "GEMM" else not by_gemm.any(), written.program.tolist()
     assert torch.equal(direct.C, through.C)
+
+
+@pytest.mark.parametrize("algorithm", ["two_shot", "one_shot"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("shape,block,split_k,num_sms", [
+    ((40, 24, 200), (16, 16, 16), 3, 5),   # 13 K steps cut 5 + 5 + 3; 6 tiles x 3 slices on 5 programs
+    ((16, 40, 37), (16, 16, 16), 3, 4),    # one step a slice, the last one past K's edge (masked)
+    ((5, 33, 130), (16, 32, 32), 4, 7),    # a few rows (5 of a 16-row tile), N and K both uneven
+])
+def test_split_k_at_one_rank(clusters, algorithm, dtype, shape, block, split_k, num_sms):
+    # Each tile's K cut into slices, summed by whichever program counts in last (two_shot.one_rank_split_gemm):
+    # right for every dtype and edge, the count back at 0 after every launch (3 back to back), every tile written
+    # once a launch (the trace), and the same bits every run (the slices summed in slice order, whoever is last).
+    m, n, k = shape
+    A, B = random_inputs(m, n, k, dtype, seed=k)
+    settings = dict(algorithm=algorithm, BLK_M=block[0], BLK_N=block[1], BLK_K=block[2], split_k=split_k,
+                    num_sms=num_sms, iterations=3, trace=True)
+    first = clusters(1).gemm_all_reduce(A, B, **settings)
+    check(first, A, B, 1)
+    tiles = -(-m // block[0]) * -(-n // block[1])
+    for iteration in range(3):
+        events = first.trace.iteration(iteration)
+        assert sorted(events[events.kind == "broadcast"].tile) == list(range(tiles))
+        assert sorted(events[events.kind == "gemm"].step) == sorted(list(range(split_k)) * tiles)
+        assert len(events) == first.trace.expected_event_count()
+    again = clusters(1).gemm_all_reduce(A, B, **{**settings, "trace": False, "iterations": 1})
+    assert torch.equal(first.C, again.C)

@@ -35,7 +35,17 @@ TILE_COORDS_PART = Part(tile_coords, "(pid_m, pid_n)")   # notebook 1's puzzle, 
 def gemm_tile(A, B, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, pid_m, pid_n,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
               DOT_PRECISION: tl.constexpr, EVEN_K: tl.constexpr, TMA: tl.constexpr):
-    """One output tile of this rank's partial product, accumulated in fp32.
+    """One output tile of this rank's partial product, accumulated in fp32: the whole of K."""
+    return gemm_tile_steps(A, B, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, pid_m, pid_n, 0,
+                           tl.cdiv(K, BLOCK_K), BLOCK_M, BLOCK_N, BLOCK_K, DOT_PRECISION, EVEN_K, TMA)
+
+
+@triton.jit
+def gemm_tile_steps(A, B, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, pid_m, pid_n, first_step, end_step,
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                    DOT_PRECISION: tl.constexpr, EVEN_K: tl.constexpr, TMA: tl.constexpr):
+    """The tile's product over K steps ``first_step .. end_step - 1`` (a step is BLOCK_K of K): all of them for
+    :func:`gemm_tile`, one slice of them for a split-K tile (``two_shot.one_rank_split_gemm``).
 
     With ``TMA``, A and B are tensor descriptors: each load names the tile's corner and the hardware
     fetches the block, with zeros past M, N and K. Otherwise they are pointers: rows and columns past M
@@ -45,24 +55,24 @@ def gemm_tile(A, B, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, pid_m, 
     """
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     if TMA:
-        for k0 in range(0, tl.cdiv(K, BLOCK_K)):
+        for k0 in range(first_step, end_step):
             a = A.load([pid_m * BLOCK_M, k0 * BLOCK_K])
             b = B.load([k0 * BLOCK_K, pid_n * BLOCK_N])
             acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
     else:
         rm = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)) % M
         rn = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)) % N
-        rk = tl.arange(0, BLOCK_K)
+        rk = first_step * BLOCK_K + tl.arange(0, BLOCK_K)
         a_ptrs = A + rm[:, None] * stride_am + rk[None, :] * stride_ak
         b_ptrs = B + rk[:, None] * stride_bk + rn[None, :] * stride_bn
-        for k0 in range(0, tl.cdiv(K, BLOCK_K)):
+        for k0 in range(first_step, end_step):
             if EVEN_K:
                 a = tl.load(a_ptrs)
                 b = tl.load(b_ptrs)
             else:
                 k_left = K - k0 * BLOCK_K
-                a = tl.load(a_ptrs, mask=rk[None, :] < k_left, other=0.0)
-                b = tl.load(b_ptrs, mask=rk[:, None] < k_left, other=0.0)
+                a = tl.load(a_ptrs, mask=tl.arange(0, BLOCK_K)[None, :] < k_left, other=0.0)
+                b = tl.load(b_ptrs, mask=tl.arange(0, BLOCK_K)[:, None] < k_left, other=0.0)
             if INTERPRETER:
                 # The interpreter's tl.dot reads bf16 as raw bits (Triton 3.6-3.9); fp32 is exact for the
                 # product of two fp16/bf16 values, so widening first changes nothing else.

@@ -86,9 +86,10 @@ import triton.language as tl
 
 from . import device
 from .device import FLAG_WORDS
-from .events import event, finish_trace
+from ..errors import UsageError
+from .events import event, finish_trace, stamp
 from .puzzle_parts import sum_partials   # (a puzzle's answer: see puzzle_parts.py)
-from .gemm import GEMM_PHASE, tile_coords, tile_offsets, traced_gemm_tile
+from .gemm import GEMM, GEMM_PHASE, gemm_tile_steps, tile_coords, tile_offsets, traced_gemm_tile
 from .mistakes import skip_the_wait
 from .owner_reduce import (BROADCAST, COMM_WARPS, REDUCE, REDUCE_ROWS, REDUCTION_PHASES, TAKE, WAIT_FLAGS,
                            count_in_at_peers, help_reduce, owned_count_on_host, owned_tiles, reduce_events,
@@ -184,6 +185,62 @@ def one_rank_gemm(
 
 
 @triton.jit
+def one_rank_split_gemm(
+        # this rank's A and B (all of K); the output; the K slices' fp32 products and a count per tile
+        A, B, C, slices, slices_in,
+        # the GEMM's shape and strides
+        M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
+        # this kernel's region of the trace buffer
+        trace, trace_counts,
+        # the GEMM's tiles and programs, how it computes a tile, and into how many K slices a tile is cut
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_SIZE_M: tl.constexpr,
+        NUM_SMS: tl.constexpr, DOT_PRECISION: tl.constexpr, TRACE_CAPACITY: tl.constexpr, EVEN_K: tl.constexpr,
+        TMA: tl.constexpr, SPLIT_K: tl.constexpr):
+    """:func:`one_rank_gemm` with each tile's K cut into ``SPLIT_K`` slices (split-K), for shapes with fewer tiles
+    than SMs and a long K (one row of a decode step at K = 8192: 32-64 tiles for 132 SMs). Each (tile, slice)
+    is a unit of work; a program computes its slice's fp32 product, stores it in the tile's slot for that
+    slice, and counts it in (``slices_in[tile]``, a release-acquire add). The program that counts in last
+    sums the slices, in slice order whoever arrives last, so the same inputs give the same bits every run;
+    it writes C and sets the count back to 0 for the next launch (every slice of this launch is in). Nobody
+    waits, so nothing can hang.
+
+    At world size 1 only: at W >= 2 the partial of a tile is already cut by rank, and the tiles are many."""
+    pid = tl.program_id(0)
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    steps = tl.cdiv(K, BLOCK_K)
+    steps_per_slice = tl.cdiv(steps, SPLIT_K)
+    n_events = tl.zeros((), tl.int32)
+    for unit in tl.range(pid, num_pid_m * num_pid_n * SPLIT_K, NUM_SMS):
+        tile_id = unit // SPLIT_K
+        part = unit % SPLIT_K
+        pid_m, pid_n = tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_SIZE_M)
+        t = stamp(TRACE_CAPACITY)
+        acc = gemm_tile_steps(A, B, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, pid_m, pid_n,
+                              part * steps_per_slice, tl.minimum((part + 1) * steps_per_slice, steps),
+                              BLOCK_M, BLOCK_N, BLOCK_K, DOT_PRECISION, EVEN_K, TMA)
+        n_events, t = event(trace, n_events, t, GEMM, tile_id, pid_m, pid_n, part, -1, TRACE_CAPACITY)
+        tl.store(slot_pointers(slices, unit, BLOCK_M, BLOCK_N), acc)
+        # Every thread's store before the count (the block barrier), and the count releases them to the program
+        # that counts in last, which acquires them with its own add.
+        tl.debug_barrier()
+        arrived = tl.atomic_add(slices_in + tile_id, 1, sem="acq_rel", scope="gpu")
+        n_events, t = event(trace, n_events, t, PUBLISH, tile_id, pid_m, pid_n, part, 0, TRACE_CAPACITY)
+        if arrived == SPLIT_K - 1:
+            n_events, t = event(trace, n_events, t, TAKE, tile_id, pid_m, pid_n, part, -1, TRACE_CAPACITY)
+            total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            for s in tl.static_range(SPLIT_K):
+                # .cg: from L2, where the other programs' stores are, never a stale line of this SM's L1
+                total += tl.load(slot_pointers(slices, tile_id * SPLIT_K + s, BLOCK_M, BLOCK_N), cache_modifier=".cg")
+            tl.store(slices_in + tile_id, 0)
+            n_events, t = event(trace, n_events, t, REDUCE, tile_id, pid_m, pid_n, part, -1, TRACE_CAPACITY)
+            offsets, mask = tile_offsets(pid_m, pid_n, M, N, stride_cm, stride_cn, BLOCK_M, BLOCK_N)
+            tl.store(C + offsets, total.to(C.dtype.element_ty), mask=mask)
+            n_events, t = event(trace, n_events, t, BROADCAST, tile_id, pid_m, pid_n, part, -1, TRACE_CAPACITY)
+    finish_trace(trace_counts, n_events, TRACE_CAPACITY)
+
+
+@triton.jit
 def write_alone_tile(
         # the tile's partial product; the output, and the partials (for their dtype); C's shape and strides
         acc, C, partials, M, N, stride_cm, stride_cn,
@@ -219,14 +276,19 @@ class TwoShotBuffers:
     partial_ready: object  # per tile (at its owner): partials counted in, W per launch
     results_in: object     # per owner, a cache line each: that owner's tiles written into our C
     taken: object          # per tile (at its owner): launches in which a program has taken it to reduce
+    slices: object = None     # split-K only (world size 1): a fp32 BLOCK_M x BLOCK_N slot per tile and K slice
+    slices_in: object = None  # split-K only: per tile, the slices counted in so far in this launch
 
 
 def buffers(alloc, config, world_size):
     tiles = config.tile_count
+    split = dict(slices=alloc((tiles * config.split_k, config.BLK_M * config.BLK_N), torch.float32),
+                 slices_in=alloc(tiles, torch.int32)) if config.split_k > 1 else {}
     return TwoShotBuffers(C=alloc((config.m, config.n), config.c_dtype),
                           partials=alloc((tiles, config.BLK_M * config.BLK_N), config.wire_torch_dtype),
                           partial_ready=alloc(tiles, torch.int32),
-                          results_in=alloc(world_size * FLAG_WORDS, torch.int32), taken=alloc(tiles, torch.int32))
+                          results_in=alloc(world_size * FLAG_WORDS, torch.int32), taken=alloc(tiles, torch.int32),
+                          **split)
 
 
 def launches(ctx, gemm_kernel=two_shot_gemm, reduce_kernel=two_shot_reduce):
@@ -237,6 +299,14 @@ def launches(ctx, gemm_kernel=two_shot_gemm, reduce_kernel=two_shot_reduce):
     # At world size 1 the GEMM programs write each tile into C themselves (one_rank_gemm), and the launch is
     # their kernel alone; with the package's own sum only: a participant's sum_partials (notebook 6) or a
     # teaching mistake must see every tile, so then the communication programs sum them all.
+    if cfg.split_k > 1 and not SPEC.runs_its_own_parts(ctx.parts):
+        raise UsageError(f"split_k={cfg.split_k} runs the package's own sum and wait only: a part of your own or a "
+                         f"teaching mistake needs split_k=1")
+    if ctx.world_size == 1 and cfg.split_k > 1:
+        return [Launch(one_rank_split_gemm, (cfg.num_sms,), ctx.tuning(
+            A=ctx.A, B=ctx.B, C=buf.C, slices=buf.slices, slices_in=buf.slices_in, M=cfg.m, N=cfg.n, K=ctx.K,
+            **ctx.strides, stride_cm=cfg.n, stride_cn=1, trace=ctx.trace, trace_counts=ctx.trace_counts, **ctx.gemm,
+            SPLIT_K=cfg.split_k))]
     if ctx.world_size == 1 and SPEC.runs_its_own_parts(ctx.parts):
         return [Launch(one_rank_gemm, (cfg.num_sms,), ctx.tuning(
             A=ctx.A, B=ctx.B, C=buf.C, partials=buf.partials, M=cfg.m, N=cfg.n, K=ctx.K, **ctx.strides,
@@ -278,7 +348,8 @@ def events_per_program(config, world_size, summed=None):
     # gemm and publish per tile (with take, reduce and broadcast at world size 1); take, reduce and broadcast
     # per summed tile it helps with
     summed = summed or [owned_count_on_host(config.tile_count, r, world_size) for r in range(world_size)]
-    gemm = -(-config.tile_count // config.num_sms) * (5 if world_size == 1 else 2) + max(
+    # (split-K at world size 1: gemm and publish per slice, take, reduce and broadcast for a tile's last one)
+    gemm = -(-config.tile_count * config.split_k // config.num_sms) * (5 if world_size == 1 else 2) + max(
         3 * -(-count // config.num_sms) for count in summed)
     return max([gemm] + [reduce_events(count, world_size, config.comm_sms) for count in summed])
 
@@ -287,7 +358,7 @@ def events_per_launch(config, world_size, rank, summed=None):
     """``summed``: how many tiles ``rank`` sums (by default those it owns; one_shot's: every tile)."""
     # gemm and publish per tile; the reduction's events as if one program recorded them all
     summed = owned_count_on_host(config.tile_count, rank, world_size) if summed is None else summed
-    return config.tile_count * 2 + reduce_events(summed, world_size, programs=1)
+    return config.tile_count * config.split_k * 2 + reduce_events(summed, world_size, programs=1)
 
 
 SPEC = AlgorithmSpec(

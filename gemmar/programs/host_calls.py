@@ -48,8 +48,21 @@ def _cpu_device(device):
     return device
 
 
-def _device_to_cpu(fn):
-    return _device_mapped(fn, _cpu_device)
+def _factories_mapped(mapping):
+    """torch's factories and ``torch.set_default_device`` with every device they are given passed through
+    ``mapping`` (a function of the device). torch's default-device mode knows a factory by identity, from a table
+    it builds once, on first use (``torch.utils._device._device_constructors``): built after the factories are
+    wrapped, it holds the wrappers, never sees the originals they call, and a factory then ignores
+    ``set_default_device`` (Iris's flash-decode test made its tensors on the cpu where it had asked for the GPU).
+    So the table is built from the originals first."""
+    import torch.utils._device as default_device
+
+    default_device._device_constructors()
+    for name in _FACTORIES:
+        setattr(torch, name, _device_mapped(getattr(torch, name), mapping))
+    original_set_default_device = torch.set_default_device
+    torch.set_default_device = functools.wraps(original_set_default_device)(
+        lambda device: original_set_default_device(None if device is None else mapping(device)))
 
 
 def cuda_ordinals_to(device):
@@ -67,8 +80,7 @@ def cuda_ordinals_to(device):
         return where
 
     if getattr(torch, "__gemmar_cuda_ordinals__", None) is None:
-        for name in _FACTORIES:
-            setattr(torch, name, _device_mapped(getattr(torch, name), lambda d: _ORDINALS["map"](d)))
+        _factories_mapped(lambda d: _ORDINALS["map"](d))
         original_to, original_cuda = torch.Tensor.to, torch.Tensor.cuda
 
         def to(self, *args, **kwargs):
@@ -248,8 +260,7 @@ def cpu_stream(stream=None):
 def cuda_on_cpu():
     if getattr(torch, "__gemmar_cuda_on_cpu__", False):
         return
-    for name in _FACTORIES:
-        setattr(torch, name, _device_to_cpu(getattr(torch, name)))
+    _factories_mapped(_cpu_device)
     original_to = torch.Tensor.to
 
     def to(self, *args, **kwargs):
