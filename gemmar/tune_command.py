@@ -92,4 +92,8 @@ def tile_source_line(args, backend, config):
                                 args.datatype, shares_gpu(backend, W))
     if given:
         source = f"{', '.join(given)} from the command line, the rest from {source}"
-    return f"{config.algorithm}: {tile}: from {source}"
+    split = ""
+    if config.split_k > 1:
+        split = (f"; K cut into {config.split_k} slices a tile (split-K: "
+                 f"{'--split_k' if args.split_k is not None else 'the rule for few tiles and a long K, tuning.split_k_rule'})")
+    return f"{config.algorithm}: {tile}: from {source}{split}"
