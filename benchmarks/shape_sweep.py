@@ -306,6 +306,25 @@ def analyse(paths, rules_out, how="wall"):
                              for k, r in sorted(by_split.items()))
             print(f"  {shape_name(row):>16} tiles {-(-row['m'] // tile[0]) * -(-row['n'] // tile[1]):>3} "
                   f"steps {-(-row['k'] // tile[2]):>3}  {cells}")
+        # The split rule with other least steps a slice, read off the same grid (each shape's ratio at the number of
+        # slices that rule gives; the grid has every number up to 4, then 6, 8, 12, 16: the nearest below otherwise)
+        from gemmar.tuning import SPLIT_MIN_STEPS, split_k_rule
+
+        sms = head.get("sms", 132)
+        for min_steps in (1, 2, 3, 4, 6, 8, None):
+            picked = []
+            for row in split_rows:
+                by_split = split_ratios(row)
+                split = 1 if min_steps is None else split_k_rule(row["auto"]["algorithm"], (row["m"], row["n"], row["k"], 1),
+                                                                 row["auto"]["tile"][:3], sms, min_steps)
+                known = [k for k in by_split if k <= split]
+                if known:
+                    picked.append(by_split[max(known)])
+            if picked:
+                print(f"  split rule with {'no split' if min_steps is None else f'>= {min_steps} steps a slice'}"
+                      f"{' (shipped)' if min_steps == SPLIT_MIN_STEPS else ''}: geometric mean "
+                      f"{math.exp(sum(map(math.log, picked)) / len(picked)):.4f}, worst {max(picked):.3f} "
+                      f"over {len(picked)} shapes")
     if all("grid" in row for row in rows):
         picks["best of grid (per-shape tuning)"] = lambda row: min(grid_ratios(row, how).values(), default=None)
         data = [(row["m"], grid_ratios(row, how)) for row in rows]
