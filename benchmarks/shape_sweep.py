@@ -148,7 +148,7 @@ def run(args):
                 knobs = tuned_defaults("cuda", "two_shot", capability, sms, shape=(m, n, k, 1), given={})
                 algorithm, tile, source = "two_shot", tuple(knobs[key] for key in TILE_KNOBS), \
                     "the algorithm's measured tiles (no cache entry, no fitted rule)"
-            knobs = tile_knobs(tile, sms, (m, n, k), algorithm)
+            knobs = tile_knobs(tile, sms, (m, n, k), algorithm, split_k=1 if args.no_split else None)
             row["auto"] = dict(time_config(heap, config_for(m, n, k, args.datatype, algorithm, knobs), A, B, ref,
                                            mm["gpu_ms"]),
                                algorithm=algorithm, tile=list(tile), split_k=knobs["split_k"], source=source)
@@ -442,6 +442,8 @@ def main():
                                        "each shape with the rule fitted without its model")
     parser.add_argument("--split", action="store_true", help="at shapes with fewer tiles than SMs, also time auto's "
                                                               "tile with each number of K slices in SPLITS")
+    parser.add_argument("--no_split", action="store_true", help="auto never cuts K (split_k 1): the GEMM core alone, "
+                                                                 "as before split-K")
     parser.add_argument("--trace", action="store_true", help="also trace auto's tile once per shape (the shares)")
     parser.add_argument("--auto_only", action="store_true", help="time auto (and --lomo) alone, not every kernel's "
                                                                   "defaults (a second run, to confirm a fitted rule)")

@@ -52,8 +52,11 @@ def config_from_args(args, backend, algorithm=None):
                              f"{knobs['num_sms']} GEMM programs: use more than --gemm_sms")
         knobs["comm_sms"] = comm
     takes_dtypes = strict or spec.wire_dtype
-    if not strict and algorithm not in SPLIT_K_ALGORITHMS:
-        knobs["split_k"] = 1   # (the baseline compared with a split-K run cuts no K)
+    if not strict and (algorithm not in SPLIT_K_ALGORITHMS or args.num_ranks != 1 or
+                       knobs["split_k"] > -(-args.k // knobs["BLK_K"])):
+        # (a baseline or the heap's sizing: an algorithm without split-K, or whose tile has fewer K steps than the
+        # slices asked for, cuts no K)
+        knobs["split_k"] = 1
     return RunConfig(m=args.m, n=args.n, k=args.k, datatype=args.datatype, algorithm=algorithm,
                      world_size=args.num_ranks, iterations=args.iterations, timeout_s=args.timeout,
                      trace=args.trace_tiles, sanitize=args.sanitize, seed=args.seed, out_dtype=args.out_dtype if takes_dtypes else None,

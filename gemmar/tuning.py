@@ -62,9 +62,6 @@ def tuned_defaults(backend, algorithm, capability=(0, 0), multiprocessors=0, sha
     tile = chosen or tile
     knobs = dict(zip(TUNED_KNOBS[:6], tile), **given)
     sms = multiprocessors or 108
-    if "split_k" not in given:
-        knobs["split_k"] = 1 if shape is None or shared else split_k_rule(
-            algorithm, shape, (knobs["BLK_M"], knobs["BLK_N"], knobs["BLK_K"]), given.get("num_sms", sms))
     if not spec.comm_programs:
         comm = 0
     elif "comm_sms" in given:
@@ -73,15 +70,20 @@ def tuned_defaults(backend, algorithm, capability=(0, 0), multiprocessors=0, sha
         # One communication program beside each GEMM program, on its SM (launch.share_sms): the GEMM keeps
         # every SM (measured faster: docs/decisions.md, communication beside the GEMM). Not when traced, nor
         # when the GEMM reads through plain pointers: the pair then needs more registers than an SM has.
-        gemm = given.get("num_sms", sms)
-        return {**knobs, "num_sms": gemm, "comm_sms": gemm}
+        comm = None
     elif shape is not None:
         m, n, k_rank, world_size = shape
         tiles = -(-m // knobs["BLK_M"]) * -(-n // knobs["BLK_N"])
         comm = split_programs(sms, tiles, k_rank, world_size)
     else:
         comm = GPU_COMM_SMS
-    return {**knobs, "num_sms": given.get("num_sms", max(1, sms - comm)), "comm_sms": comm}
+    gemm = given.get("num_sms", sms if comm is None else max(1, sms - comm))
+    knobs = {**knobs, "num_sms": gemm, "comm_sms": gemm if comm is None else comm}
+    if "split_k" not in given:
+        # (for the programs the GEMM has: with communication programs on SMs of their own, fewer than the SMs)
+        knobs["split_k"] = 1 if shape is None or shared else split_k_rule(
+            algorithm, shape, (knobs["BLK_M"], knobs["BLK_N"], knobs["BLK_K"]), gemm)
+    return knobs
 
 
 def tile_choice(algorithm, family, shape, gpu, datatype, shared=False):

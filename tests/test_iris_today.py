@@ -341,7 +341,9 @@ def test_a_wrapped_factory_still_takes_the_default_device():
             "host_calls._factories_mapped(lambda d: 'meta' if str(d).split(':')[0] == 'cuda' else d); "
             "torch.set_default_device('cuda:1'); "
             "print(torch.randn(2).device, torch.empty(3).device, torch.arange(4).device, "
-            "torch.zeros(1, device='cuda:0').device, torch.ones(1, device='cpu').device)")
+            "torch.zeros(1, device='cuda:0').device, torch.ones(1, device='cpu').device); "
+            "torch.set_default_device(None); "
+            "exec('with torch.device(\\'cuda:1\\'):\\n print(torch.zeros(1).device)'); print(torch.zeros(1).device)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["meta", "meta", "meta", "meta", "cpu"], done.stdout
+    assert done.stdout.split() == ["meta", "meta", "meta", "meta", "cpu", "meta", "cpu"], done.stdout

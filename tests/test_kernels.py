@@ -152,7 +152,7 @@ def test_two_shot_at_one_rank_gemm_programs_write_the_bits_the_reduction_would(c
 @pytest.mark.parametrize("algorithm", ["two_shot", "one_shot"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("shape,block,split_k,num_sms", [
-    ((40, 24, 200), (16, 16, 16), 3, 5),   # 13 K steps cut 5 + 5 + 3; 6 tiles x 3 slices on 5 programs
+    ((40, 24, 200), (16, 16, 16), 3, 5),   # 13 K steps cut 4 + 4 + 5; 6 tiles x 3 slices on 5 programs
     ((16, 40, 37), (16, 16, 16), 3, 4),    # one step a slice, the last one past K's edge (masked)
     ((5, 33, 130), (16, 32, 32), 4, 7),    # a few rows (5 of a 16-row tile), N and K both uneven
 ])

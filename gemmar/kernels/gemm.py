@@ -62,9 +62,12 @@ def gemm_tile_steps(A, B, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, p
     else:
         rm = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)) % M
         rn = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)) % N
-        rk = first_step * BLOCK_K + tl.arange(0, BLOCK_K)
-        a_ptrs = A + rm[:, None] * stride_am + rk[None, :] * stride_ak
-        b_ptrs = B + rk[:, None] * stride_bk + rn[None, :] * stride_bn
+        rk = tl.arange(0, BLOCK_K)
+        # (a slice's first row of B, first_step * BLOCK_K * N elements in, can pass 2**31: moved to in 64 bits; at the
+        # first step, 0, the compiler drops the move)
+        first_k = tl.cast(first_step, tl.int64) * BLOCK_K
+        a_ptrs = A + first_k * stride_ak + rm[:, None] * stride_am + rk[None, :] * stride_ak
+        b_ptrs = B + first_k * stride_bk + rk[:, None] * stride_bk + rn[None, :] * stride_bn
         for k0 in range(first_step, end_step):
             if EVEN_K:
                 a = tl.load(a_ptrs)

@@ -209,15 +209,15 @@ def one_rank_split_gemm(
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
     steps = tl.cdiv(K, BLOCK_K)
-    steps_per_slice = tl.cdiv(steps, SPLIT_K)
     n_events = tl.zeros((), tl.int32)
     for unit in tl.range(pid, num_pid_m * num_pid_n * SPLIT_K, NUM_SMS):
         tile_id = unit // SPLIT_K
         part = unit % SPLIT_K
         pid_m, pid_n = tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_SIZE_M)
         t = stamp(TRACE_CAPACITY)
+        # (steps shared out evenly: slices differ by a step at most, none empty while SPLIT_K <= steps)
         acc = gemm_tile_steps(A, B, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, pid_m, pid_n,
-                              part * steps_per_slice, tl.minimum((part + 1) * steps_per_slice, steps),
+                              part * steps // SPLIT_K, (part + 1) * steps // SPLIT_K,
                               BLOCK_M, BLOCK_N, BLOCK_K, DOT_PRECISION, EVEN_K, TMA)
         n_events, t = event(trace, n_events, t, GEMM, tile_id, pid_m, pid_n, part, -1, TRACE_CAPACITY)
         tl.store(slot_pointers(slices, unit, BLOCK_M, BLOCK_N), acc)

@@ -49,20 +49,23 @@ def _cpu_device(device):
 
 
 def _factories_mapped(mapping):
-    """torch's factories and ``torch.set_default_device`` with every device they are given passed through
-    ``mapping`` (a function of the device). torch's default-device mode knows a factory by identity, from a table
-    it builds once, on first use (``torch.utils._device._device_constructors``): built after the factories are
-    wrapped, it holds the wrappers, never sees the originals they call, and a factory then ignores
-    ``set_default_device`` (Iris's flash-decode test made its tensors on the cpu where it had asked for the GPU).
-    So the table is built from the originals first."""
+    """torch's factories and torch's default device (``torch.set_default_device``, ``with torch.device(...)``) with
+    every device they are given passed through ``mapping`` (a function of the device). torch's default-device mode
+    knows a factory by identity, from a table it builds once, on first use (``torch.utils._device.
+    _device_constructors``): built after the factories are wrapped, it holds the wrappers, never sees the originals they
+    call, and a factory then ignores the default device (Iris's flash-decode test made its tensors on the cpu where it
+    had asked for the GPU). So the table is built from the originals first."""
     import torch.utils._device as default_device
 
     default_device._device_constructors()
     for name in _FACTORIES:
         setattr(torch, name, _device_mapped(getattr(torch, name), mapping))
-    original_set_default_device = torch.set_default_device
-    torch.set_default_device = functools.wraps(original_set_default_device)(
-        lambda device: original_set_default_device(None if device is None else mapping(device)))
+    original_init = default_device.DeviceContext.__init__
+
+    def init(self, device):   # (both ways of setting the default device make one of these)
+        original_init(self, mapping(device))
+
+    default_device.DeviceContext.__init__ = init
 
 
 def cuda_ordinals_to(device):
