@@ -172,5 +172,11 @@ def test_split_k_at_one_rank(clusters, algorithm, dtype, shape, block, split_k, 
         assert sorted(events[events.kind == "broadcast"].tile) == list(range(tiles))
         assert sorted(events[events.kind == "gemm"].step) == sorted(list(range(split_k)) * tiles)
         assert len(events) == first.trace.expected_event_count()
+    # The replay's GEMM of a tile runs from its first slice's start to its last slice's end.
+    from gemmar.analysis.replay import _Timeline
+
+    timeline, gemms = _Timeline(first.trace, -1), events[events.kind == "gemm"].groupby("tile")
+    assert list(timeline.gemm_start[0]) == list(gemms.start_us.min()) and \
+        list(timeline.gemm_end[0]) == list(gemms.end_us.max())
     again = clusters(1).gemm_all_reduce(A, B, **{**settings, "trace": False, "iterations": 1})
     assert torch.equal(first.C, again.C)
