@@ -252,6 +252,10 @@ def line(row):
     return ", ".join(parts)
 
 
+def geomean(values):
+    return math.exp(sum(map(math.log, values)) / len(values))
+
+
 def figures(rows, pick):
     """Median, worst and M <= 64 worst of pick(row) ratios; how many were wrong or failed."""
     ratios = [(row, pick(row)) for row in rows]
@@ -262,7 +266,7 @@ def figures(rows, pick):
     good.sort()
     return dict(n=len(good), failed=len(ratios) - len(good), median=good[len(good) // 2] if len(good) % 2 else
                 (good[len(good) // 2 - 1] + good[len(good) // 2]) / 2, worst=good[-1], few_rows_worst=max(few or [0]),
-                geomean=math.exp(sum(map(math.log, good)) / len(good)))
+                geomean=geomean(good))
 
 
 def grid_ratios(row, how="wall"):
@@ -323,7 +327,7 @@ def analyse(paths, rules_out, how="wall"):
             if picked:
                 print(f"  split rule with {'no split' if min_steps is None else f'>= {min_steps} steps a slice'}"
                       f"{' (shipped)' if min_steps == SPLIT_MIN_STEPS else ''}: geometric mean "
-                      f"{math.exp(sum(map(math.log, picked)) / len(picked)):.4f}, worst {max(picked):.3f} "
+                      f"{geomean(picked):.4f}, worst {max(picked):.3f} "
                       f"over {len(picked)} shapes")
     if all("grid" in row for row in rows):
         picks["best of grid (per-shape tuning)"] = lambda row: min(grid_ratios(row, how).values(), default=None)

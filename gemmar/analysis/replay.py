@@ -39,10 +39,10 @@ class _Timeline:
         for e in df.itertuples():
             if e.tile >= 0:   # (a whole-launch event, like two_shot's result_wait, is about no one tile)
                 self.coords[e.tile] = (e.pid_m, e.pid_n)
-            if e.kind == "gemm":   # (a split-K tile has a gemm event per K slice: from the first start to the last end)
-                first = np.isinf(self.gemm_end[e.rank, e.tile])
-                self.gemm_start[e.rank, e.tile] = min(self.gemm_start[e.rank, e.tile], e.start_us)
-                self.gemm_end[e.rank, e.tile] = e.end_us if first else max(self.gemm_end[e.rank, e.tile], e.end_us)
+        # A tile's GEMM, from its first start to its last end (a split-K tile has a gemm event per K slice).
+        spans = df[df["kind"] == "gemm"].groupby(["rank", "tile"]).agg(start=("start_us", "min"), end=("end_us", "max"))
+        for (rank, tile), start, end in spans.itertuples(name=None):
+            self.gemm_start[rank, tile], self.gemm_end[rank, tile] = start, end
         done = protocol["done"] or {"kind": None, "where": "rank"}   # (an Iris trace has no done rule)
         finals = df[(df["kind"] == done["kind"]) & (df["tile"] >= 0)]
         if done["where"] == "rank":

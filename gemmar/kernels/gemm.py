@@ -74,8 +74,8 @@ def gemm_tile_steps(A, B, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, p
                 b = tl.load(b_ptrs)
             else:
                 k_left = K - k0 * BLOCK_K
-                a = tl.load(a_ptrs, mask=tl.arange(0, BLOCK_K)[None, :] < k_left, other=0.0)
-                b = tl.load(b_ptrs, mask=tl.arange(0, BLOCK_K)[:, None] < k_left, other=0.0)
+                a = tl.load(a_ptrs, mask=rk[None, :] < k_left, other=0.0)
+                b = tl.load(b_ptrs, mask=rk[:, None] < k_left, other=0.0)
             if INTERPRETER:
                 # The interpreter's tl.dot reads bf16 as raw bits (Triton 3.6-3.9); fp32 is exact for the
                 # product of two fp16/bf16 values, so widening first changes nothing else.

@@ -299,10 +299,10 @@ def launches(ctx, gemm_kernel=two_shot_gemm, reduce_kernel=two_shot_reduce):
     # At world size 1 the GEMM programs write each tile into C themselves (one_rank_gemm), and the launch is
     # their kernel alone; with the package's own sum only: a participant's sum_partials (notebook 6) or a
     # teaching mistake must see every tile, so then the communication programs sum them all.
-    if cfg.split_k > 1 and not SPEC.runs_its_own_parts(ctx.parts):
-        raise UsageError(f"split_k={cfg.split_k} runs the package's own sum and wait only: a part of your own or a "
-                         f"teaching mistake needs split_k=1")
-    if ctx.world_size == 1 and cfg.split_k > 1:
+    if cfg.split_k > 1:   # (RunConfig allows it at world size 1 only)
+        if not SPEC.runs_its_own_parts(ctx.parts):
+            raise UsageError(f"split_k={cfg.split_k} runs the package's own sum and wait only: a part of your own or "
+                             f"a teaching mistake needs split_k=1")
         return [Launch(one_rank_split_gemm, (cfg.num_sms,), ctx.tuning(
             A=ctx.A, B=ctx.B, C=buf.C, slices=buf.slices, slices_in=buf.slices_in, M=cfg.m, N=cfg.n, K=ctx.K,
             **ctx.strides, stride_cm=cfg.n, stride_cn=1, trace=ctx.trace, trace_counts=ctx.trace_counts, **ctx.gemm,
