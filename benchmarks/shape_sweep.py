@@ -15,7 +15,7 @@ Per shape: torch.matmul; each fused kernel with the package's defaults before an
 ``tuning.tuned_defaults`` with no GPU name, the tiles measured at N = 8192); ``auto``, the kernel and tile that
 ``tuning_cache.choose`` gives (the cache given by --cache, else the rule of --rule or gemmar's RULE, else the
 defaults; and the K slices of tuning.split_k_rule); with --split, auto's tile at each number of K slices (SPLITS)
-where its tiles are fewer than the SMs; with --grid every candidate tile
+where its tiles are fewer than the SMs or its last wave is at most half full; with --grid every candidate tile
 (``tuning_cache.candidates``: the tuner's choices, and what the rule is fitted on); with --lomo, the tile of a rule
 fitted with the shape's own model left out (``--analyse --rules_out`` writes those rules from a --grid run).
 Ratios are fused time / torch.matmul's, as a user's loop sees them (``wall``: host time included) and with the
@@ -32,7 +32,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # gemmar and the lab (lab/README.md)
 
-# The K slices --split times at shapes with fewer tiles than SMs (RunConfig.split_k; the rule: tuning.split_k_rule).
+# The K slices --split times at shapes with fewer tiles than SMs or a last wave at most half full (RunConfig.split_k; the rule: tuning.split_k_rule).
 SPLITS = (1, 2, 3, 4, 6, 8, 12, 16)
 
 # (model, layer, TP, N = hidden size, K = the layer's whole input width, [M tokens per rank]); per-rank K = K / TP.
@@ -153,8 +153,10 @@ def run(args):
                                            mm["gpu_ms"]),
                                algorithm=algorithm, tile=list(tile), split_k=knobs["split_k"], source=source)
             steps = -(-k // tile[2])
-            if args.split and -(-m // tile[0]) * -(-n // tile[1]) < sms:
-                # (fewer tiles than SMs: auto's tile with each number of K slices, the rule's included)
+            tiles = -(-m // tile[0]) * -(-n // tile[1])
+            if args.split and (tiles < sms or 2 * (tiles - sms * ((tiles - 1) // sms)) <= sms):
+                # (fewer tiles than SMs, or a last wave at most half full: auto's tile with each number of K slices
+                # for the last wave's tiles, the rule's included)
                 row["split_grid"] = [dict(time_config(heap, config_for(m, n, k, args.datatype, algorithm,
                                                                        tile_knobs(tile, sms, split_k=split)),
                                                       A, B, ref, mm["gpu_ms"]), split_k=split)
@@ -300,8 +302,8 @@ def analyse(paths, rules_out, how="wall"):
             if row.get("split_grid") else ratio(row, row["auto"], how)
         picks["auto's tile, never split (split_k 1)"] = lambda row: split_ratios(row).get(1) \
             if row.get("split_grid") else ratio(row, row["auto"], how)
-        print(f"K slices at the {len(split_rows)} shapes with fewer tiles than SMs (auto's tile; ratio to matmul, "
-              f"{how}; * the rule's, + the best):")
+        print(f"K slices at the {len(split_rows)} shapes with fewer tiles than SMs or a last wave at most half full "
+              f"(auto's tile; ratio to matmul, {how}; * the rule's, + the best):")
         for row in split_rows:
             by_split = split_ratios(row)
             best = min(by_split, key=by_split.get) if by_split else None
@@ -310,25 +312,28 @@ def analyse(paths, rules_out, how="wall"):
                              for k, r in sorted(by_split.items()))
             print(f"  {shape_name(row):>16} tiles {-(-row['m'] // tile[0]) * -(-row['n'] // tile[1]):>3} "
                   f"steps {-(-row['k'] // tile[2]):>3}  {cells}")
-        # The split rule with other least steps a slice, read off the same grid (each shape's ratio at the number of
-        # slices that rule gives; the grid has every number up to 4, then 6, 8, 12, 16: the nearest below otherwise)
-        from gemmar.tuning import SPLIT_MIN_STEPS, split_k_rule
+        # The split rule with other least steps a slice, and at most so many whole waves before the cut one, read
+        # off the same grid (each shape's ratio at the number of slices that rule gives; the grid has every number
+        # up to 4, then 6, 8, 12, 16: the nearest below otherwise)
+        from gemmar.tuning import SPLIT_MAX_WHOLE_WAVES, SPLIT_MIN_STEPS, split_k_rule
 
         sms = head.get("sms", 132)
-        for min_steps in (1, 2, 3, 4, 6, 8, None):
+        variants = [(steps, SPLIT_MAX_WHOLE_WAVES) for steps in (1, 2, 3, 4, 6, 8)] + \
+            [(SPLIT_MIN_STEPS, waves) for waves in (0, 1, 2, 4, 8) if waves != SPLIT_MAX_WHOLE_WAVES] + [None]
+        for variant in variants:
             picked = []
             for row in split_rows:
                 by_split = split_ratios(row)
-                split = 1 if min_steps is None else split_k_rule(row["auto"]["algorithm"], (row["m"], row["n"], row["k"], 1),
-                                                                 row["auto"]["tile"][:3], sms, min_steps)
+                split = 1 if variant is None else split_k_rule(row["auto"]["algorithm"], (row["m"], row["n"], row["k"], 1),
+                                                               row["auto"]["tile"][:3], sms, *variant)
                 known = [k for k in by_split if k <= split]
                 if known:
                     picked.append(by_split[max(known)])
             if picked:
-                print(f"  split rule with {'no split' if min_steps is None else f'>= {min_steps} steps a slice'}"
-                      f"{' (shipped)' if min_steps == SPLIT_MIN_STEPS else ''}: geometric mean "
-                      f"{geomean(picked):.4f}, worst {max(picked):.3f} "
-                      f"over {len(picked)} shapes")
+                name = "no split" if variant is None else \
+                    f">= {variant[0]} steps a slice, <= {variant[1]} whole waves before"
+                print(f"  split rule with {name}{' (shipped)' if variant == (SPLIT_MIN_STEPS, SPLIT_MAX_WHOLE_WAVES) else ''}"
+                      f": geometric mean {geomean(picked):.4f}, worst {max(picked):.3f} over {len(picked)} shapes")
     if all("grid" in row for row in rows):
         picks["best of grid (per-shape tuning)"] = lambda row: min(grid_ratios(row, how).values(), default=None)
         data = [(row["m"], grid_ratios(row, how)) for row in rows]
@@ -444,8 +449,9 @@ def main():
                                        "where the cache has no entry, instead of gemmar's RULE")
     parser.add_argument("--lomo", help="leave-one-model-out rules ({model: rule}, from --analyse --rules_out): time "
                                        "each shape with the rule fitted without its model")
-    parser.add_argument("--split", action="store_true", help="at shapes with fewer tiles than SMs, also time auto's "
-                                                              "tile with each number of K slices in SPLITS")
+    parser.add_argument("--split", action="store_true", help="at shapes with fewer tiles than SMs or a last wave "
+                                                              "at most half full, also time auto's tile with each "
+                                                              "number of K slices in SPLITS")
     parser.add_argument("--no_split", action="store_true", help="auto never cuts K (split_k 1): the GEMM core alone, "
                                                                  "as before split-K")
     parser.add_argument("--trace", action="store_true", help="also trace auto's tile once per shape (the shares)")

@@ -223,6 +223,19 @@ class RunConfig:
         tiles_m, tiles_n = self.tiles
         return tiles_m * tiles_n
 
+    @property
+    def whole_tiles(self):
+        """Tiles whose K is not cut: with split-K, those before the last wave of ``num_sms`` programs (a whole
+        wave takes as long cut or not; the last, part-filled one is what slices fill). Without it, all."""
+        if self.split_k == 1:
+            return self.tile_count
+        return self.num_sms * ((self.tile_count - 1) // self.num_sms)
+
+    @property
+    def work_units(self):
+        """The GEMM's units of work a launch: a whole tile, or one K slice of a last-wave tile (split-K)."""
+        return self.whole_tiles + (self.tile_count - self.whole_tiles) * self.split_k
+
     def to_dict(self):
         return asdict(self)
 

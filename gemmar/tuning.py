@@ -17,12 +17,13 @@ COMM_SMS_AT_K2048 = 16
 # (few_rows_tile) when its usual tile leaves SMs idle, and at world size 1 it reads A and B through plain pointers
 # (launch.gemm_operands). Chosen from measured few-rows shapes (docs/decisions.md, FEW_ROWS).
 FEW_ROWS = 512
-# Split-K (two_shot and one_shot at world size 1): cut each tile's K into slices when the tiles fill at most
-# 1 / SPLIT_WHEN_FILLS of the SMs, as many as fill them, each slice at least SPLIT_MIN_STEPS steps of BLK_K (a
-# shorter one costs more in its fp32 slot's trip through memory than it saves). The least steps were chosen on the
-# shape sweep's split grid (docs/decisions.md, split-K).
+# Split-K (two_shot and one_shot at world size 1): cut the K of each tile of the last wave into slices when that
+# wave fills at most 1 / SPLIT_WHEN_FILLS of the SMs and at most SPLIT_MAX_WHOLE_WAVES waves come before it, as
+# many slices as fill them, each at least SPLIT_MIN_STEPS steps of BLK_K (a shorter one costs more in its fp32
+# slot's trip through memory than it saves). Chosen on the shape sweep's split grid (docs/decisions.md, split-K).
 SPLIT_WHEN_FILLS = 2
 SPLIT_MIN_STEPS = 4
+SPLIT_MAX_WHOLE_WAVES = 64
 TUNED_KNOBS = ("BLK_M", "BLK_N", "BLK_K", "num_warps", "num_stages", "gsize_m", "num_sms", "comm_sms", "split_k")
 
 
@@ -115,18 +116,21 @@ def few_rows_tile(spec, family, tile, m, n, sms):
     return next((few[rows] for rows in sorted(few) if m <= rows), tile)
 
 
-def split_k_rule(algorithm, shape, blocks, sms, min_steps=SPLIT_MIN_STEPS):
-    """Slices per tile (RunConfig.split_k) for ``shape`` (M, N, K per rank, world size) with ``blocks`` (BLK_M,
-    BLK_N, BLK_K) on ``sms`` programs: 1 unless the algorithm splits K at this world size and its tiles fill at
-    most 1 / SPLIT_WHEN_FILLS of the programs; then as many slices as fill them, each of at least
-    ``min_steps`` (SPLIT_MIN_STEPS) steps of BLK_K (the shape sweep evaluates others)."""
+def split_k_rule(algorithm, shape, blocks, sms, min_steps=SPLIT_MIN_STEPS, max_whole_waves=SPLIT_MAX_WHOLE_WAVES):
+    """Slices per last-wave tile (RunConfig.split_k) for ``shape`` (M, N, K per rank, world size) with ``blocks``
+    (BLK_M, BLK_N, BLK_K) on ``sms`` programs: 1 unless the algorithm splits K at this world size and the
+    tiles of the last wave (all of them, when there are no more tiles than programs) fill at most
+    1 / SPLIT_WHEN_FILLS of the programs, after at most ``max_whole_waves`` whole waves; then as many slices as fill
+    them, each of at least ``min_steps`` (SPLIT_MIN_STEPS) steps of BLK_K (the shape sweep evaluates others)."""
     m, n, k_rank, world_size = shape
     if world_size != 1 or algorithm not in SPLIT_K_ALGORITHMS:
         return 1
     tiles = -(-m // blocks[0]) * -(-n // blocks[1])
-    if tiles * SPLIT_WHEN_FILLS > sms:
+    whole_waves = (tiles - 1) // sms
+    last_wave = tiles - sms * whole_waves
+    if last_wave * SPLIT_WHEN_FILLS > sms or whole_waves > max_whole_waves:
         return 1
-    return max(1, min(sms // tiles, -(-k_rank // blocks[2]) // min_steps, MAX_SPLIT_K))
+    return max(1, min(sms // last_wave, -(-k_rank // blocks[2]) // min_steps, MAX_SPLIT_K))
 
 
 def split_programs(sms, tiles, k_per_rank, world_size=1):

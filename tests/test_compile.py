@@ -100,15 +100,15 @@ SCRIPT = textwrap.dedent('''
     for kernel in kernels("bf16", 0):
         build(*kernel, ones=("M", "N", "K", "rank", "world_size", "epoch", "parity"))
     # split-K at world size 1, untraced bf16 only (its trace events are two_shot's): few rows read through plain
-    # pointers, more through descriptors
-    split = {"C": "*bf16", "slices": "*fp32", "slices_in": "*i32", **{k: "i32" for k in ints}, "trace": "*i64",
+    # pointers (every tile cut), more through descriptors (a wave of whole tiles, then the last wave's cut)
+    split = {"C": "*bf16", "partials": "*bf16", "slices": "*fp32", "slices_in": "*i32", **{k: "i32" for k in ints}, "trace": "*i64",
              "trace_counts": "*i64"}
     split_tiles = dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, GROUP_SIZE_M=8, NUM_SMS=132, DOT_PRECISION="tf32",
                        TRACE_CAPACITY=0, EVEN_K=True)
     build(two_shot.one_rank_split_gemm, {"A": "*bf16", "B": "*bf16", **split},
-          dict(split_tiles, BLOCK_M=16, BLOCK_N=64, BLOCK_K=256, TMA=False, SPLIT_K=4))
+          dict(split_tiles, BLOCK_M=16, BLOCK_N=64, BLOCK_K=256, TMA=False, WHOLE_TILES=0, SPLIT_K=4))
     build(two_shot.one_rank_split_gemm, {"A": "tensordesc<bf16[128, 64]>", "B": "tensordesc<bf16[64, 256]>", **split},
-          dict(split_tiles, TMA=True, SPLIT_K=3))
+          dict(split_tiles, TMA=True, WHOLE_TILES=132, SPLIT_K=3))
     # The standalone all-reduce's own kernels (one launch each: copy in, publish, reduce).
     common = {"x": "*bf16", "numel": "i32", "out": "*bf16", "partials": "*bf16", "partial_ready": "*i32"}
     rest = {"watchdog": "*i64", "heap_bases": "*i64", "rank": "i32", "world_size": "i32", "launch_counts": "*i32",

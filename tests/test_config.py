@@ -318,6 +318,13 @@ def test_split_k_is_refused_where_it_cannot_run_and_chosen_only_for_few_tiles_an
     assert split_k_rule("two_shot", (16, 8192, 8192, 1), (16, 64, 256), 132) == 1
     assert split_k_rule("two_shot", (1, 2048, 8192, 2), (16, 64, 256), 132) == 1
     assert split_k_rule("ring", (1, 2048, 8192, 1), (16, 64, 256), 132) == 1
+    # A wave and a bit: 512 x 5120 in 128 x 128 tiles is 160 tiles, the last wave's 28 fill a fifth of 132 SMs:
+    # 4 slices (132 // 28) of K = 4352's 68 steps; 256 tiles leave 124 for the last wave: not cut.
+    assert split_k_rule("two_shot", (512, 5120, 4352, 1), (128, 128, 64), 132) == 4
+    assert split_k_rule("two_shot", (1024, 8192, 4352, 1), (128, 256, 64), 132) == 1
+    config = RunConfig(algorithm="two_shot", world_size=1, m=512, n=5120, k=4352, BLK_M=128, BLK_N=128, BLK_K=64,
+                       num_sms=132, comm_sms=132, split_k=4).validate()
+    assert (config.whole_tiles, config.work_units) == (132, 132 + 28 * 4)
     knobs = tuned_defaults("cuda", "two_shot", (9, 0), 132, shape=(1, 2048, 8192, 1))
     assert knobs["split_k"] == split_k_rule("two_shot", (1, 2048, 8192, 1),
                                             (knobs["BLK_M"], knobs["BLK_N"], knobs["BLK_K"]), knobs["num_sms"]) > 1

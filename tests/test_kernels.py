@@ -152,14 +152,16 @@ def test_two_shot_at_one_rank_gemm_programs_write_the_bits_the_reduction_would(c
 @pytest.mark.parametrize("algorithm", ["two_shot", "one_shot"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("shape,block,split_k,num_sms", [
-    ((40, 24, 200), (16, 16, 16), 3, 5),   # 13 K steps cut 4 + 4 + 5; 6 tiles x 3 slices on 5 programs
+    ((40, 24, 200), (16, 16, 16), 3, 5),   # 13 K steps cut 4 + 4 + 5; 6 tiles on 5 programs: 5 whole, 1 x 3 slices
+    ((72, 40, 100), (16, 16, 16), 2, 4),   # 15 tiles on 4 programs: 12 whole, the last wave's 3 x 2 slices
     ((16, 40, 37), (16, 16, 16), 3, 4),    # one step a slice, the last one past K's edge (masked)
     ((5, 33, 130), (16, 32, 32), 4, 7),    # a few rows (5 of a 16-row tile), N and K both uneven
 ])
 def test_split_k_at_one_rank(clusters, algorithm, dtype, shape, block, split_k, num_sms):
-    # Each tile's K cut into slices, summed by whichever program counts in last (two_shot.one_rank_split_gemm):
-    # right for every dtype and edge, the count back at 0 after every launch (3 back to back), every tile written
-    # once a launch (the trace), and the same bits every run (the slices summed in slice order, whoever is last).
+    # The last wave's tiles' K cut into slices, summed by whichever program counts in last, the tiles before it
+    # whole (two_shot.one_rank_split_gemm): right for every dtype and edge, the count back at 0 after every
+    # launch (3 back to back), every tile written once a launch (the trace), and the same bits every run (the
+    # slices summed in slice order, whoever is last).
     m, n, k = shape
     A, B = random_inputs(m, n, k, dtype, seed=k)
     settings = dict(algorithm=algorithm, BLK_M=block[0], BLK_N=block[1], BLK_K=block[2], split_k=split_k,
@@ -167,10 +169,13 @@ def test_split_k_at_one_rank(clusters, algorithm, dtype, shape, block, split_k, 
     first = clusters(1).gemm_all_reduce(A, B, **settings)
     check(first, A, B, 1)
     tiles = -(-m // block[0]) * -(-n // block[1])
+    whole = num_sms * ((tiles - 1) // num_sms)
     for iteration in range(3):
         events = first.trace.iteration(iteration)
         assert sorted(events[events.kind == "broadcast"].tile) == list(range(tiles))
-        assert sorted(events[events.kind == "gemm"].step) == sorted(list(range(split_k)) * tiles)
+        slices = events[events.kind == "gemm"].groupby("tile").step.apply(sorted)
+        assert list(slices.index) == list(range(tiles))
+        assert all(slices[t] == ([0] if t < whole else list(range(split_k))) for t in range(tiles))
         assert len(events) == first.trace.expected_event_count()
     # The replay's GEMM of a tile runs from its first slice's start to its last slice's end.
     from gemmar.analysis.replay import _Timeline

@@ -186,23 +186,27 @@ def one_rank_gemm(
 
 @triton.jit
 def one_rank_split_gemm(
-        # this rank's A and B (all of K); the output; the K slices' fp32 products and a count per tile
-        A, B, C, slices, slices_in,
+        # this rank's A and B (all of K); the output, the partials (for their dtype); the K slices' fp32 products
+        # and a count per cut tile
+        A, B, C, partials, slices, slices_in,
         # the GEMM's shape and strides
         M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
         # this kernel's region of the trace buffer
         trace, trace_counts,
-        # the GEMM's tiles and programs, how it computes a tile, and into how many K slices a tile is cut
+        # the GEMM's tiles and programs, how it computes a tile, the tiles before the last wave (not cut), and
+        # into how many K slices each last-wave tile is cut
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_SIZE_M: tl.constexpr,
         NUM_SMS: tl.constexpr, DOT_PRECISION: tl.constexpr, TRACE_CAPACITY: tl.constexpr, EVEN_K: tl.constexpr,
-        TMA: tl.constexpr, SPLIT_K: tl.constexpr):
-    """:func:`one_rank_gemm` with each tile's K cut into ``SPLIT_K`` slices (split-K), for shapes with fewer tiles
-    than SMs and a long K (one row of a decode step at K = 8192: 32-64 tiles for 132 SMs). Each (tile, slice)
-    is a unit of work; a program computes its slice's fp32 product, stores it in the tile's slot for that
-    slice, and counts it in (``slices_in[tile]``, a release-acquire add). The program that counts in last
-    sums the slices, in slice order whoever arrives last, so the same inputs give the same bits every run;
-    it writes C and sets the count back to 0 for the next launch (every slice of this launch is in). Nobody
-    waits, so nothing can hang.
+        TMA: tl.constexpr, WHOLE_TILES: tl.constexpr, SPLIT_K: tl.constexpr):
+    """:func:`one_rank_gemm` with the K of each tile of the last wave cut into ``SPLIT_K`` slices (split-K),
+    for shapes whose last wave leaves most SMs idle: fewer tiles than SMs and a long K (one row of a decode
+    step at K = 8192: 32-64 tiles for 132 SMs), or a wave and a bit (160 tiles on 132: the second wave's 28
+    tiles take as long as the first's 132). The first ``WHOLE_TILES`` units are whole tiles, written into C
+    as :func:`one_rank_gemm` writes them; each later unit is a (tile, slice): a program computes its slice's
+    fp32 product, stores it in the slot for that slice, and counts it in (``slices_in``, a release-acquire
+    add). The program that counts in last sums the slices, in slice order whoever arrives last, so the same
+    inputs give the same bits every run; it writes C and sets the count back to 0 for the next launch (every
+    slice of this launch is in). Nobody waits, so nothing can hang.
 
     At world size 1 only: at W >= 2 the partial of a tile is already cut by rank, and the tiles are many."""
     pid = tl.program_id(0)
@@ -210,33 +214,41 @@ def one_rank_split_gemm(
     num_pid_n = tl.cdiv(N, BLOCK_N)
     steps = tl.cdiv(K, BLOCK_K)
     n_events = tl.zeros((), tl.int32)
-    for unit in tl.range(pid, num_pid_m * num_pid_n * SPLIT_K, NUM_SMS):
-        tile_id = unit // SPLIT_K
-        part = unit % SPLIT_K
+    for unit in tl.range(pid, WHOLE_TILES + (num_pid_m * num_pid_n - WHOLE_TILES) * SPLIT_K, NUM_SMS):
+        cut = unit - WHOLE_TILES   # (the unit's index among the slices; negative for a whole tile)
+        whole = cut < 0
+        tile_id = tl.where(whole, unit, WHOLE_TILES + cut // SPLIT_K)
+        part = tl.where(whole, 0, cut % SPLIT_K)
         pid_m, pid_n = tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_SIZE_M)
         t = stamp(TRACE_CAPACITY)
         # (steps shared out evenly: slices differ by a step at most, none empty while SPLIT_K <= steps)
         acc = gemm_tile_steps(A, B, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, pid_m, pid_n,
-                              part * steps // SPLIT_K, (part + 1) * steps // SPLIT_K,
+                              tl.where(whole, 0, part * steps // SPLIT_K),
+                              tl.where(whole, steps, (part + 1) * steps // SPLIT_K),
                               BLOCK_M, BLOCK_N, BLOCK_K, DOT_PRECISION, EVEN_K, TMA)
         n_events, t = event(trace, n_events, t, GEMM, tile_id, pid_m, pid_n, part, -1, TRACE_CAPACITY)
-        tl.store(slot_pointers(slices, unit, BLOCK_M, BLOCK_N), acc)
-        # Every thread's store before the count (the block barrier), and the count releases them to the program
-        # that counts in last, which acquires them with its own add.
-        tl.debug_barrier()
-        arrived = tl.atomic_add(slices_in + tile_id, 1, sem="acq_rel", scope="gpu")
-        n_events, t = event(trace, n_events, t, PUBLISH, tile_id, pid_m, pid_n, part, 0, TRACE_CAPACITY)
-        if arrived == SPLIT_K - 1:
-            n_events, t = event(trace, n_events, t, TAKE, tile_id, pid_m, pid_n, part, -1, TRACE_CAPACITY)
-            total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            for s in tl.static_range(SPLIT_K):
-                # .cg: from L2, where the other programs' stores are, never a stale line of this SM's L1
-                total += tl.load(slot_pointers(slices, tile_id * SPLIT_K + s, BLOCK_M, BLOCK_N), cache_modifier=".cg")
-            tl.store(slices_in + tile_id, 0)
-            n_events, t = event(trace, n_events, t, REDUCE, tile_id, pid_m, pid_n, part, -1, TRACE_CAPACITY)
-            offsets, mask = tile_offsets(pid_m, pid_n, M, N, stride_cm, stride_cn, BLOCK_M, BLOCK_N)
-            tl.store(C + offsets, total.to(C.dtype.element_ty), mask=mask)
-            n_events, t = event(trace, n_events, t, BROADCAST, tile_id, pid_m, pid_n, part, -1, TRACE_CAPACITY)
+        if whole:
+            n_events, t = write_alone_tile(acc, C, partials, M, N, stride_cm, stride_cn, trace, n_events, t, tile_id,
+                                           pid_m, pid_n, BLOCK_M, BLOCK_N, TRACE_CAPACITY)
+        else:
+            tl.store(slot_pointers(slices, cut, BLOCK_M, BLOCK_N), acc)
+            # Every thread's store before the count (the block barrier), and the count releases them to the
+            # program that counts in last, which acquires them with its own add.
+            tl.debug_barrier()
+            arrived = tl.atomic_add(slices_in + (tile_id - WHOLE_TILES), 1, sem="acq_rel", scope="gpu")
+            n_events, t = event(trace, n_events, t, PUBLISH, tile_id, pid_m, pid_n, part, 0, TRACE_CAPACITY)
+            if arrived == SPLIT_K - 1:
+                n_events, t = event(trace, n_events, t, TAKE, tile_id, pid_m, pid_n, part, -1, TRACE_CAPACITY)
+                total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+                first_slot = (tile_id - WHOLE_TILES) * SPLIT_K
+                for s in tl.static_range(SPLIT_K):
+                    # .cg: from L2, where the other programs' stores are, never a stale line of this SM's L1
+                    total += tl.load(slot_pointers(slices, first_slot + s, BLOCK_M, BLOCK_N), cache_modifier=".cg")
+                tl.store(slices_in + (tile_id - WHOLE_TILES), 0)
+                n_events, t = event(trace, n_events, t, REDUCE, tile_id, pid_m, pid_n, part, -1, TRACE_CAPACITY)
+                offsets, mask = tile_offsets(pid_m, pid_n, M, N, stride_cm, stride_cn, BLOCK_M, BLOCK_N)
+                tl.store(C + offsets, total.to(C.dtype.element_ty), mask=mask)
+                n_events, t = event(trace, n_events, t, BROADCAST, tile_id, pid_m, pid_n, part, -1, TRACE_CAPACITY)
     finish_trace(trace_counts, n_events, TRACE_CAPACITY)
 
 
@@ -276,14 +288,15 @@ class TwoShotBuffers:
     partial_ready: object  # per tile (at its owner): partials counted in, W per launch
     results_in: object     # per owner, a cache line each: that owner's tiles written into our C
     taken: object          # per tile (at its owner): launches in which a program has taken it to reduce
-    slices: object = None     # split-K only (world size 1): a fp32 BLOCK_M x BLOCK_N slot per tile and K slice
-    slices_in: object = None  # split-K only: per tile, the slices counted in so far in this launch
+    slices: object = None     # split-K only (world size 1): a fp32 BLOCK_M x BLOCK_N slot per cut tile and K slice
+    slices_in: object = None  # split-K only: per cut tile (the last wave's), the slices counted in so far
 
 
 def buffers(alloc, config, world_size):
     tiles = config.tile_count
-    split = dict(slices=alloc((tiles * config.split_k, config.BLK_M * config.BLK_N), torch.float32),
-                 slices_in=alloc(tiles, torch.int32)) if config.split_k > 1 else {}
+    cut = tiles - config.whole_tiles
+    split = dict(slices=alloc((cut * config.split_k, config.BLK_M * config.BLK_N), torch.float32),
+                 slices_in=alloc(cut, torch.int32)) if config.split_k > 1 else {}
     return TwoShotBuffers(C=alloc((config.m, config.n), config.c_dtype),
                           partials=alloc((tiles, config.BLK_M * config.BLK_N), config.wire_torch_dtype),
                           partial_ready=alloc(tiles, torch.int32),
@@ -304,9 +317,9 @@ def launches(ctx, gemm_kernel=two_shot_gemm, reduce_kernel=two_shot_reduce):
             raise UsageError(f"split_k={cfg.split_k} runs the package's own sum and wait only: a part of your own or "
                              f"a teaching mistake needs split_k=1")
         return [Launch(one_rank_split_gemm, (cfg.num_sms,), ctx.tuning(
-            A=ctx.A, B=ctx.B, C=buf.C, slices=buf.slices, slices_in=buf.slices_in, M=cfg.m, N=cfg.n, K=ctx.K,
-            **ctx.strides, stride_cm=cfg.n, stride_cn=1, trace=ctx.trace, trace_counts=ctx.trace_counts, **ctx.gemm,
-            SPLIT_K=cfg.split_k))]
+            A=ctx.A, B=ctx.B, C=buf.C, partials=buf.partials, slices=buf.slices, slices_in=buf.slices_in, M=cfg.m,
+            N=cfg.n, K=ctx.K, **ctx.strides, stride_cm=cfg.n, stride_cn=1, trace=ctx.trace,
+            trace_counts=ctx.trace_counts, **ctx.gemm, WHOLE_TILES=cfg.whole_tiles, SPLIT_K=cfg.split_k))]
     if ctx.world_size == 1 and SPEC.runs_its_own_parts(ctx.parts):
         return [Launch(one_rank_gemm, (cfg.num_sms,), ctx.tuning(
             A=ctx.A, B=ctx.B, C=buf.C, partials=buf.partials, M=cfg.m, N=cfg.n, K=ctx.K, **ctx.strides,
@@ -349,7 +362,7 @@ def events_per_program(config, world_size, summed=None):
     # per summed tile it helps with
     summed = summed or [owned_count_on_host(config.tile_count, r, world_size) for r in range(world_size)]
     # (split-K at world size 1: gemm and publish per slice, take, reduce and broadcast for a tile's last one)
-    gemm = -(-config.tile_count * config.split_k // config.num_sms) * (5 if world_size == 1 else 2) + max(
+    gemm = -(-config.work_units // config.num_sms) * (5 if world_size == 1 else 2) + max(
         3 * -(-count // config.num_sms) for count in summed)
     return max([gemm] + [reduce_events(count, world_size, config.comm_sms) for count in summed])
 
@@ -358,7 +371,7 @@ def events_per_launch(config, world_size, rank, summed=None):
     """``summed``: how many tiles ``rank`` sums (by default those it owns; one_shot's: every tile)."""
     # gemm and publish per tile; the reduction's events as if one program recorded them all
     summed = owned_count_on_host(config.tile_count, rank, world_size) if summed is None else summed
-    return config.tile_count * config.split_k * 2 + reduce_events(summed, world_size, programs=1)
+    return config.work_units * 2 + reduce_events(summed, world_size, programs=1)
 
 
 SPEC = AlgorithmSpec(
