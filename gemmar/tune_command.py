@@ -94,6 +94,7 @@ def tile_source_line(args, backend, config):
         source = f"{', '.join(given)} from the command line, the rest from {source}"
     split = ""
     if config.split_k > 1:
-        split = (f"; K cut into {config.split_k} slices a tile (split-K: "
-                 f"{'--split_k' if args.split_k is not None else 'the rule for few tiles and a long K, tuning.split_k_rule'})")
+        cut = config.tile_count - config.whole_tiles
+        split = (f"; K cut into {config.split_k} slices for {'each' if cut == config.tile_count else f'the last {cut}'} "
+                 f"of {config.tile_count} tiles (split-K: {'--split_k' if args.split_k is not None else 'the rule for a last wave at most half full and a long K, tuning.split_k_rule'})")
     return f"{config.algorithm}: {tile}: from {source}{split}"

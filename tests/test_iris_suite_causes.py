@@ -128,6 +128,24 @@ def test_a_rank_that_exits_with_a_code_lets_the_others_finish(clusters, world_si
     assert "[rank 1/2] finished its own work" in out.getvalue()
 
 
+ENDS_WITH_AN_ENUM = """
+import sys
+from outcomes import Outcome   # (a module beside the program: it goes with the program's run, as pytest did there)
+sys.exit(Outcome.TESTS_FAILED)
+"""
+
+
+@pytest.mark.parametrize("world_size", [2])
+def test_an_exit_code_given_as_an_int_enum_comes_back_as_its_number(clusters, world_size, tmp_path):
+    # (Iris's launcher exits with pytest.main's ExitCode; on a GPU box every rank's result came back as
+    # "PicklingError: Can't pickle <enum 'ExitCode'>" instead of exit code 1)
+    program = tmp_path / "ends_with_an_enum.py"
+    program.write_text(ENDS_WITH_AN_ENUM)
+    (tmp_path / "outcomes.py").write_text("import enum\nclass Outcome(enum.IntEnum):\n    TESTS_FAILED = 1\n")
+    result = clusters(world_size).run_script(str(program), timeout=60, out=io.StringIO(), err=io.StringIO())
+    assert result.exit_codes == [1, 1] and result.errors == ["exit code 1"] * 2, result
+
+
 @pytest.mark.parametrize("world_size", [2])
 def test_the_sanitizer_sees_two_streams_as_a_gpu_runs_them(clusters, world_size):
     """Example 15's plain-store flag between a GEMM kernel and a communication kernel on two streams: a race the

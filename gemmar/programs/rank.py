@@ -169,7 +169,9 @@ def _run_program(path, args, cwd, store_path, plans, sanitize=False):
             runpy.run_path(path, run_name="__main__")
     except SystemExit as e:
         if e.code is None or isinstance(e.code, int):
-            code = e.code or 0
+            # (int(): pytest.main's ExitCode is an IntEnum, which goes back to the client by reference to a class
+            # the client may not hold as the same object: PicklingError instead of the exit code, on the GPU box)
+            code = int(e.code or 0)
         else:   # sys.exit("message"): Python prints it and exits 1
             print(e.code, file=sys.stderr)
             code, error = 1, f"SystemExit: {e.code}"
