@@ -312,14 +312,16 @@ def analyse(paths, rules_out, how="wall"):
                              for k, r in sorted(by_split.items()))
             print(f"  {shape_name(row):>16} tiles {-(-row['m'] // tile[0]) * -(-row['n'] // tile[1]):>3} "
                   f"steps {-(-row['k'] // tile[2]):>3}  {cells}")
-        # The split rule with other least steps a slice, and at most so many whole waves before the cut one, read
-        # off the same grid (each shape's ratio at the number of slices that rule gives; the grid has every number
-        # up to 4, then 6, 8, 12, 16: the nearest below otherwise)
-        from gemmar.tuning import SPLIT_MAX_WHOLE_WAVES, SPLIT_MIN_STEPS, split_k_rule
+        # The split rule with other least steps a slice, least K a slice per row of the tile, and most whole waves
+        # before the cut one, read off the same grid (each shape's ratio at the number of slices that rule gives;
+        # the grid has every number up to 4, then 6, 8, 12, 16: the nearest below otherwise)
+        from gemmar.tuning import SPLIT_K_PER_ROW, SPLIT_MAX_WHOLE_WAVES, SPLIT_MIN_STEPS, split_k_rule
 
         sms = head.get("sms", 132)
-        variants = [(steps, SPLIT_MAX_WHOLE_WAVES) for steps in (1, 2, 3, 4, 6, 8)] + \
-            [(SPLIT_MIN_STEPS, waves) for waves in (0, 1, 2, 4, 8) if waves != SPLIT_MAX_WHOLE_WAVES] + [None]
+        shipped = (SPLIT_MIN_STEPS, SPLIT_MAX_WHOLE_WAVES, SPLIT_K_PER_ROW)
+        variants = sorted({shipped} | {(steps, shipped[1], shipped[2]) for steps in (1, 2, 4, 8)} |
+                          {(shipped[0], waves, shipped[2]) for waves in (0, 1, 2, 4, 64)} |
+                          {(shipped[0], shipped[1], per_row) for per_row in (0, 2, 4, 6, 8, 16)}) + [None]
         for variant in variants:
             picked = []
             for row in split_rows:
@@ -331,8 +333,8 @@ def analyse(paths, rules_out, how="wall"):
                     picked.append(by_split[max(known)])
             if picked:
                 name = "no split" if variant is None else \
-                    f">= {variant[0]} steps a slice, <= {variant[1]} whole waves before"
-                print(f"  split rule with {name}{' (shipped)' if variant == (SPLIT_MIN_STEPS, SPLIT_MAX_WHOLE_WAVES) else ''}"
+                    f">= {variant[0]} steps and >= {variant[2]} x BLK_M of K a slice, <= {variant[1]} whole waves before"
+                print(f"  split rule with {name}{' (shipped)' if variant == shipped else ''}"
                       f": geometric mean {geomean(picked):.4f}, worst {max(picked):.3f} over {len(picked)} shapes")
     if all("grid" in row for row in rows):
         picks["best of grid (per-shape tuning)"] = lambda row: min(grid_ratios(row, how).values(), default=None)

@@ -19,11 +19,14 @@ COMM_SMS_AT_K2048 = 16
 FEW_ROWS = 512
 # Split-K (two_shot and one_shot at world size 1): cut the K of each tile of the last wave into slices when that
 # wave fills at most 1 / SPLIT_WHEN_FILLS of the SMs and at most SPLIT_MAX_WHOLE_WAVES waves come before it, as
-# many slices as fill them, each at least SPLIT_MIN_STEPS steps of BLK_K (a shorter one costs more in its fp32
-# slot's trip through memory than it saves). Chosen on the shape sweep's split grid (docs/decisions.md, split-K).
+# many slices as fill them, each at least SPLIT_MIN_STEPS steps of BLK_K and SPLIT_K_PER_ROW x BLK_M of K (a
+# shorter one costs more in its fp32 slot's trip through memory than it saves: a slot is 8 x BLK_M x BLK_N bytes
+# written and read, against the 2 x K x BLK_N bytes of B the slice reads). Chosen on the shape sweep's split grid
+# (docs/decisions.md, split-K).
 SPLIT_WHEN_FILLS = 2
 SPLIT_MIN_STEPS = 4
-SPLIT_MAX_WHOLE_WAVES = 64
+SPLIT_K_PER_ROW = 6
+SPLIT_MAX_WHOLE_WAVES = 2
 TUNED_KNOBS = ("BLK_M", "BLK_N", "BLK_K", "num_warps", "num_stages", "gsize_m", "num_sms", "comm_sms", "split_k")
 
 
@@ -116,12 +119,14 @@ def few_rows_tile(spec, family, tile, m, n, sms):
     return next((few[rows] for rows in sorted(few) if m <= rows), tile)
 
 
-def split_k_rule(algorithm, shape, blocks, sms, min_steps=SPLIT_MIN_STEPS, max_whole_waves=SPLIT_MAX_WHOLE_WAVES):
+def split_k_rule(algorithm, shape, blocks, sms, min_steps=SPLIT_MIN_STEPS, max_whole_waves=SPLIT_MAX_WHOLE_WAVES,
+                 k_per_row=SPLIT_K_PER_ROW):
     """Slices per last-wave tile (RunConfig.split_k) for ``shape`` (M, N, K per rank, world size) with ``blocks``
     (BLK_M, BLK_N, BLK_K) on ``sms`` programs: 1 unless the algorithm splits K at this world size and the
     tiles of the last wave (all of them, when there are no more tiles than programs) fill at most
     1 / SPLIT_WHEN_FILLS of the programs, after at most ``max_whole_waves`` whole waves; then as many slices as fill
-    them, each of at least ``min_steps`` (SPLIT_MIN_STEPS) steps of BLK_K (the shape sweep evaluates others)."""
+    them, each of at least ``min_steps`` steps of BLK_K and ``k_per_row`` x BLK_M of K (the shape sweep evaluates
+    others)."""
     m, n, k_rank, world_size = shape
     if world_size != 1 or algorithm not in SPLIT_K_ALGORITHMS:
         return 1
@@ -130,7 +135,8 @@ def split_k_rule(algorithm, shape, blocks, sms, min_steps=SPLIT_MIN_STEPS, max_w
     last_wave = tiles - sms * whole_waves
     if last_wave * SPLIT_WHEN_FILLS > sms or whole_waves > max_whole_waves:
         return 1
-    return max(1, min(sms // last_wave, -(-k_rank // blocks[2]) // min_steps, MAX_SPLIT_K))
+    by_rows = k_rank // (k_per_row * blocks[0]) if k_per_row else MAX_SPLIT_K
+    return max(1, min(sms // last_wave, -(-k_rank // blocks[2]) // min_steps, by_rows, MAX_SPLIT_K))
 
 
 def split_programs(sms, tiles, k_per_rank, world_size=1):

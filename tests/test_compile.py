@@ -106,9 +106,9 @@ SCRIPT = textwrap.dedent('''
     split_tiles = dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, GROUP_SIZE_M=8, NUM_SMS=132, DOT_PRECISION="tf32",
                        TRACE_CAPACITY=0, EVEN_K=True)
     build(two_shot.one_rank_split_gemm, {"A": "*bf16", "B": "*bf16", **split},
-          dict(split_tiles, BLOCK_M=16, BLOCK_N=64, BLOCK_K=256, TMA=False, WHOLE_TILES=0, SPLIT_K=4))
+          dict(split_tiles, BLOCK_M=16, BLOCK_N=64, BLOCK_K=256, TMA=False, WHOLE_TILES=0, SPLIT_K=4, SUM_ROWS=16))
     build(two_shot.one_rank_split_gemm, {"A": "tensordesc<bf16[128, 64]>", "B": "tensordesc<bf16[64, 256]>", **split},
-          dict(split_tiles, TMA=True, WHOLE_TILES=132, SPLIT_K=3))
+          dict(split_tiles, TMA=True, WHOLE_TILES=132, SPLIT_K=3, SUM_ROWS=32))
     # The standalone all-reduce's own kernels (one launch each: copy in, publish, reduce).
     common = {"x": "*bf16", "numel": "i32", "out": "*bf16", "partials": "*bf16", "partial_ready": "*i32"}
     rest = {"watchdog": "*i64", "heap_bases": "*i64", "rank": "i32", "world_size": "i32", "launch_counts": "*i32",

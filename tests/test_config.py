@@ -322,6 +322,12 @@ def test_split_k_is_refused_where_it_cannot_run_and_chosen_only_for_few_tiles_an
     # 4 slices (132 // 28) of K = 4352's 68 steps; 256 tiles leave 124 for the last wave: not cut.
     assert split_k_rule("two_shot", (512, 5120, 4352, 1), (128, 128, 64), 132) == 4
     assert split_k_rule("two_shot", (1024, 8192, 4352, 1), (128, 256, 64), 132) == 1
+    # ... none where a slice would have under SPLIT_K_PER_ROW x BLK_M of K (2048 x 5120 x 1280: 320 tiles, the last
+    # wave's 56 could take 2 slices of 640), or after more than SPLIT_MAX_WHOLE_WAVES whole waves (3584 tiles)
+    assert split_k_rule("two_shot", (2048, 5120, 1280, 1), (128, 256, 64), 132) == 1
+    assert split_k_rule("two_shot", (2048, 5120, 1280, 1), (128, 256, 64), 132, k_per_row=4) == 2
+    assert split_k_rule("two_shot", (16384, 7168, 4608, 1), (128, 256, 64), 132) == 1
+    assert split_k_rule("two_shot", (16384, 7168, 4608, 1), (128, 256, 64), 132, max_whole_waves=64) == 6
     config = RunConfig(algorithm="two_shot", world_size=1, m=512, n=5120, k=4352, BLK_M=128, BLK_N=128, BLK_K=64,
                        num_sms=132, comm_sms=132, split_k=4).validate()
     assert (config.whole_tiles, config.work_units) == (132, 132 + 28 * 4)

@@ -154,6 +154,7 @@ def test_two_shot_at_one_rank_gemm_programs_write_the_bits_the_reduction_would(c
 @pytest.mark.parametrize("shape,block,split_k,num_sms", [
     ((40, 24, 200), (16, 16, 16), 3, 5),   # 13 K steps cut 4 + 4 + 5; 6 tiles on 5 programs: 5 whole, 1 x 3 slices
     ((72, 40, 100), (16, 16, 16), 2, 4),   # 15 tiles on 4 programs: 12 whole, the last wave's 3 x 2 slices
+    ((128, 32, 96), (64, 16, 16), 2, 3),   # 64-row tiles, summed 32 rows at a time (SPLIT_SUM_ROWS); 3 whole, 1 cut
     ((16, 40, 37), (16, 16, 16), 3, 4),    # one step a slice, the last one past K's edge (masked)
     ((5, 33, 130), (16, 32, 32), 4, 7),    # a few rows (5 of a 16-row tile), N and K both uneven
 ])

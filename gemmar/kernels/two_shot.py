@@ -89,12 +89,15 @@ from .device import FLAG_WORDS
 from ..errors import UsageError
 from .events import event, finish_trace, stamp
 from .puzzle_parts import sum_partials   # (a puzzle's answer: see puzzle_parts.py)
-from .gemm import GEMM, GEMM_PHASE, gemm_tile_steps, tile_coords, tile_offsets, traced_gemm_tile
+from .gemm import GEMM, GEMM_PHASE, gemm_tile_steps, tile_coords, tile_offsets, tile_rows_offsets, traced_gemm_tile
 from .mistakes import skip_the_wait
 from .owner_reduce import (BROADCAST, COMM_WARPS, REDUCE, REDUCE_ROWS, REDUCTION_PHASES, TAKE, WAIT_FLAGS,
                            count_in_at_peers, help_reduce, owned_count_on_host, owned_tiles, reduce_events,
-                           slot_pointers, two_shot_reduce)
+                           slot_pointers, slot_rows, two_shot_reduce)
 from .spec import WAIT_PART, AlgorithmSpec, Done, Launch, Part, Phase
+
+# Split-K: the program whose slice of a tile counts in last sums the slices this many rows at a time.
+SPLIT_SUM_ROWS = 32
 
 PUBLISH_PHASE = Phase(9, "publish", "store")   # a GEMM program stores its partial and tells the owner
 PHASES = (GEMM_PHASE, PUBLISH_PHASE) + REDUCTION_PHASES
@@ -194,10 +197,10 @@ def one_rank_split_gemm(
         # this kernel's region of the trace buffer
         trace, trace_counts,
         # the GEMM's tiles and programs, how it computes a tile, the tiles before the last wave (not cut), and
-        # into how many K slices each last-wave tile is cut
+        # into how many K slices each last-wave tile is cut, and how many rows the last slice's program sums at once
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_SIZE_M: tl.constexpr,
         NUM_SMS: tl.constexpr, DOT_PRECISION: tl.constexpr, TRACE_CAPACITY: tl.constexpr, EVEN_K: tl.constexpr,
-        TMA: tl.constexpr, WHOLE_TILES: tl.constexpr, SPLIT_K: tl.constexpr):
+        TMA: tl.constexpr, WHOLE_TILES: tl.constexpr, SPLIT_K: tl.constexpr, SUM_ROWS: tl.constexpr):
     """:func:`one_rank_gemm` with the K of each tile of the last wave cut into ``SPLIT_K`` slices (split-K),
     for shapes whose last wave leaves most SMs idle: fewer tiles than SMs and a long K (one row of a decode
     step at K = 8192: 32-64 tiles for 132 SMs), or a wave and a bit (160 tiles on 132: the second wave's 28
@@ -239,15 +242,22 @@ def one_rank_split_gemm(
             n_events, t = event(trace, n_events, t, PUBLISH, tile_id, pid_m, pid_n, part, 0, TRACE_CAPACITY)
             if arrived == SPLIT_K - 1:
                 n_events, t = event(trace, n_events, t, TAKE, tile_id, pid_m, pid_n, part, -1, TRACE_CAPACITY)
-                total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
                 first_slot = (tile_id - WHOLE_TILES) * SPLIT_K
-                for s in tl.static_range(SPLIT_K):
-                    # .cg: from L2, where the other programs' stores are, never a stale line of this SM's L1
-                    total += tl.load(slot_pointers(slices, first_slot + s, BLOCK_M, BLOCK_N), cache_modifier=".cg")
+                # SUM_ROWS rows at a time, one slot's rows in registers at a time: the whole tile's sum beside a
+                # whole slot spilled registers at 128 x 128 and up (H100, 2026-12-07), and it runs in the kernel
+                # of the whole tiles. Each element is still summed in slice order.
+                for first in range(0, BLOCK_M, SUM_ROWS):
+                    total = tl.zeros((SUM_ROWS, BLOCK_N), dtype=tl.float32)
+                    for s in range(SPLIT_K):
+                        # .cg: from L2, where the other programs' stores are, never a stale line of this SM's L1
+                        total += tl.load(slot_rows(slices, first_slot + s, first, SUM_ROWS, BLOCK_M, BLOCK_N),
+                                         cache_modifier=".cg")
+                    offsets, mask = tile_rows_offsets(pid_m, pid_n, first, M, N, stride_cm, stride_cn, SUM_ROWS,
+                                                      BLOCK_M, BLOCK_N)
+                    tl.store(C + offsets, total.to(C.dtype.element_ty), mask=mask)
                 tl.store(slices_in + (tile_id - WHOLE_TILES), 0)
+                # (summed and written a chunk at a time: the reduce event covers both, the broadcast is its end)
                 n_events, t = event(trace, n_events, t, REDUCE, tile_id, pid_m, pid_n, part, -1, TRACE_CAPACITY)
-                offsets, mask = tile_offsets(pid_m, pid_n, M, N, stride_cm, stride_cn, BLOCK_M, BLOCK_N)
-                tl.store(C + offsets, total.to(C.dtype.element_ty), mask=mask)
                 n_events, t = event(trace, n_events, t, BROADCAST, tile_id, pid_m, pid_n, part, -1, TRACE_CAPACITY)
     finish_trace(trace_counts, n_events, TRACE_CAPACITY)
 
@@ -319,7 +329,8 @@ def launches(ctx, gemm_kernel=two_shot_gemm, reduce_kernel=two_shot_reduce):
         return [Launch(one_rank_split_gemm, (cfg.num_sms,), ctx.tuning(
             A=ctx.A, B=ctx.B, C=buf.C, partials=buf.partials, slices=buf.slices, slices_in=buf.slices_in, M=cfg.m,
             N=cfg.n, K=ctx.K, **ctx.strides, stride_cm=cfg.n, stride_cn=1, trace=ctx.trace,
-            trace_counts=ctx.trace_counts, **ctx.gemm, WHOLE_TILES=cfg.whole_tiles, SPLIT_K=cfg.split_k))]
+            trace_counts=ctx.trace_counts, **ctx.gemm, WHOLE_TILES=cfg.whole_tiles, SPLIT_K=cfg.split_k,
+            SUM_ROWS=min(cfg.BLK_M, SPLIT_SUM_ROWS)))]
     if ctx.world_size == 1 and SPEC.runs_its_own_parts(ctx.parts):
         return [Launch(one_rank_gemm, (cfg.num_sms,), ctx.tuning(
             A=ctx.A, B=ctx.B, C=buf.C, partials=buf.partials, M=cfg.m, N=cfg.n, K=ctx.K, **ctx.strides,
