@@ -7,6 +7,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 
 import numpy as np
 import torch
@@ -23,6 +24,7 @@ from inputs import random_inputs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HANDOFF = os.path.join(ROOT, "tests", "iris_programs", "flag_handoff.py")
+HOST_ZERO = os.path.join(ROOT, "tests", "iris_programs", "host_zero.py")
 
 
 # -- happens-before on hand-made records (no engines) ------------------------------------------------------
@@ -72,6 +74,80 @@ def test_polls_race_with_plain_writes_only_and_atomics_never_race_with_each_othe
                            [access(11, 1, "read", flag, atomic=True), access(12, 1, "rmw", flag, "relaxed")])).ok
     report = analyse(records([access(10, 1, "write", flag)], [access(11, 1, "read", flag, atomic=True)]))
     assert len(report.races) == 1 and "polls it" in report.races[0].text
+
+
+def host_write(seq, lo, hi, stream="main"):
+    return ("host write", seq, "zero_", np.array([lo], np.int64), np.array([hi], np.int64), ("p.py", 7, "main"),
+            ("heap tensor at byte 0", (64,), "int32", 0), 0, stream, seq * 1000)
+
+
+def test_a_host_write_races_with_a_peers_kernel_unless_a_meeting_orders_them():
+    """Rank 1's host zero-fills [0, 256) of rank 0's heap; rank 0's kernel writes element 2, before or after."""
+    for kernel_seq in (5, 15):   # the kernel's write before the host's (checked at once), or after (from the map)
+        report = analyse([dict(rank=0, world_size=2, events=[("start", kernel_seq - 1, 1, "k0", "main"),
+                                                             access(kernel_seq, 1, "write", 8, name="data"),
+                                                             ("end", kernel_seq + 1, 1)]),
+                          dict(rank=1, world_size=2, events=[host_write(10, 0, 256)])])
+        assert len(report.races) == 1, report
+        assert report.races[0].element == "data[0]"   # (named as the kernel names the buffer)
+        assert "rank 1 host (zero_) writes it at p.py:7" in report.races[0].text
+        assert "rank 0 program 0 (k0) writes it at k.py:1" in report.races[0].text
+        assert "a barrier of both ranks between rank 1's host write and" in report.races[0].text
+    meeting = dict(meeting=(None, 1))
+    ordered = [dict(rank=0, world_size=2, events=[("host", 12, "arrive", meeting), ("host", 14, "leave", meeting),
+                                                  ("start", 15, 1, "k0", "main"), access(16, 1, "write", 8),
+                                                  ("end", 17, 1)]),
+               dict(rank=1, world_size=2, events=[host_write(10, 0, 256), ("host", 11, "arrive", meeting),
+                                                  ("host", 13, "leave", meeting)])]
+    assert analyse(ordered).ok
+
+
+def test_a_host_write_follows_its_own_streams_kernels_and_precedes_its_later_launches():
+    flag = 8
+    same_stream = [dict(rank=0, world_size=1, events=[("start", 1, 1, "k", "main"), access(2, 1, "rmw", flag, "relaxed"),
+                                                      ("end", 3, 1), host_write(4, 0, 64),
+                                                      ("start", 5, 2, "k", "main"), access(6, 2, "write", flag),
+                                                      ("end", 7, 2)])]
+    assert analyse(same_stream).ok
+    other_stream = [dict(rank=0, world_size=1, events=[("start", 1, 1, "k", "side"), access(2, 1, "write", flag),
+                                                       ("end", 3, 1), host_write(4, 0, 64)])]
+    report = analyse(other_stream)
+    assert len(report.races) == 1 and "a synchronize (or a wait_stream)" in report.races[0].text, report
+
+
+def test_a_large_host_fill_is_one_record_of_byte_ranges(tmp_path):
+    """64 MB zero-filled, a strided view, a row slice: a handful of records, each a few ranges, in well under a
+    second; and the dispatch mode that saw them is gone after the run."""
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+    from gemmar import sanitizer
+    from gemmar.sanitizer.record import MAX_RANGES
+
+    arena = torch.empty(64 << 20, dtype=torch.uint8)
+    heap = type("Heap", (), dict(backend="cpu", rank=0, world_size=1, size=arena.numel(), folder=str(tmp_path),
+                                 heap_bases=torch.tensor([arena.data_ptr()], dtype=torch.int64),
+                                 allocation_table=lambda self: (np.array([0]), np.array([arena.numel()]),
+                                                                [("big", (16 << 20,), "float32")])))()
+    big = arena.view(torch.float32)
+    outside = torch.zeros(1000)
+    with sanitizer.recording(heap) as records:
+        outside.fill_(2)                        # not on the heap: not recorded (torch's first dispatch: imports)
+        started = time.monotonic()
+        big.zero_()
+        big.view(4096, -1)[:, :16].fill_(1)     # 4096 rows of 16 elements: a range each
+        big[::2].zero_()                        # 8M runs of one element: its span
+        took = time.monotonic() - started
+    assert took < 1, took
+    assert not _get_current_dispatch_mode_stack()
+    writes = [e for e in records[0]["events"] if e[0] == "host write"]
+    assert [(e[2], e[3].size) for e in writes] == [("zero_", 1), ("fill_", MAX_RANGES), ("zero_", 1)], writes
+    assert (writes[0][3][0], writes[0][4][0]) == (0, 64 << 20)
+    assert (writes[1][3][1], writes[1][4][1]) == (4096 * 4, 4096 * 4 + 64)
+    assert writes[0][5][0] == __file__ and writes[0][6][0] == "big"
+    # A kernel's write later in the same rank's program: after them all, and the analysis stays small.
+    events = records[0]["events"] + [("start", 10 ** 6, 1, "k", "main"), access(10 ** 6 + 1, 1, "write", 8),
+                                     ("end", 10 ** 6 + 2, 1)]
+    assert analyse([dict(rank=0, world_size=1, events=events)]).ok
 
 
 def test_bad_sanitize_values_are_refused():
@@ -272,6 +348,26 @@ def test_an_iris_programs_stray_store_and_missing_rank_are_named(clusters, world
     assert result.failure_lines()[1] == ("rank 1: HeapBoundsError: rank 1, program 0 asked for rank 2 at "
                                          "flag_handoff.py:30: ranks are 0 to 1 (world_size=2)")
     assert cluster.run_script(HANDOFF, timeout=60, echo=False).ok   # the ranks still work
+
+
+def line_of(path, text):
+    with open(path) as f:
+        return next(i for i, line in enumerate(f, 1) if text in line)
+
+
+@pytest.mark.parametrize("world_size", [2])
+def test_a_host_zero_fill_a_peers_kernel_writes_is_a_race_unless_a_barrier_is_between(clusters, world_size):
+    cluster = clusters(world_size)
+    result = cluster.run_script(HOST_ZERO, timeout=120, echo=False, sanitize=True)
+    assert result.ok, result.failure_lines()
+    texts = {r.element: r.text for r in result.sanitizer.races}
+    assert set(texts) == {"target[0]", "flags[0]"}, str(result.sanitizer)
+    assert (f"rank 1 host (zero_) writes it at host_zero.py:{line_of(HOST_ZERO, 'target.zero_()')}" in texts["target[0]"]
+            and f"(send_kernel) writes it at host_zero.py:{line_of(HOST_ZERO, 'iris.store(')}" in texts["target[0]"])
+    assert f"rank 1 host (zero_) writes it at host_zero.py:{line_of(HOST_ZERO, 'flags = shmem.zeros(')}" in texts["flags[0]"]
+    assert "and 63 more locations of target" in texts["target[0]"]
+    ordered = cluster.run_script(HOST_ZERO, "--barrier", timeout=120, echo=False, sanitize=True)
+    assert ordered.ok and ordered.sanitizer.ok, str(ordered.sanitizer)
 
 
 def test_gemmar_run_sanitize_exits_1_on_a_race(tmp_path):

@@ -5,7 +5,9 @@ API, Iris's, or a plain ``tl.load``/``tl.store``/atomic on a heap address - is r
 and line, numbered in the one order the memory saw them (``record.py``). Accesses outside the buffer they
 address stop the run before they happen (:class:`~gemmar.errors.HeapBoundsError`). After the run, the
 ranks' records meet at the client, and ``order.py`` finds every pair of accesses that nothing orders
-(happens-before across ranks and programs): a race, even one that gave the right sum this time.
+(happens-before across ranks and programs): a race, even one that gave the right sum this time. The host's
+own writes to a heap (``zero_``, ``copy_``, ``heap.zeros``, Iris's ``shmem.zeros``) are recorded too, as byte
+ranges, while recording only (a torch dispatch mode on the recording thread).
 
 What it proves, and what not: see docs/sanitizer.md.
 """
@@ -31,6 +33,7 @@ def start(heap):
         raise UsageError("sanitize=True: this rank is already recording (one sanitized run at a time)")
     record.install()
     record.ACTIVE = record.Recorder(heap, os.path.join(heap.folder, SYNC_FILE))
+    record.watch_host_writes()
 
 
 def stop():
@@ -38,6 +41,7 @@ def stop():
     recorder, record.ACTIVE = record.ACTIVE, None
     if recorder is None:
         return None
+    record.unwatch_host_writes()
     try:
         return recorder.take()
     finally:

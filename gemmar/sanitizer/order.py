@@ -14,6 +14,12 @@ Every program of every kernel call is a thread with a vector clock. What orders 
   write ends it). The records are numbered in the order the memory saw them, so the value an acquire read is
   the last one written before it: no guess about which release it saw.
 
+A host write to a heap (``zero_``, ``copy_``, ``heap.zeros``, Iris's ``shmem.zeros``) is an access of the rank's
+host: after everything its host did before and after the earlier work of the stream it runs on (torch runs it
+there on a GPU); before everything its host does after it, so before every later launch of the rank, and, through
+a barrier, before what other ranks do after that barrier. It covers byte ranges: a location it covers that a kernel
+touched before is checked at once; one touched later finds it in a map of the last host write over each range.
+
 Two accesses to the same bytes from different programs, at least one a write, not both atomic, with neither
 before the other, are a race: reported once per pair of lines and buffer, with what would order them.
 (Polls are volatile loads: they count as relaxed atomic reads, which order nothing and race only with plain
@@ -21,6 +27,8 @@ writes.)
 """
 
 import dataclasses
+
+import numpy as np
 
 from ..kernels.device import place
 from .record import OWNER_SHIFT, element_text
@@ -57,7 +65,13 @@ class Access:
     def line(self):
         return place(self.where)
 
+    @property
+    def on_host(self):
+        return isinstance(self.thread, tuple)   # (the host's thread is ("host", rank); a program's, a number)
+
     def who(self):
+        if self.on_host:
+            return f"rank {self.rank} host ({self.op})"
         return f"rank {self.rank} program {self.program} ({self.kernel})"
 
     def doing(self):
@@ -85,15 +99,20 @@ class Race:
                  for x in pair] for pair in self.pairs]
 
     @property
+    def buffer(self):
+        """The buffer both touch, as a kernel's access names it (a host write knows only where its first byte is)."""
+        return self.second.buffer if self.first.on_host else self.first.buffer
+
+    @property
     def element(self):
         offset = self.key & ((1 << OWNER_SHIFT) - 1)
-        name, shape, dtype, start = self.first.buffer
+        name, shape, dtype, start = self.buffer
         return element_text((name, shape, dtype), offset - start)
 
     @property
     def text(self):
         a, b = self.first, self.second
-        more = f" (and {self.locations - 1} more locations of {a.buffer[0]})" if self.locations > 1 else ""
+        more = f" (and {self.locations - 1} more locations of {self.buffer[0]})" if self.locations > 1 else ""
         return (f"race on {self.element} in rank {self.key >> OWNER_SHIFT}'s heap{more}: {a.who()} {a.doing()} it at "
                 f"{a.line}, {b.who()} {b.doing()} it at {b.line}, and nothing orders the two. {self.hint}").strip()
 
@@ -139,6 +158,9 @@ class _Order:
         self.races = {}        # (lines, kinds, buffer) -> Race
         self.by_thread = {}    # thread id -> [Access] in order (for the hints)
         self.accesses = 0
+        self.painters = []     # host writes, in order
+        self.painted = (np.zeros(0, np.int64),) * 3   # disjoint [start, end) location ranges -> index in painters
+        self.sorted_keys = np.zeros(0, np.int64)      # the shadow's keys, sorted (rebuilt when it has grown)
 
     def thread(self, rank, call, program):
         kernel = self.kernels[(rank, call)]
@@ -206,10 +228,13 @@ class _Order:
         self.accesses += 1
         self.by_thread.setdefault(t, []).append(a)
         writes = kind != "read"
-        for key in keys.tolist():
+        # A location seen for the first time: its last write is the last host write over it, if any.
+        painters = _inside(*self.painted[:2], keys) if self.painters else None
+        for i, key in enumerate(keys.tolist()):
             entry = self.shadow.get(key)
             if entry is None:
-                entry = self.shadow[key] = [None, {}]
+                host = painters is not None and painters[i] >= 0
+                entry = self.shadow[key] = [self.painters[self.painted[2][painters[i]]] if host else None, {}]
             last = entry[0]
             if last is not None:
                 self._check(last, a, key, clock)
@@ -234,14 +259,53 @@ class _Order:
             for key in keys.tolist():
                 self.release.pop(key, None)
 
+    def host_write(self, rank, event):
+        """A host write over the location ranges [lo, hi): see the module's docstring for what orders it."""
+        _, seq, op, lo, hi, where, buffer, owner, stream, time_ns = event
+        host = self.host.setdefault(rank, {})
+        me = ("host", rank)
+        host[me] = host.get(me, 0) + 1
+        clock = dict(self.streams.get((rank, stream), {}))
+        _join(clock, host)
+        a = Access(seq, rank, 0, 0, "host", me, host[me], "write", False, None, where, buffer, owner, lo, time_ns, op)
+        self.accesses += 1
+        # The locations kernels touched before: checked now, and this write is their last one.
+        if self.sorted_keys.size != len(self.shadow):
+            self.sorted_keys = np.sort(np.fromiter(self.shadow, np.int64, len(self.shadow)))
+        keys = self.sorted_keys
+        for key in keys[_inside(lo, hi, keys) >= 0].tolist():
+            entry = self.shadow[key]
+            if entry[0] is not None:
+                self._check(entry[0], a, key, clock)
+            for read in entry[1].values():
+                self._check(read, a, key, clock)
+            entry[0], entry[1] = a, {}
+        if self.release:   # (a plain write ends a release sequence)
+            held = np.fromiter(self.release, np.int64, len(self.release))
+            for key in held[_inside(lo, hi, held) >= 0].tolist():
+                del self.release[key]
+        # The others: the map of the last host write over each range, which a later first access reads.
+        self.painters.append(a)
+        starts, ends, who = self.painted
+        cuts = np.unique(np.concatenate([starts, ends, lo, hi]))
+        pieces = cuts[:-1]
+        old = _inside(starts, ends, pieces)
+        writer = np.where(_inside(lo, hi, pieces) >= 0, len(self.painters) - 1,
+                          np.where(old >= 0, who[np.maximum(old, 0)] if who.size else -1, -1))
+        keep = writer >= 0
+        pieces, piece_ends, writer = pieces[keep], cuts[1:][keep], writer[keep]
+        first = np.concatenate([[True], (pieces[1:] != piece_ends[:-1]) | (writer[1:] != writer[:-1])])
+        last = np.concatenate([first[1:], [True]])
+        self.painted = (pieces[first], piece_ends[last], writer[first])
+
     def _check(self, earlier, later, key, clock):
         if earlier.thread == later.thread or (earlier.atomic and later.atomic):
             return
         if earlier.clock <= clock.get(earlier.thread, 0):
             return
         # One report per pair of lines (in either order) and buffer: the same mistake on every rank and tile.
-        name = (tuple(sorted([(earlier.line, earlier.kind), (later.line, later.kind)])), earlier.buffer[0],
-                earlier.rank == later.rank)
+        name = (tuple(sorted([(earlier.line, earlier.kind), (later.line, later.kind)])),
+                (later if earlier.on_host else earlier).buffer[0], earlier.rank == later.rank)
         race = self.races.get(name)
         if race is None:
             race = self.races[name] = Race(earlier, later, key)
@@ -250,6 +314,12 @@ class _Order:
         if len(race.pairs) < MAX_PAIRS and (earlier.seq, later.seq) not in race.seen:
             race.seen.add((earlier.seq, later.seq))
             race.pairs.append((earlier, later))
+
+
+def _inside(starts, ends, keys):
+    """For each key, the index of the range [starts[i], ends[i]) that holds it (sorted, disjoint ranges), else -1."""
+    i = np.searchsorted(starts, keys, side="right") - 1
+    return np.where((i >= 0) & (keys < ends[np.maximum(i, 0)] if ends.size else False), i, -1)
 
 
 def _releases_after(access, by_thread):
@@ -297,6 +367,13 @@ def _hint(race, by_thread, names, kernels):
     and the other side's program acquires that flag somewhere; the hint says whether it acquired too early,
     too late (after its access), or never."""
     a, b = race.first, race.second
+    for host, other in ((a, b), (b, a)):
+        if host.on_host:
+            if other.rank == host.rank:
+                return (f"a synchronize (or a wait_stream) between rank {host.rank}'s kernel and its host's write would "
+                        f"order them.")
+            return (f"a barrier of both ranks between rank {host.rank}'s host write and {other.who()} (after the write "
+                    f"and before the kernel's launch, or after the kernel and before the write) would order them.")
     for plain, other in ((a, b), (b, a)):
         if plain.kind == "write" and not plain.atomic and other.atomic:
             return (f"{plain.who()} writes this flag with a plain store: publish it with a release atomic "
@@ -355,6 +432,8 @@ def analyse(records):
             order.start(rank, event[2], event[3], event[4])
         elif what == "end":
             order.end(rank, event[2])
+        elif what == "host write":
+            order.host_write(rank, event)
         else:
             order.host_event(rank, event[2], event[3])
 

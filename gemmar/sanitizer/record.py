@@ -22,9 +22,12 @@ import fcntl
 import mmap
 import os
 import sys
+import sysconfig
 import time
 
 import numpy as np
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode_stack, _pop_mode, _push_mode
 
 from ..errors import HeapBoundsError
 from ..kernels.device import kernel_line, passes_through, place
@@ -41,6 +44,8 @@ RMW_NAMES = {"ADD": "add", "FADD": "add", "AND": "and", "OR": "or", "XOR": "xor"
 DTYPE_SIZES = {"bfloat16": "float16", "float8_e4m3fn": "uint8", "float8_e5m2": "uint8", "bool": "bool"}
 ACTIVE = None             # the Recorder of this process while a sanitized run records, else None
 _installed = False
+MAX_RANGES = 4096         # a host write to a strided tensor: its contiguous runs up to this many, else its span
+NOT_A_DATA_WRITE = ("set_", "resize_", "resize_as_")   # (aten ops that change a tensor's metadata, not its bytes)
 
 
 def element_text(label, byte):
@@ -96,6 +101,31 @@ class Recorder:
         ``record`` (an event on a stream), ``sync`` (the host waits for its streams, a stream or an event)."""
         _, seq = self._numbered(lambda: None)
         self.events.append(("host", seq, kind, details))
+
+    def on_heap(self, tensor):
+        """The rank whose heap holds ``tensor``'s first byte, or None."""
+        if tensor.device.type != "cpu" or tensor.numel() == 0:
+            return None
+        inside = np.flatnonzero((tensor.data_ptr() >= self.bases) & (tensor.data_ptr() < self.bases + self.heap_size))
+        return int(inside[0]) if inside.size else None
+
+    def host_write(self, tensors, op, run):
+        """Run a torch op of this rank's host that writes ``tensors`` (each on a heap), numbered like a kernel's
+        access, and record one ("host write", ...) per tensor: its byte ranges as location keys, the program's
+        line, the buffer its first byte is in, and the stream it runs on (torch orders it there on a GPU)."""
+        where = host_line()
+        out, seq = self._numbered(run)
+        starts, ends, labels = self.heap.allocation_table()
+        for tensor in tensors:
+            owner = self.on_heap(tensor)
+            lo, hi = _byte_ranges(tensor)
+            lo, hi = lo - int(self.bases[owner]), hi - int(self.bases[owner])
+            i = int(np.searchsorted(starts, lo[0], side="right")) - 1
+            buffer = (labels[i] + (int(starts[i]),) if i >= 0 and lo[0] < ends[i] else
+                      ("heap", (self.heap_size,), "uint8", 0))
+            self.events.append(("host write", seq, op, (owner << OWNER_SHIFT) | lo, (owner << OWNER_SHIFT) | hi, where,
+                                buffer, owner, self.stream, time.monotonic_ns()))
+        return out
 
     def kernel_start(self, name, grid):
         self.kernels += 1
@@ -263,6 +293,116 @@ class Recorder:
         self._counter = None
         self._map.close()
         os.close(self._sync_fd)
+
+
+def _byte_ranges(tensor):
+    """A tensor's bytes as sorted, disjoint [lo, hi) address ranges: one for a contiguous tensor, one per contiguous
+    run of a strided one (up to MAX_RANGES runs), else the whole span from its first to its last byte (which also
+    covers the gaps between its runs: a host write to a large strided view is taken to write them too)."""
+    size, start = tensor.element_size(), tensor.data_ptr()
+    shape, strides, run = list(tensor.shape), [s * size for s in tensor.stride()], size
+    while shape and (shape[-1] == 1 or strides[-1] == run):   # (the innermost dimensions that are one run)
+        run *= shape.pop()
+        strides.pop()
+    if int(np.prod(shape)) > MAX_RANGES:
+        last = sum((n - 1) * s for n, s in zip(shape, strides))
+        return np.array([start], np.int64), np.array([start + last + run], np.int64)
+    lo = np.zeros(1, np.int64)
+    for n, stride in zip(shape, strides):
+        lo = (lo[:, None] + np.arange(n, dtype=np.int64) * stride).reshape(-1)
+    lo = np.unique(lo) + start
+    hi = lo + run
+    if lo.size > 1:   # runs that touch or overlap (a zero stride) are one
+        joined = np.concatenate([[False], lo[1:] <= np.maximum.accumulate(hi)[:-1]])
+        first = np.flatnonzero(~joined)
+        hi = np.maximum.reduceat(hi, first)
+        lo = lo[first]
+    return lo, hi
+
+
+_LIBRARIES = tuple(os.path.realpath(p) + os.sep for p in {
+    sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"],
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), os.path.dirname(os.path.abspath(torch.__file__))})
+_HOST_PLUMBING = (os.path.dirname(os.path.abspath(torch.__file__)) + os.sep, os.path.dirname(os.path.abspath(__file__)) + os.sep,
+                  os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "runtime", "heap") + os.sep,
+                  os.path.realpath(sysconfig.get_paths()["stdlib"]) + os.sep)
+
+
+def host_line():
+    """(file, line, function) of the program's line that made a host write: the innermost frame outside Python's,
+    torch's, gemmar's and the installed libraries' files and Iris's own package (a real Iris's ``shmem.zeros`` is
+    named where the program calls it). A write gemmar makes for itself: its innermost gemmar line outside the heap."""
+    frame, fallback = sys._getframe(1), None
+    while frame is not None:
+        file = frame.f_code.co_filename
+        module = frame.f_globals.get("__name__") or ""
+        if not (os.path.realpath(file).startswith(_LIBRARIES) or file.startswith("<frozen") or
+                module == "iris" or module.startswith("iris.")):
+            return (file, frame.f_lineno, frame.f_code.co_name)
+        if fallback is None and not os.path.realpath(file).startswith(_HOST_PLUMBING):
+            fallback = (file, frame.f_lineno, frame.f_code.co_name)
+        frame = frame.f_back
+    return fallback or ("?", 0, "?")
+
+
+_WRITES = {}   # aten op -> ((position, name) of each argument it writes)
+
+
+def _written(func, args, kwargs):
+    """The tensors an aten op writes, from its schema (``Tensor(a!)``): ``self`` of an in-place op, ``out=``."""
+    where = _WRITES.get(func)
+    if where is None:
+        skip = func.namespace != "aten" or torch.Tag.inplace_view in func.tags or \
+            func.overloadpacket.__name__ in NOT_A_DATA_WRITE
+        where = _WRITES[func] = () if skip else tuple(
+            (i, a.name) for i, a in enumerate(func._schema.arguments) if a.alias_info is not None and a.alias_info.is_write)
+    found = []
+    for i, name in where:
+        value = args[i] if i < len(args) else kwargs.get(name)
+        found.extend(value if isinstance(value, (list, tuple)) else [value])
+    return [t for t in found if isinstance(t, torch.Tensor)]
+
+
+class _HostWrites(TorchDispatchMode):
+    """Sees every aten op of this rank's host thread while a Recorder records (c10d's collectives are not aten ops:
+    not recorded, and never run holding the shared lock, which a peer waiting in the same collective may need)."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        rec = ACTIVE
+        if rec is None or rec.kernel is not None:   # (inside a kernel: the interpreter's own copies of its arguments)
+            return func(*args, **kwargs)
+        written = [t for t in _written(func, args, kwargs) if rec.on_heap(t) is not None]
+        if not written:
+            return func(*args, **kwargs)
+        return rec.host_write(written, func.overloadpacket.__name__, lambda: func(*args, **kwargs))
+
+
+_host_writes = None   # the mode, while it is on this thread's dispatch stack
+
+
+def watch_host_writes():
+    """Have this thread's torch ops that write a heap recorded (``_HostWrites``), until :func:`unwatch_host_writes`."""
+    global _host_writes
+    if _host_writes is None:
+        _host_writes = _HostWrites()
+        _push_mode(_host_writes)
+
+
+def unwatch_host_writes():
+    """Take the mode off the dispatch stack again (modes a program pushed above it stay, in their order)."""
+    global _host_writes
+    mode, _host_writes = _host_writes, None
+    if mode is None or mode not in _get_current_dispatch_mode_stack():
+        return
+    above = []
+    while True:
+        top = _pop_mode()
+        if top is mode:
+            break
+        above.append(top)
+    for top in reversed(above):
+        _push_mode(top)
 
 
 def _argument_named(address):
