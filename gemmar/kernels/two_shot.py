@@ -244,8 +244,8 @@ def one_rank_split_gemm(
                 n_events, t = event(trace, n_events, t, TAKE, tile_id, pid_m, pid_n, part, -1, TRACE_CAPACITY)
                 first_slot = (tile_id - WHOLE_TILES) * SPLIT_K
                 # SUM_ROWS rows at a time, one slot's rows in registers at a time: the whole tile's sum beside a
-                # whole slot spilled registers at 128 x 128 and up (H100, 2026-12-07), and it runs in the kernel
-                # of the whole tiles. Each element is still summed in slice order.
+                # whole slot spilled registers at 128 x 128 and up (docs/decisions.md, split-K), and it runs in
+                # the kernel of the whole tiles. Each element is still summed in slice order.
                 for first in range(0, BLOCK_M, SUM_ROWS):
                     total = tl.zeros((SUM_ROWS, BLOCK_N), dtype=tl.float32)
                     for s in range(SPLIT_K):
