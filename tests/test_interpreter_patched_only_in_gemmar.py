@@ -139,3 +139,25 @@ def test_a_layer_whose_patch_fails_leaves_the_patches_as_they_were():
         assert applied() == before
     with gemmar_interpreter():
         assert applied() == before
+
+
+def library_math(x, out, N: tl.constexpr):
+    from triton.language.extra import libdevice
+
+    offsets = tl.arange(0, N)
+    value = tl.load(x + offsets)
+    tl.store(out + offsets, libdevice.fast_expf(value) + libdevice.sqrt(value) + libdevice.pow(value, 2.0))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_libdevice_math_runs_in_gemmar_and_is_a_stub_outside(interpreted, dtype):
+    # (Iris's flash decode calls libdevice.fast_expf: a stub under Triton's interpreter, which gave None)
+    kernel = interpreted(library_math)
+    x = torch.linspace(0.25, 4.0, 16).to(dtype)
+    out = torch.zeros(16, dtype=dtype)
+    with gemmar_interpreter():
+        kernel[(1,)](x, out, 16)
+    reference = (x.float().exp() + x.float().sqrt() + x.float() ** 2).to(dtype)
+    torch.testing.assert_close(out, reference, rtol=2e-2 if dtype == torch.bfloat16 else 1e-6, atol=0)
+    with pytest.raises(Exception, match="NoneType"):
+        kernel[(1,)](x, out, 16)

@@ -44,6 +44,13 @@ And one of casts (Triton 3.9.0, where it was found, and the same code in 3.6, 3.
   compiled kernel rounds to nearest even: an integer through fp32 (Triton's NVIDIA lowering converts it to
   fp32 first, as torch does), fp32 and fp16 directly, fp64 once (LLVM's ``fptrunc``). Casts to fp16 were
   right already (numpy's conversion rounds to nearest even).
+
+And one of library calls (every accepted release), by :func:`_libdevice_math`: ``triton.language.extra.libdevice``
+is a module of stubs that a compiled kernel replaces with the GPU's library, so under the interpreter
+``libdevice.fast_expf(x)`` returned None (Iris's flash decode: "'NoneType' object is not subscriptable"). Its
+common math functions (``LIBDEVICE_UNARY``, ``LIBDEVICE_BINARY``) are computed by numpy in the argument's dtype
+(bf16 through fp32); the ``fast_`` ones give the precise value, where the GPU's approximation may differ in the
+last bits.
 """
 
 import contextlib
@@ -358,6 +365,47 @@ def _patch_casts_to_bf16(replace):
     replace(builder, "cast_impl", cast_rounding_to_nearest_even)
 
 
+# libdevice's math functions that run under the interpreter (:func:`_libdevice_math`), by the numpy function that
+# computes each in the argument's dtype; a "fast_" one is its precise value (a GPU's approximation differs from it in
+# the last bits).
+LIBDEVICE_UNARY = {"exp": "exp", "fast_expf": "exp", "exp2": "exp2", "log": "log", "fast_logf": "log", "log2": "log2",
+                   "fast_log2f": "log2", "log10": "log10", "fast_log10f": "log10", "sqrt": "sqrt", "tanh": "tanh",
+                   "sin": "sin", "fast_sinf": "sin", "cos": "cos", "fast_cosf": "cos", "floor": "floor", "ceil": "ceil",
+                   "abs": "abs", "fabs": "abs", "trunc": "trunc", "rint": "rint", "expm1": "expm1", "log1p": "log1p"}
+LIBDEVICE_BINARY = {"pow": "power", "fast_powf": "power", "fmax": "fmax", "fmin": "fmin", "fast_dividef": "divide",
+                    "div_rn": "divide", "fmod": "fmod", "atan2": "arctan2"}
+
+
+def _libdevice_math(replace):
+    """libdevice's common math functions under the interpreter (see the module's docstring)."""
+    import numpy as np
+    from triton.language.extra import libdevice
+    from triton.runtime import interpreter
+
+    def numpy_call(name, function):
+        def call(*args, _semantic=None, **_):
+            like = next((a for a in args if isinstance(a, tl.tensor)), None)
+            if like is None:   # (only Python numbers: as the GPU library would give, in fp32)
+                return function(*(np.float32(a) for a in args))
+            scalar = like.dtype.scalar if hasattr(like.dtype, "scalar") else like.dtype
+            values = [a.handle.data if isinstance(a, tl.tensor) else np.asarray(a) for a in args]
+            if scalar == tl.bfloat16:
+                values = [_bf16_as_fp32(v) if isinstance(a, tl.tensor) and _is_bf16(a.handle) else v
+                          for a, v in zip(args, values)]
+            with np.errstate(all="ignore"):   # (inf, NaN as a GPU gives them, no numpy warning)
+                out = function(*values)
+            out = _fp32_as_bf16(out.astype(np.float32)) if scalar == tl.bfloat16 else \
+                out.astype(like.handle.data.dtype)
+            return tl.tensor(interpreter.TensorHandle(out, scalar), like.type)
+        call.__name__ = name
+        return call
+
+    for table in (LIBDEVICE_UNARY, LIBDEVICE_BINARY):
+        for name, numpy_name in table.items():
+            if hasattr(libdevice, name):
+                replace(libdevice, name, numpy_call(name, getattr(np, numpy_name)))
+
+
 def device_aggregate(cls):
     """Triton's ``aggregate`` of ``cls``; under the interpreter, with the jit methods it drops put back."""
     made = _aggregate(cls)
@@ -422,6 +470,8 @@ PATCHES = (
     ("casts to bf16 round to nearest even", "the interpreter took low bits or truncated", _patch_casts_to_bf16),
     ("aggregates keep their jit methods", "Triton's aggregate drops them under the interpreter",
      _aggregates_keep_their_methods),
+    ("libdevice's math runs", "its functions are stubs under the interpreter: libdevice.fast_expf gave None",
+     _libdevice_math),
     ("false tl.assume warns", "a hosted program's GPU hint must not stop its run (the program layer subscribes)",
      SUBSCRIBED),
     ("interpreted launches return a handle", "a hosted program reads a launch's result (the program layer "
