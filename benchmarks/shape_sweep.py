@@ -15,7 +15,7 @@ Per shape: torch.matmul; each fused kernel with the package's defaults before an
 ``tuning.tuned_defaults`` with no GPU name, the tiles measured at N = 8192); ``auto``, the kernel and tile that
 ``tuning_cache.choose`` gives (the cache given by --cache, else the rule of --rule or gemmar's RULE, else the
 defaults; and the K slices of tuning.split_k_rule); with --split, auto's tile at each number of K slices (SPLITS)
-where its tiles are fewer than the SMs or its last wave is at most half full; with --grid every candidate tile
+where its last wave leaves SMs idle (with the number that gives every program a share: stream-K); with --grid every candidate tile
 (``tuning_cache.candidates``: the tuner's choices, and what the rule is fitted on); with --lomo, the tile of a rule
 fitted with the shape's own model left out (``--analyse --rules_out`` writes those rules from a --grid run).
 Ratios are fused time / torch.matmul's, as a user's loop sees them (``wall``: host time included) and with the
@@ -32,7 +32,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # gemmar and the lab (lab/README.md)
 
-# The K slices --split times at shapes with fewer tiles than SMs or a last wave at most half full (RunConfig.split_k; the rule: tuning.split_k_rule).
+# The K slices --split times at shapes whose last wave leaves SMs idle (RunConfig.split_k; the rule: tuning.split_k_rule).
 SPLITS = (1, 2, 3, 4, 6, 8, 12, 16)
 
 # (model, layer, TP, N = hidden size, K = the layer's whole input width, [M tokens per rank]); per-rank K = K / TP.
@@ -154,13 +154,17 @@ def run(args):
                                algorithm=algorithm, tile=list(tile), split_k=knobs["split_k"], source=source)
             steps = -(-k // tile[2])
             tiles = -(-m // tile[0]) * -(-n // tile[1])
-            if args.split and (tiles < sms or 2 * (tiles - sms * ((tiles - 1) // sms)) <= sms):
-                # (fewer tiles than SMs, or a last wave at most half full: auto's tile with each number of K slices
-                # for the last wave's tiles, the rule's included)
+            last_wave = tiles - sms * ((tiles - 1) // sms)
+            if args.split and last_wave < sms:
+                # (a last wave that leaves SMs idle: auto's tile with each number of K slices for its tiles, the
+                # rule's included, and the number that gives every program a share (stream-K); where that wave
+                # fills more than half the SMs, 2 is that number, and more only cut finer)
+                splits = sorted({s for s in SPLITS if s <= steps and (2 * last_wave <= sms or s <= 2)} |
+                                {min(-(-sms // last_wave), steps)})
                 row["split_grid"] = [dict(time_config(heap, config_for(m, n, k, args.datatype, algorithm,
                                                                        tile_knobs(tile, sms, split_k=split)),
                                                       A, B, ref, mm["gpu_ms"]), split_k=split)
-                                     for split in SPLITS if split <= steps]
+                                     for split in splits]
             if lomo:
                 held = tuple(rule_tile(m, {int(b): t for b, t in lomo[s["model"]].items()}))
                 row["lomo"] = dict(time_config(heap, config_for(m, n, k, args.datatype, "two_shot",
@@ -302,7 +306,7 @@ def analyse(paths, rules_out, how="wall"):
             if row.get("split_grid") else ratio(row, row["auto"], how)
         picks["auto's tile, never split (split_k 1)"] = lambda row: split_ratios(row).get(1) \
             if row.get("split_grid") else ratio(row, row["auto"], how)
-        print(f"K slices at the {len(split_rows)} shapes with fewer tiles than SMs or a last wave at most half full "
+        print(f"K slices at the {len(split_rows)} shapes whose last wave leaves SMs idle "
               f"(auto's tile; ratio to matmul, {how}; * the rule's, + the best):")
         for row in split_rows:
             by_split = split_ratios(row)
@@ -315,13 +319,15 @@ def analyse(paths, rules_out, how="wall"):
         # The split rule with other least steps a slice, least K a slice per row of the tile, and most whole waves
         # before the cut one, read off the same grid (each shape's ratio at the number of slices that rule gives;
         # the grid has every number up to 4, then 6, 8, 12, 16: the nearest below otherwise)
-        from gemmar.tuning import SPLIT_K_PER_ROW, SPLIT_MAX_WHOLE_WAVES, SPLIT_MIN_STEPS, split_k_rule
+        from gemmar.tuning import (SPLIT_FILL_EVERY_PROGRAM, SPLIT_K_PER_ROW, SPLIT_MAX_WHOLE_WAVES, SPLIT_MIN_STEPS,
+                                   SPLIT_WHEN_FILLS, split_k_rule)
 
         sms = head.get("sms", 132)
-        shipped = (SPLIT_MIN_STEPS, SPLIT_MAX_WHOLE_WAVES, SPLIT_K_PER_ROW)
-        variants = sorted({shipped} | {(steps, shipped[1], shipped[2]) for steps in (1, 2, 4, 8)} |
-                          {(shipped[0], waves, shipped[2]) for waves in (0, 1, 2, 4, 64)} |
-                          {(shipped[0], shipped[1], per_row) for per_row in (0, 2, 4, 6, 8, 16)}) + [None]
+        shipped = (SPLIT_MIN_STEPS, SPLIT_MAX_WHOLE_WAVES, SPLIT_K_PER_ROW, SPLIT_WHEN_FILLS, SPLIT_FILL_EVERY_PROGRAM)
+        variants = sorted({shipped} | {(steps, *shipped[1:]) for steps in (1, 2, 4, 8)} |
+                          {(shipped[0], waves, *shipped[2:]) for waves in (0, 1, 2, 4, 64)} |
+                          {(*shipped[:2], per_row, *shipped[3:]) for per_row in (0, 2, 4, 6, 8, 16)} |
+                          {(*shipped[:3], fills, fill) for fills in (1, 2) for fill in (False, True)}) + [None]
         for variant in variants:
             picked = []
             for row in split_rows:
@@ -333,7 +339,8 @@ def analyse(paths, rules_out, how="wall"):
                     picked.append(by_split[max(known)])
             if picked:
                 name = "no split" if variant is None else \
-                    f">= {variant[0]} steps and >= {variant[2]} x BLK_M of K a slice, <= {variant[1]} whole waves before"
+                    f">= {variant[0]} steps and >= {variant[2]} x BLK_M of K a slice, <= {variant[1]} whole waves " \
+                    f"before, the last wave at most 1/{variant[3]} full, {'every program' if variant[4] else 'whole slices'}"
                 print(f"  split rule with {name}{' (shipped)' if variant == shipped else ''}"
                       f": geometric mean {geomean(picked):.4f}, worst {max(picked):.3f} over {len(picked)} shapes")
     if all("grid" in row for row in rows):
@@ -451,9 +458,9 @@ def main():
                                        "where the cache has no entry, instead of gemmar's RULE")
     parser.add_argument("--lomo", help="leave-one-model-out rules ({model: rule}, from --analyse --rules_out): time "
                                        "each shape with the rule fitted without its model")
-    parser.add_argument("--split", action="store_true", help="at shapes with fewer tiles than SMs or a last wave "
-                                                              "at most half full, also time auto's tile with each "
-                                                              "number of K slices in SPLITS")
+    parser.add_argument("--split", action="store_true", help="at shapes whose last wave leaves SMs idle, also time "
+                                                              "auto's tile with each number of K slices in SPLITS "
+                                                              "and the one that fills every program")
     parser.add_argument("--no_split", action="store_true", help="auto never cuts K (split_k 1): the GEMM core alone, "
                                                                  "as before split-K")
     parser.add_argument("--trace", action="store_true", help="also trace auto's tile once per shape (the shares)")

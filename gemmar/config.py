@@ -233,9 +233,33 @@ class RunConfig:
         return self.num_sms * ((self.tile_count - 1) // self.num_sms)
 
     @property
+    def k_shares(self):
+        """Split-K (two_shot.one_rank_split_gemm): the last wave's K steps, end to end, cut into ``sharing`` =
+        min(num_sms, cut tiles x split_k) equal shares, a program's each. (sharing, parts): ``parts[program]``,
+        the cut tiles (their index among the cut ones) its share touches, in order."""
+        steps = -(-self.k // self.BLK_K)
+        cut_tiles = self.tile_count - self.whole_tiles
+        cut_steps = cut_tiles * steps
+        sharing = min(self.num_sms, cut_tiles * self.split_k)
+        parts = []
+        for program in range(sharing):
+            first, end = program * cut_steps // sharing, (program + 1) * cut_steps // sharing
+            parts.append(list(range(first // steps, -(-end // steps))) if end > first else [])
+        return sharing, parts
+
+    @property
     def work_units(self):
-        """The GEMM's units of work a launch: a whole tile, or one K slice of a last-wave tile (split-K)."""
-        return self.whole_tiles + (self.tile_count - self.whole_tiles) * self.split_k
+        """The GEMM's units of work a launch: a whole tile, or the part of a program's K share in a cut tile."""
+        if self.split_k == 1:
+            return self.tile_count
+        return self.whole_tiles + sum(len(touched) for touched in self.k_shares[1])
+
+    @property
+    def most_units_a_program(self):
+        """The most units of work (as work_units counts them) one GEMM program does in a launch."""
+        if self.split_k == 1:
+            return -(-self.tile_count // self.num_sms)
+        return self.whole_tiles // self.num_sms + max(len(touched) for touched in self.k_shares[1])
 
     def to_dict(self):
         return asdict(self)

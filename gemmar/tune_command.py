@@ -95,6 +95,9 @@ def tile_source_line(args, backend, config):
     split = ""
     if config.split_k > 1:
         cut = config.tile_count - config.whole_tiles
-        split = (f"; K cut into {config.split_k} slices for {'each' if cut == config.tile_count else f'the last {cut}'} "
-                 f"of {config.tile_count} tiles (split-K: {'--split_k' if args.split_k is not None else 'the rule for a last wave at most half full and a long K, tuning.split_k_rule'})")
+        sharing = config.k_shares[0]
+        shares = f"{config.split_k} slices a tile" if sharing == cut * config.split_k else \
+            f"shared by all {sharing} programs, across tiles: stream-K"
+        split = (f"; K of {'each' if cut == config.tile_count else f'the last {cut}'} of {config.tile_count} tiles cut "
+                 f"({shares}; split-K: {'--split_k' if args.split_k is not None else 'the rule for a last wave at most half full and a long K, tuning.split_k_rule'})")
     return f"{config.algorithm}: {tile}: from {source}{split}"

@@ -24,6 +24,7 @@ FEW_ROWS = 512
 # written and read, against the 2 x K x BLK_N bytes of B the slice reads). Chosen on the shape sweep's split grid
 # (docs/decisions.md, split-K).
 SPLIT_WHEN_FILLS = 2
+SPLIT_FILL_EVERY_PROGRAM = False   # True: ceil(SMs / last wave) slices, so the shares cross tiles (stream-K)
 SPLIT_MIN_STEPS = 4
 SPLIT_K_PER_ROW = 6
 SPLIT_MAX_WHOLE_WAVES = 2
@@ -120,23 +121,24 @@ def few_rows_tile(spec, family, tile, m, n, sms):
 
 
 def split_k_rule(algorithm, shape, blocks, sms, min_steps=SPLIT_MIN_STEPS, max_whole_waves=SPLIT_MAX_WHOLE_WAVES,
-                 k_per_row=SPLIT_K_PER_ROW):
+                 k_per_row=SPLIT_K_PER_ROW, when_fills=SPLIT_WHEN_FILLS, fill_every_program=SPLIT_FILL_EVERY_PROGRAM):
     """Slices per last-wave tile (RunConfig.split_k) for ``shape`` (M, N, K per rank, world size) with ``blocks``
     (BLK_M, BLK_N, BLK_K) on ``sms`` programs: 1 unless the algorithm splits K at this world size and the
     tiles of the last wave (all of them, when there are no more tiles than programs) fill at most
     1 / SPLIT_WHEN_FILLS of the programs, after at most ``max_whole_waves`` whole waves; then as many slices as fill
-    them, each of at least ``min_steps`` steps of BLK_K and ``k_per_row`` x BLK_M of K (the shape sweep evaluates
-    others)."""
+    them (``fill_every_program``: enough to give every program a share, which then crosses tiles: stream-K), each
+    of at least ``min_steps`` steps of BLK_K and ``k_per_row`` x BLK_M of K (the shape sweep evaluates others)."""
     m, n, k_rank, world_size = shape
     if world_size != 1 or algorithm not in SPLIT_K_ALGORITHMS:
         return 1
     tiles = -(-m // blocks[0]) * -(-n // blocks[1])
     whole_waves = (tiles - 1) // sms
     last_wave = tiles - sms * whole_waves
-    if last_wave * SPLIT_WHEN_FILLS > sms or whole_waves > max_whole_waves:
+    if last_wave * when_fills > sms or whole_waves > max_whole_waves:
         return 1
+    fill = -(-sms // last_wave) if fill_every_program else sms // last_wave
     by_rows = k_rank // (k_per_row * blocks[0]) if k_per_row else MAX_SPLIT_K
-    return max(1, min(sms // last_wave, -(-k_rank // blocks[2]) // min_steps, by_rows, MAX_SPLIT_K))
+    return max(1, min(fill, -(-k_rank // blocks[2]) // min_steps, by_rows, MAX_SPLIT_K))
 
 
 def split_programs(sms, tiles, k_per_rank, world_size=1):

@@ -155,6 +155,8 @@ def test_two_shot_at_one_rank_gemm_programs_write_the_bits_the_reduction_would(c
     ((40, 24, 200), (16, 16, 16), 3, 5),   # 13 K steps cut 4 + 4 + 5; 6 tiles on 5 programs: 5 whole, 1 x 3 slices
     ((72, 40, 100), (16, 16, 16), 2, 4),   # 15 tiles on 4 programs: 12 whole, the last wave's 3 x 2 slices
     ((128, 32, 96), (64, 16, 16), 2, 3),   # 64-row tiles, summed 32 rows at a time (SPLIT_SUM_ROWS); 3 whole, 1 cut
+    ((48, 48, 112), (16, 16, 16), 3, 4),   # 9 tiles: 8 whole, the last one's 7 steps over 3 programs (2 + 2 + 3)
+    ((48, 16, 48), (16, 16, 16), 2, 5),    # 3 tiles x 2 > 5 programs: 9 steps in shares of 1-2 that cross tiles (stream-K)
     ((16, 40, 37), (16, 16, 16), 3, 4),    # one step a slice, the last one past K's edge (masked)
     ((5, 33, 130), (16, 32, 32), 4, 7),    # a few rows (5 of a 16-row tile), N and K both uneven
 ])
@@ -170,13 +172,18 @@ def test_split_k_at_one_rank(clusters, algorithm, dtype, shape, block, split_k, 
     first = clusters(1).gemm_all_reduce(A, B, **settings)
     check(first, A, B, 1)
     tiles = -(-m // block[0]) * -(-n // block[1])
-    whole = num_sms * ((tiles - 1) // num_sms)
+    config = gemmar.RunConfig(algorithm=algorithm, world_size=1, m=m, n=n, k=k, BLK_M=block[0], BLK_N=block[1],
+                       BLK_K=block[2], num_sms=num_sms, split_k=split_k).validate()
+    whole, (sharing, parts) = config.whole_tiles, config.k_shares
+    assert whole == num_sms * ((tiles - 1) // num_sms) and sharing == min(num_sms, (tiles - whole) * split_k)
     for iteration in range(3):
         events = first.trace.iteration(iteration)
         assert sorted(events[events.kind == "broadcast"].tile) == list(range(tiles))
-        slices = events[events.kind == "gemm"].groupby("tile").step.apply(sorted)
-        assert list(slices.index) == list(range(tiles))
-        assert all(slices[t] == ([0] if t < whole else list(range(split_k))) for t in range(tiles))
+        # a whole tile one GEMM (step 0); a cut tile one a program whose share touches it, numbered from 0
+        touching = [sum(cut in touched for touched in parts) for cut in range(tiles - whole)]
+        steps = events[events.kind == "gemm"].groupby("tile").step.apply(sorted)
+        assert list(steps.index) == list(range(tiles))
+        assert all(steps[t] == ([0] if t < whole else list(range(touching[t - whole]))) for t in range(tiles))
         assert len(events) == first.trace.expected_event_count()
     # The replay's GEMM of a tile runs from its first slice's start to its last slice's end.
     from gemmar.analysis.replay import _Timeline

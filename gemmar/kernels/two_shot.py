@@ -189,76 +189,92 @@ def one_rank_gemm(
 
 @triton.jit
 def one_rank_split_gemm(
-        # this rank's A and B (all of K); the output, the partials (for their dtype); the K slices' fp32 products
+        # this rank's A and B (all of K); the output, the partials (for their dtype); the K shares' fp32 products
         # and a count per cut tile
         A, B, C, partials, slices, slices_in,
         # the GEMM's shape and strides
         M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
         # this kernel's region of the trace buffer
         trace, trace_counts,
-        # the GEMM's tiles and programs, how it computes a tile, the tiles before the last wave (not cut), and
-        # into how many K slices each last-wave tile is cut, and how many rows the last slice's program sums at once
+        # the GEMM's tiles and programs, how it computes a tile, the tiles before the last wave (not cut), into
+        # how many shares each last-wave tile's K is cut, and how many rows the last share's program sums at once
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_SIZE_M: tl.constexpr,
         NUM_SMS: tl.constexpr, DOT_PRECISION: tl.constexpr, TRACE_CAPACITY: tl.constexpr, EVEN_K: tl.constexpr,
         TMA: tl.constexpr, WHOLE_TILES: tl.constexpr, SPLIT_K: tl.constexpr, SUM_ROWS: tl.constexpr):
-    """:func:`one_rank_gemm` with the K of each tile of the last wave cut into ``SPLIT_K`` slices (split-K),
-    for shapes whose last wave leaves most SMs idle: fewer tiles than SMs and a long K (one row of a decode
-    step at K = 8192: 32-64 tiles for 132 SMs), or a wave and a bit (160 tiles on 132: the second wave's 28
-    tiles take as long as the first's 132). The first ``WHOLE_TILES`` units are whole tiles, written into C
-    as :func:`one_rank_gemm` writes them; each later unit is a (tile, slice): a program computes its slice's
-    fp32 product, stores it in the slot for that slice, and counts it in (``slices_in``, a release-acquire
-    add). The program that counts in last sums the slices, in slice order whoever arrives last, so the same
-    inputs give the same bits every run; it writes C and sets the count back to 0 for the next launch (every
-    slice of this launch is in). Nobody waits, so nothing can hang.
+    """:func:`one_rank_gemm` with the K of the last wave's tiles shared out among the programs (split-K, and
+    stream-K where the shares fill every program), for shapes whose last wave leaves most SMs idle: fewer tiles
+    than SMs and a long K (one row of a decode step at K = 8192: 32-64 tiles for 132 SMs), or a wave and a bit
+    (160 tiles on 132: the second wave's 28 tiles take as long as the first's 132).
+
+    The first ``WHOLE_TILES`` tiles run whole, as in :func:`one_rank_gemm`. The K steps of the others, end to
+    end (tile by tile), are then cut into ``sharing`` = min(NUM_SMS, cut tiles x SPLIT_K) equal shares, one a
+    program (RunConfig.k_shares is the same arithmetic on the host): with SPLIT_K slices a tile that fill
+    at most the programs, a share is a tile's slice; with more, a share may end in one tile and go on in the
+    next. For each tile its share touches, a program computes that part's fp32 product, stores it in its slot
+    (the tile's index among the cut ones + the program's: a slot of its own), and counts it in
+    (``slices_in``, a release-acquire add). The program that counts in last sums the tile's parts in program
+    order (the same bits every run, whoever is last), writes C and sets the count back to 0 for the next
+    launch. Nobody waits, so nothing can hang.
 
     At world size 1 only: at W >= 2 the partial of a tile is already cut by rank, and the tiles are many."""
     pid = tl.program_id(0)
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
-    steps = tl.cdiv(K, BLOCK_K)
+    gemm = (A, B, M, N, K, stride_am, stride_ak, stride_bk, stride_bn)   # (see gemm.traced_gemm_tile)
     n_events = tl.zeros((), tl.int32)
-    for unit in tl.range(pid, WHOLE_TILES + (num_pid_m * num_pid_n - WHOLE_TILES) * SPLIT_K, NUM_SMS):
-        cut = unit - WHOLE_TILES   # (the unit's index among the slices; negative for a whole tile)
-        whole = cut < 0
-        tile_id = tl.where(whole, unit, WHOLE_TILES + cut // SPLIT_K)
-        part = tl.where(whole, 0, cut % SPLIT_K)
+    for tile_id in tl.range(pid, WHOLE_TILES, NUM_SMS):
+        acc, pid_m, pid_n, n_events, t = traced_gemm_tile(gemm, tile_id, trace, n_events, tile_coords, BLOCK_M,
+                                                           BLOCK_N, BLOCK_K, GROUP_SIZE_M, DOT_PRECISION, EVEN_K,
+                                                           TMA, TRACE_CAPACITY)
+        n_events, t = write_alone_tile(acc, C, partials, M, N, stride_cm, stride_cn, trace, n_events, t, tile_id,
+                                       pid_m, pid_n, BLOCK_M, BLOCK_N, TRACE_CAPACITY)
+    steps = tl.cdiv(K, BLOCK_K)
+    cut_steps = (num_pid_m * num_pid_n - WHOLE_TILES) * steps   # the last wave's K steps, end to end
+    sharing = tl.minimum(NUM_SMS, (num_pid_m * num_pid_n - WHOLE_TILES) * SPLIT_K)
+    step = pid * cut_steps // sharing
+    end = tl.where(pid < sharing, (pid + 1) * cut_steps // sharing, step)
+    while step < end:
+        cut = step // steps   # (the tile's index among the cut ones)
+        tile_id = WHOLE_TILES + cut
+        first_step = step - cut * steps
+        end_step = tl.minimum(steps, first_step + end - step)
+        # The programs whose shares touch this tile: the one holding its first step, to the one holding its
+        # last (the program holding step x is ((x + 1) * sharing - 1) // cut_steps).
+        first_part = ((cut * steps + 1) * sharing - 1) // cut_steps
+        last_part = ((cut * steps + steps) * sharing - 1) // cut_steps
         pid_m, pid_n = tile_coords(tile_id, num_pid_m, num_pid_n, GROUP_SIZE_M)
         t = stamp(TRACE_CAPACITY)
-        # (steps shared out evenly: slices differ by a step at most, none empty while SPLIT_K <= steps)
         acc = gemm_tile_steps(A, B, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, pid_m, pid_n,
-                              tl.where(whole, 0, part * steps // SPLIT_K),
-                              tl.where(whole, steps, (part + 1) * steps // SPLIT_K),
-                              BLOCK_M, BLOCK_N, BLOCK_K, DOT_PRECISION, EVEN_K, TMA)
-        n_events, t = event(trace, n_events, t, GEMM, tile_id, pid_m, pid_n, part, -1, TRACE_CAPACITY)
-        if whole:
-            n_events, t = write_alone_tile(acc, C, partials, M, N, stride_cm, stride_cn, trace, n_events, t, tile_id,
-                                           pid_m, pid_n, BLOCK_M, BLOCK_N, TRACE_CAPACITY)
-        else:
-            tl.store(slot_pointers(slices, cut, BLOCK_M, BLOCK_N), acc)
-            # Every thread's store before the count (the block barrier), and the count releases them to the
-            # program that counts in last, which acquires them with its own add.
-            tl.debug_barrier()
-            arrived = tl.atomic_add(slices_in + (tile_id - WHOLE_TILES), 1, sem="acq_rel", scope="gpu")
-            n_events, t = event(trace, n_events, t, PUBLISH, tile_id, pid_m, pid_n, part, 0, TRACE_CAPACITY)
-            if arrived == SPLIT_K - 1:
-                n_events, t = event(trace, n_events, t, TAKE, tile_id, pid_m, pid_n, part, -1, TRACE_CAPACITY)
-                first_slot = (tile_id - WHOLE_TILES) * SPLIT_K
-                # SUM_ROWS rows at a time, one slot's rows in registers at a time: the whole tile's sum beside a
-                # whole slot spilled registers at 128 x 128 and up (docs/decisions.md, split-K), and it runs in
-                # the kernel of the whole tiles. Each element is still summed in slice order.
-                for first in range(0, BLOCK_M, SUM_ROWS):
-                    total = tl.zeros((SUM_ROWS, BLOCK_N), dtype=tl.float32)
-                    for s in range(SPLIT_K):
-                        # .cg: from L2, where the other programs' stores are, never a stale line of this SM's L1
-                        total += tl.load(slot_rows(slices, first_slot + s, first, SUM_ROWS, BLOCK_M, BLOCK_N),
-                                         cache_modifier=".cg")
-                    offsets, mask = tile_rows_offsets(pid_m, pid_n, first, M, N, stride_cm, stride_cn, SUM_ROWS,
-                                                      BLOCK_M, BLOCK_N)
-                    tl.store(C + offsets, total.to(C.dtype.element_ty), mask=mask)
-                tl.store(slices_in + (tile_id - WHOLE_TILES), 0)
-                # (summed and written a chunk at a time: the reduce event covers both, the broadcast is its end)
-                n_events, t = event(trace, n_events, t, REDUCE, tile_id, pid_m, pid_n, part, -1, TRACE_CAPACITY)
-                n_events, t = event(trace, n_events, t, BROADCAST, tile_id, pid_m, pid_n, part, -1, TRACE_CAPACITY)
+                              first_step, end_step, BLOCK_M, BLOCK_N, BLOCK_K, DOT_PRECISION, EVEN_K, TMA)
+        n_events, t = event(trace, n_events, t, GEMM, tile_id, pid_m, pid_n, pid - first_part, -1, TRACE_CAPACITY)
+        tl.store(slot_pointers(slices, cut + pid, BLOCK_M, BLOCK_N), acc)
+        # Every thread's store before the count (the block barrier), and the count releases them to the program
+        # that counts in last, which acquires them with its own add.
+        tl.debug_barrier()
+        arrived = tl.atomic_add(slices_in + cut, 1, sem="acq_rel", scope="gpu")
+        n_events, t = event(trace, n_events, t, PUBLISH, tile_id, pid_m, pid_n, pid - first_part, 0, TRACE_CAPACITY)
+        if arrived == last_part - first_part:
+            n_events, t = event(trace, n_events, t, TAKE, tile_id, pid_m, pid_n, pid - first_part, -1,
+                                TRACE_CAPACITY)
+            # SUM_ROWS rows at a time, one part's rows in registers at a time: the whole tile's sum beside a
+            # whole slot spilled registers at 128 x 128 and up (docs/decisions.md, split-K). Each element is
+            # summed in program order.
+            for first in range(0, BLOCK_M, SUM_ROWS):
+                total = tl.zeros((SUM_ROWS, BLOCK_N), dtype=tl.float32)
+                for part in range(first_part, last_part + 1):
+                    # .cg: from L2, where the other programs' stores are, never a stale line of this SM's L1
+                    total += tl.load(slot_rows(slices, cut + part, first, SUM_ROWS, BLOCK_M, BLOCK_N),
+                                     cache_modifier=".cg")
+                offsets, mask = tile_rows_offsets(pid_m, pid_n, first, M, N, stride_cm, stride_cn, SUM_ROWS,
+                                                  BLOCK_M, BLOCK_N)
+                tl.store(C + offsets, total.to(C.dtype.element_ty), mask=mask)
+            tl.store(slices_in + cut, 0)
+            # (summed and written a chunk at a time: the reduce event covers both, the broadcast is its end)
+            n_events, t = event(trace, n_events, t, REDUCE, tile_id, pid_m, pid_n, pid - first_part, -1,
+                                TRACE_CAPACITY)
+            n_events, t = event(trace, n_events, t, BROADCAST, tile_id, pid_m, pid_n, pid - first_part, -1,
+                                TRACE_CAPACITY)
+        step += end_step - first_step
     finish_trace(trace_counts, n_events, TRACE_CAPACITY)
 
 
@@ -298,15 +314,15 @@ class TwoShotBuffers:
     partial_ready: object  # per tile (at its owner): partials counted in, W per launch
     results_in: object     # per owner, a cache line each: that owner's tiles written into our C
     taken: object          # per tile (at its owner): launches in which a program has taken it to reduce
-    slices: object = None     # split-K only (world size 1): a fp32 BLOCK_M x BLOCK_N slot per cut tile and K slice
-    slices_in: object = None  # split-K only: per cut tile (the last wave's), the slices counted in so far
+    slices: object = None     # split-K only (world size 1): a fp32 BLOCK_M x BLOCK_N slot per cut tile and K share
+    slices_in: object = None  # split-K only: per cut tile (the last wave's), the shares counted in so far
 
 
 def buffers(alloc, config, world_size):
     tiles = config.tile_count
-    cut = tiles - config.whole_tiles
-    split = dict(slices=alloc((cut * config.split_k, config.BLK_M * config.BLK_N), torch.float32),
-                 slices_in=alloc(cut, torch.int32)) if config.split_k > 1 else {}
+    cut = tiles - config.whole_tiles   # (a slot per cut tile and program sharing its K: cut + sharing in all)
+    split = dict(slices=alloc((cut + min(config.num_sms, cut * config.split_k), config.BLK_M * config.BLK_N),
+                              torch.float32), slices_in=alloc(cut, torch.int32)) if config.split_k > 1 else {}
     return TwoShotBuffers(C=alloc((config.m, config.n), config.c_dtype),
                           partials=alloc((tiles, config.BLK_M * config.BLK_N), config.wire_torch_dtype),
                           partial_ready=alloc(tiles, torch.int32),
@@ -372,8 +388,9 @@ def events_per_program(config, world_size, summed=None):
     # gemm and publish per tile (with take, reduce and broadcast at world size 1); take, reduce and broadcast
     # per summed tile it helps with
     summed = summed or [owned_count_on_host(config.tile_count, r, world_size) for r in range(world_size)]
-    # (split-K at world size 1: gemm and publish per slice, take, reduce and broadcast for a tile's last one)
-    gemm = -(-config.work_units // config.num_sms) * (5 if world_size == 1 else 2) + max(
+    # (split-K at world size 1: gemm and publish per part of a share, take, reduce and broadcast for a tile's last
+    # one: the program with the most whole tiles and parts, at most 5 events each)
+    gemm = config.most_units_a_program * (5 if world_size == 1 else 2) + max(
         3 * -(-count // config.num_sms) for count in summed)
     return max([gemm] + [reduce_events(count, world_size, config.comm_sms) for count in summed])
 
