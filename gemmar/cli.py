@@ -90,9 +90,10 @@ def _bench_parser(sub):
     p.add_argument("--BLK_K", type=int, help="(Iris) the K step of a tile's GEMM, as BLK_M")
     p.add_argument("--gsize_m", type=int, help="(Iris) GROUP_SIZE_M of the tile swizzle (tuned)")
     p.add_argument("--split_k", type=int, help="two_shot, one_shot at 1 rank: cut the K of each tile of the last "
-                                               "wave into this many slices, each a program's work; the tiles "
-                                               "before it run whole (default 1 on cpu; on GPUs tuned for a last "
-                                               "wave at most half full and a long K)")
+                                               "wave into this many slices, each a program's work (with more "
+                                               "slices than programs, every program gets an equal share across "
+                                               "tiles: stream-K); the tiles before it run whole (default 1 on cpu; "
+                                               "on GPUs tuned for a last wave at most half full and a long K)")
     p.add_argument("--num_sms", "--gemm_sms", dest="num_sms", type=int,
                    help="(Iris: --gemm_sms) persistent GEMM programs per rank (tuned)")
     p.add_argument("--comm_sms", type=int, help="(Iris) two_shot, one_shot: communication programs per rank, "

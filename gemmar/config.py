@@ -97,7 +97,8 @@ class RunConfig:
     num_stages: int = 3
     # Split-K: the K of each tile of the last wave cut into this many slices, each a unit of work for its own
     # program (two_shot and one_shot at world size 1, where a few rows and a long K, or a wave and a bit, leave SMs
-    # without a tile; the tiles before the last wave run whole: whole_tiles; kernels/two_shot.py).
+    # without a tile; the tiles before the last wave run whole: whole_tiles). With more slices than programs, the
+    # last wave's K steps are shared equally among all programs, across tiles (stream-K): k_shares.
     split_k: int = 1
     # The dtype of C, and (two_shot) of the partial tiles that travel between ranks. None: the algorithm's
     # choice - atomics and ring sum in C itself, which must be fp32; two_shot sends and returns the input dtype.
