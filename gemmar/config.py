@@ -174,6 +174,11 @@ class RunConfig:
             if self.split_k > steps:
                 raise UsageError(f"split_k={self.split_k} is more than the {steps} steps of BLK_K={self.BLK_K} in "
                                  f"K={self.k}: use at most {steps}")
+            # (the kernel finds a share's place as step x programs in 32 bits)
+            cut_steps = (self.tile_count - self.whole_tiles) * steps
+            if cut_steps * min(self.num_sms, (self.tile_count - self.whole_tiles) * self.split_k) >= 2 ** 31:
+                raise UsageError(f"split_k={self.split_k} with num_sms={self.num_sms}: the last wave's {cut_steps} "
+                                 f"K steps x its programs pass 2**31: use fewer programs, a larger BLK_K or split_k=1")
         if isinstance(self.timeout_s, bool) or not (isinstance(self.timeout_s, (int, float)) and
                                                     MIN_TIMEOUT_S <= self.timeout_s <= 86400):
             raise UsageError(f"timeout_s={self.timeout_s!r} is not allowed: use seconds from {MIN_TIMEOUT_S:g} to "

@@ -161,3 +161,26 @@ def test_libdevice_math_runs_in_gemmar_and_is_a_stub_outside(interpreted, dtype)
     torch.testing.assert_close(out, reference, rtol=2e-2 if dtype == torch.bfloat16 else 1e-6, atol=0)
     with pytest.raises(Exception, match="NoneType"):
         kernel[(1,)](x, out, 16)
+
+
+def library_math_of_a_number(out):
+    from triton.language.extra import libdevice
+
+    tl.store(out, libdevice.exp(1.0))
+
+
+def test_libdevice_math_of_python_numbers_is_an_fp32_scalar(interpreted):
+    kernel, out = interpreted(library_math_of_a_number), torch.zeros(1)
+    with gemmar_interpreter():
+        kernel[(1,)](out)
+    assert out.item() == pytest.approx(2.718281828, rel=1e-6)
+
+
+def test_libdevice_is_left_alone_where_kernels_compile(monkeypatch):
+    # (a hosted program on a GPU enters the scope too: its compiled kernels need libdevice's own functions)
+    from triton.language.extra import libdevice
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    stub = libdevice.fast_expf
+    with gemmar_interpreter():
+        assert libdevice.fast_expf is stub

@@ -382,11 +382,16 @@ def _libdevice_math(replace):
     from triton.language.extra import libdevice
     from triton.runtime import interpreter
 
+    if os.environ.get("TRITON_INTERPRET", "0") != "1":   # (a hosted program on a GPU: its kernels compile, and
+        return                                             # the code generator must find libdevice's own names)
+
     def numpy_call(name, function):
         def call(*args, _semantic=None, **_):
             like = next((a for a in args if isinstance(a, tl.tensor)), None)
-            if like is None:   # (only Python numbers: as the GPU library would give, in fp32)
-                return function(*(np.float32(a) for a in args))
+            if like is None:   # (only Python numbers: an fp32 scalar, as the GPU library gives)
+                with np.errstate(all="ignore"):
+                    out = np.asarray(function(*(np.float32(a) for a in args)), dtype=np.float32)
+                return tl.tensor(interpreter.TensorHandle(out.reshape(1), tl.float32), tl.float32)
             scalar = like.dtype.scalar if hasattr(like.dtype, "scalar") else like.dtype
             values = [a.handle.data if isinstance(a, tl.tensor) else np.asarray(a) for a in args]
             if scalar == tl.bfloat16:
@@ -397,7 +402,7 @@ def _libdevice_math(replace):
             out = _fp32_as_bf16(out.astype(np.float32)) if scalar == tl.bfloat16 else \
                 out.astype(like.handle.data.dtype)
             return tl.tensor(interpreter.TensorHandle(out, scalar), like.type)
-        call.__name__ = name
+        call.__name__, call.__module__ = name, libdevice.__name__   # (as the stub it stands in for)
         return call
 
     for table in (LIBDEVICE_UNARY, LIBDEVICE_BINARY):

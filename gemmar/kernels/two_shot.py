@@ -267,6 +267,8 @@ def one_rank_split_gemm(
                                      cache_modifier=".cg")
                 offsets, mask = tile_rows_offsets(pid_m, pid_n, first, M, N, stride_cm, stride_cn, SUM_ROWS,
                                                   BLOCK_M, BLOCK_N)
+                # (rounded through the partials' dtype, as write_alone_tile rounds a whole tile: one C, one rounding)
+                total = total.to(partials.dtype.element_ty).to(tl.float32) + 0.0
                 tl.store(C + offsets, total.to(C.dtype.element_ty), mask=mask)
             tl.store(slices_in + cut, 0)
             # (summed and written a chunk at a time: the reduce event covers both, the broadcast is its end)

@@ -104,9 +104,14 @@ class Recorder:
 
     def on_heap(self, tensor):
         """The rank whose heap holds ``tensor``'s first byte, or None."""
-        if tensor.device.type != "cpu" or tensor.numel() == 0:
+        # (a sparse or storage-less tensor has no data pointer: never heap memory)
+        if tensor.device.type != "cpu" or tensor.layout != torch.strided or tensor.numel() == 0:
             return None
-        inside = np.flatnonzero((tensor.data_ptr() >= self.bases) & (tensor.data_ptr() < self.bases + self.heap_size))
+        try:
+            pointer = tensor.data_ptr()
+        except RuntimeError:
+            return None
+        inside = np.flatnonzero((pointer >= self.bases) & (pointer < self.bases + self.heap_size))
         return int(inside[0]) if inside.size else None
 
     def host_write(self, tensors, op, run):
