@@ -307,7 +307,7 @@ def test_split_k_is_refused_where_it_cannot_run_and_chosen_only_for_few_tiles_an
                              (dict(algorithm="one_shot", world_size=1, k=64, BLK_K=32, split_k=3),
                               "split_k=3 is more than the 2 steps of BLK_K=32 in K=64: use at most 2"),
                              (dict(algorithm="two_shot", world_size=1, m=512, n=512, k=65536, BLK_M=16, BLK_N=16,
-                                   BLK_K=16, num_sms=1024, comm_sms=1, split_k=2), "pass 2\*\*31")):
+                                   BLK_K=16, num_sms=1024, comm_sms=1, split_k=2), r"pass 2\*\*31")):
         with pytest.raises(UsageError, match=needle) as info:
             RunConfig(**settings).validate()
         assert "\n" not in str(info.value)
