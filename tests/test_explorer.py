@@ -15,7 +15,16 @@ from gemmar.explorer import Explorer  # noqa: E402
 from inputs import process_alive  # noqa: E402
 
 
-def test_interrupt_stops_the_run_and_the_next_run_starts_fresh_ranks():
+@pytest.fixture
+def ctrl_c_as_in_a_kernel():
+    """Ctrl-C as in a Jupyter kernel (a KeyboardInterrupt): a pytest started in the background by a shell without
+    job control inherits SIGINT ignored, and the press below would then do nothing (tests/run_as_user.py)."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
+def test_interrupt_stops_the_run_and_the_next_run_starts_fresh_ranks(ctrl_c_as_in_a_kernel):
     explorer = Explorer(world_size=2, m=128, n=128, k=128, iterations=20, algorithm="ring")
     pressed, returned_event = [], threading.Event()
 

@@ -159,7 +159,8 @@ INTERRUPTED = textwrap.dedent('''
 
 def test_an_interrupted_call_stops_its_ranks_and_the_next_call_restarts_them(tmp_path):
     (tmp_path / "interrupted.py").write_text(INTERRUPTED)
-    p = subprocess.run([sys.executable, str(tmp_path / "interrupted.py")], capture_output=True, text=True, timeout=240)
+    p = subprocess.run([sys.executable, str(tmp_path / "interrupted.py")], capture_output=True, text=True, timeout=240,
+                       preexec_fn=ctrl_c_as_in_a_terminal)   # (a pytest started with & ignores SIGINT: run_as_user.py)
     lines = p.stdout.splitlines()
     assert p.returncode == 0 and len(lines) == 3, (p.stdout, p.stderr[-2000:])
     assert lines[0].startswith("interrupted after") and float(lines[0].split()[-1]) < 2.0, lines
