@@ -37,6 +37,11 @@ def step(what, ok, detail=""):
         sys.exit(1)
 
 
+expected = os.environ.get("GEMMAR_SMOKE_TRITON")
+if expected:   # (.ci/run puts the release ahead of the venv's own Triton: the ranks must import it too)
+    step(f"Triton {expected} imported from {os.path.dirname(triton.__file__)}", triton.__version__ == expected)
+
+
 WRONG_PART = """
 import triton
 import triton.language as tl
@@ -53,6 +58,9 @@ with tempfile.TemporaryDirectory() as folder, gemmar.Cluster(world_size=2) as cl
         result = cluster.bench(RunConfig(m=48, n=40, k=40, BLK_M=16, BLK_N=16, BLK_K=16, algorithm=algorithm,
                                          iterations=2, trace=algorithm == "ring"), validate=True)
         step(f"{algorithm} at world size 2", result.ok, f"max|C - ref| = {result.max_abs_diff:.3g}")
+        ranks_triton = {info["triton"] for info in result.info}
+        step(f"{algorithm}'s ranks run Triton {triton.__version__}", ranks_triton == {triton.__version__},
+             f"(they run {', '.join(sorted(ranks_triton))})")
         if algorithm == "ring":
             png = Path(folder) / "ring.png"
             result.trace.gantt().savefig(png)

@@ -34,6 +34,13 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 
 # The K slices --split times at shapes whose last wave leaves SMs idle (RunConfig.split_k; the rule: tuning.split_k_rule).
 SPLITS = (1, 2, 3, 4, 6, 8, 12, 16)
+# --programs: persistent programs per SM (two or more share an SM where their registers and shared memory fit, so
+# one's loads overlap another's epilogue), each with the split rule for that many programs; at auto's tile and at
+# the tiles below that leave room for a second program (3 stages), by rows per rank.
+PROGRAMS_PER_SM = (1, 2, 4)
+PROGRAMS_TILES = {16: [(16, 32, 128, 4, 4, 8), (16, 32, 256, 4, 3, 8)],
+                  512: [(64, 128, 64, 4, 3, 8), (64, 64, 128, 4, 3, 8)],
+                  1 << 20: [(128, 128, 64, 4, 3, 8), (64, 128, 64, 4, 3, 8)]}
 
 # (model, layer, TP, N = hidden size, K = the layer's whole input width, [M tokens per rank]); per-rank K = K / TP.
 # Sizes from each model's published config (hidden_size, intermediate_size / moe_intermediate_size, heads x head
@@ -103,6 +110,7 @@ def run(args):
 
     from gemmar.algorithms import builtin_names
     from gemmar import tuner
+    from gemmar.config import waves
     from gemmar.runtime.backends import gpu_properties
     from gemmar.tuner import config_for, inputs, one_gpu_rank, tile_knobs, time_config, time_matmul
     from gemmar.tuning import tuned_defaults
@@ -154,7 +162,7 @@ def run(args):
                                algorithm=algorithm, tile=list(tile), split_k=knobs["split_k"], source=source)
             steps = -(-k // tile[2])
             tiles = -(-m // tile[0]) * -(-n // tile[1])
-            last_wave = tiles - sms * ((tiles - 1) // sms)
+            last_wave = waves(tiles, sms)[1]
             if args.split and last_wave < sms:
                 # (a last wave that leaves SMs idle: auto's tile with each number of K slices for its tiles, the
                 # rule's included, and the number that gives every program a share (stream-K); where that wave
@@ -175,6 +183,14 @@ def run(args):
                 row["grid"] = [dict(time_config(heap, config_for(m, n, k, args.datatype, "two_shot",
                                                                  tile_knobs(t, sms)), A, B, ref, mm["gpu_ms"]),
                                     tile=list(t)) for t in candidates(m)]
+            if args.programs:
+                extra = next(tiles for rows, tiles in sorted(PROGRAMS_TILES.items()) if m <= rows)
+                row["programs_grid"] = [
+                    dict(time_config(heap, config_for(m, n, k, args.datatype, algorithm,
+                                                      tile_knobs(t, per_sm * sms, (m, n, k), algorithm)),
+                                     A, B, ref, mm["gpu_ms"]), tile=list(t), per_sm=per_sm)
+                    for t in dict.fromkeys([tuple(tile)] + extra) for per_sm in PROGRAMS_PER_SM
+                    if (per_sm, t) != (1, tuple(tile))]
             if args.trace:
                 row["trace"] = trace_shares(heap, m, n, k, args.datatype, tile, sms, A, B)
             row["matmul_after"] = time_matmul(A, B)   # (the denominator taken twice: its drift is the noise)
@@ -343,6 +359,20 @@ def analyse(paths, rules_out, how="wall"):
                     f"before, the last wave at most 1/{variant[3]} full, {'every program' if variant[4] else 'whole slices'}"
                 print(f"  split rule with {name}{' (shipped)' if variant == shipped else ''}"
                       f": geometric mean {geomean(picked):.4f}, worst {max(picked):.3f} over {len(picked)} shapes")
+    programs_rows = [row for row in rows if row.get("programs_grid")]
+    if programs_rows:
+        def programs_ratios(row):
+            return {(tuple(g["tile"]), g["per_sm"]): ratio(row, g, how) for g in row["programs_grid"]
+                    if ratio(row, g, how)} | {(tuple(row["auto"]["tile"]), 1): ratio(row, row["auto"], how)}
+
+        picks["best of auto and the programs grid"] = lambda row: min(programs_ratios(row).values(), default=None) \
+            if row.get("programs_grid") else ratio(row, row["auto"], how)
+        print(f"programs per SM at {len(programs_rows)} shapes (ratio to matmul, {how}; auto first):")
+        for row in programs_rows:
+            by = programs_ratios(row)
+            cells = " ".join(f"{t[0]}x{t[1]}x{t[2]}/{t[4]}s@{p}:{r:.2f}" for (t, p), r in
+                             sorted(by.items(), key=lambda x: (x[0][0] != tuple(row["auto"]["tile"]), x[0])))
+            print(f"  {shape_name(row):>16}  {cells}")
     if all("grid" in row for row in rows):
         picks["best of grid (per-shape tuning)"] = lambda row: min(grid_ratios(row, how).values(), default=None)
         data = [(row["m"], grid_ratios(row, how)) for row in rows]
@@ -463,6 +493,8 @@ def main():
                                                               "and the one that fills every program")
     parser.add_argument("--no_split", action="store_true", help="auto never cuts K (split_k 1): the GEMM core alone, "
                                                                  "as before split-K")
+    parser.add_argument("--programs", action="store_true", help="also time auto's tile and PROGRAMS_TILES at "
+                                                                 "PROGRAMS_PER_SM programs per SM")
     parser.add_argument("--trace", action="store_true", help="also trace auto's tile once per shape (the shares)")
     parser.add_argument("--auto_only", action="store_true", help="time auto (and --lomo) alone, not every kernel's "
                                                                   "defaults (a second run, to confirm a fitted rule)")

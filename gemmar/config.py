@@ -55,6 +55,13 @@ def k_bounds(K, world_size, rank):
     return start, start + base + (1 if rank < extra else 0)
 
 
+def waves(tiles, programs):
+    """(tiles in the whole waves before the last, tiles in the last wave) when ``programs`` persistent programs
+    take ``tiles`` tiles in turn: the last wave is the one split-K may cut (RunConfig.whole_tiles)."""
+    whole = programs * ((tiles - 1) // programs)
+    return whole, tiles - whole
+
+
 def _positive_int(name, value, largest):
     if isinstance(value, bool) or not isinstance(value, int):
         raise UsageError(f"{name}={value!r} is not an integer: use a whole number from 1 to {largest}")
@@ -175,8 +182,8 @@ class RunConfig:
                 raise UsageError(f"split_k={self.split_k} is more than the {steps} steps of BLK_K={self.BLK_K} in "
                                  f"K={self.k}: use at most {steps}")
             # (the kernel finds a share's place as step x programs in 32 bits)
-            cut_steps = (self.tile_count - self.whole_tiles) * steps
-            if cut_steps * min(self.num_sms, (self.tile_count - self.whole_tiles) * self.split_k) >= 2 ** 31:
+            cut_steps = self.cut_tiles * steps
+            if cut_steps * self.k_sharing >= 2 ** 31:
                 raise UsageError(f"split_k={self.split_k} with num_sms={self.num_sms}: the last wave's {cut_steps} "
                                  f"K steps x its programs pass 2**31: use fewer programs, a larger BLK_K or split_k=1")
         if isinstance(self.timeout_s, bool) or not (isinstance(self.timeout_s, (int, float)) and
@@ -236,17 +243,26 @@ class RunConfig:
         wave takes as long cut or not; the last, part-filled one is what slices fill). Without it, all."""
         if self.split_k == 1:
             return self.tile_count
-        return self.num_sms * ((self.tile_count - 1) // self.num_sms)
+        return waves(self.tile_count, self.num_sms)[0]
+
+    @property
+    def cut_tiles(self):
+        """Tiles whose K is cut (split-K's last wave; 0 without split-K)."""
+        return self.tile_count - self.whole_tiles
+
+    @property
+    def k_sharing(self):
+        """Programs sharing the cut tiles' K steps: min(num_sms, cut tiles x split_k)."""
+        return min(self.num_sms, self.cut_tiles * self.split_k)
 
     @property
     def k_shares(self):
-        """Split-K (two_shot.one_rank_split_gemm): the last wave's K steps, end to end, cut into ``sharing`` =
-        min(num_sms, cut tiles x split_k) equal shares, a program's each. (sharing, parts): ``parts[program]``,
-        the cut tiles (their index among the cut ones) its share touches, in order."""
+        """Split-K (two_shot.one_rank_split_gemm): the last wave's K steps, end to end, cut into ``k_sharing``
+        equal shares, a program's each. (sharing, parts): ``parts[program]``, the cut tiles (their index among
+        the cut ones) its share touches, in order."""
         steps = -(-self.k // self.BLK_K)
-        cut_tiles = self.tile_count - self.whole_tiles
-        cut_steps = cut_tiles * steps
-        sharing = min(self.num_sms, cut_tiles * self.split_k)
+        cut_steps = self.cut_tiles * steps
+        sharing = self.k_sharing
         parts = []
         for program in range(sharing):
             first, end = program * cut_steps // sharing, (program + 1) * cut_steps // sharing

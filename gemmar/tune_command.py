@@ -94,8 +94,7 @@ def tile_source_line(args, backend, config):
         source = f"{', '.join(given)} from the command line, the rest from {source}"
     split = ""
     if config.split_k > 1:
-        cut = config.tile_count - config.whole_tiles
-        sharing = config.k_shares[0]
+        cut, sharing = config.cut_tiles, config.k_sharing
         shares = f"{config.split_k} slices a tile" if sharing == cut * config.split_k else \
             f"shared by all {sharing} programs, across tiles: stream-K"
         split = (f"; K of {'each' if cut == config.tile_count else f'the last {cut}'} of {config.tile_count} tiles cut "

@@ -2,7 +2,7 @@
 per algorithm, programs per SM, the split between GEMM and communication programs, the few-rows tiles),
 from measured figures (docs/decisions.md). On the cpu backend a run takes RunConfig's own defaults."""
 
-from .config import DTYPES, MAX_SPLIT_K, SPLIT_K_ALGORITHMS, RunConfig, dtype_name, k_bounds
+from .config import DTYPES, MAX_SPLIT_K, SPLIT_K_ALGORITHMS, RunConfig, dtype_name, k_bounds, waves
 
 # Per-GPU starting points: (BLK_M, BLK_N, BLK_K, num_warps, num_stages, gsize_m). An algorithm's spec may
 # give its own (AlgorithmSpec.gpu_tuning, measured: docs/decisions.md); these are for the others.
@@ -132,9 +132,8 @@ def split_k_rule(algorithm, shape, blocks, sms, min_steps=SPLIT_MIN_STEPS, max_w
     if world_size != 1 or algorithm not in SPLIT_K_ALGORITHMS:
         return 1
     tiles = -(-m // blocks[0]) * -(-n // blocks[1])
-    whole_waves = (tiles - 1) // sms
-    last_wave = tiles - sms * whole_waves
-    if last_wave * when_fills > sms or whole_waves > max_whole_waves:
+    whole, last_wave = waves(tiles, sms)
+    if last_wave * when_fills > sms or whole // sms > max_whole_waves:
         return 1
     fill = -(-sms // last_wave) if fill_every_program else sms // last_wave
     by_rows = k_rank // (k_per_row * blocks[0]) if k_per_row else MAX_SPLIT_K

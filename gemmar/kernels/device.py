@@ -97,6 +97,17 @@ def place(where):
     return f"{os.path.basename(file)}:{line}"
 
 
+def library_folders(*more):
+    """The folders whose files are libraries rather than a user's program (the standard library, site-packages,
+    gemmar itself, and ``more``), each ending in the path separator: what the sanitizer's host lines and a hosted
+    program's file list pass over."""
+    import sysconfig
+
+    paths = sysconfig.get_paths()
+    return tuple(os.path.realpath(p) + os.sep for p in {paths["stdlib"], paths["purelib"], paths["platlib"],
+                                                         _GEMMAR_DIR, *more})
+
+
 def kernel_line():
     """(file, line, function) of the innermost frame that is the kernel's own code, not the device API (for the
     one-line reports of translate's rank check here and of the sanitizer)."""

@@ -267,8 +267,8 @@ def one_rank_split_gemm(
                                      cache_modifier=".cg")
                 offsets, mask = tile_rows_offsets(pid_m, pid_n, first, M, N, stride_cm, stride_cn, SUM_ROWS,
                                                   BLOCK_M, BLOCK_N)
-                # (rounded through the partials' dtype, as write_alone_tile rounds a whole tile: one C, one rounding)
-                total = total.to(partials.dtype.element_ty).to(tl.float32) + 0.0
+                # (rounded as write_alone_tile rounds a whole tile: one C, one rounding)
+                total = rounded_as_one_partial(total, partials)
                 tl.store(C + offsets, total.to(C.dtype.element_ty), mask=mask)
             tl.store(slices_in + cut, 0)
             # (summed and written a chunk at a time: the reduce event covers both, the broadcast is its end)
@@ -278,6 +278,13 @@ def one_rank_split_gemm(
                                 TRACE_CAPACITY)
         step += end_step - first_step
     finish_trace(trace_counts, n_events, TRACE_CAPACITY)
+
+
+@triton.jit
+def rounded_as_one_partial(total, partials):
+    """An fp32 tile rounded through the partials' dtype, then 0 + it (a -0.0 becomes +0.0, as a sum from zero
+    does): the bits a communication program's sum of this one partial gives."""
+    return total.to(partials.dtype.element_ty).to(tl.float32) + 0.0
 
 
 @triton.jit
@@ -300,7 +307,7 @@ def write_alone_tile(
     Records take, reduce, broadcast and publish: as many events as the other path, so that a trace at
     world size 1 shows every step."""
     n_events, t = event(trace, n_events, t, TAKE, tile_id, pid_m, pid_n, 0, -1, TRACE_CAPACITY)
-    total = acc.to(partials.dtype.element_ty).to(tl.float32) + 0.0   # (+ 0.0: a -0.0 sum is +0.0, as from zero)
+    total = rounded_as_one_partial(acc, partials)
     n_events, t = event(trace, n_events, t, REDUCE, tile_id, pid_m, pid_n, 0, -1, TRACE_CAPACITY)
     offsets, mask = tile_offsets(pid_m, pid_n, M, N, stride_cm, stride_cn, BLOCK_M, BLOCK_N)
     tl.store(C + offsets, total.to(C.dtype.element_ty), mask=mask)
@@ -322,9 +329,9 @@ class TwoShotBuffers:
 
 def buffers(alloc, config, world_size):
     tiles = config.tile_count
-    cut = tiles - config.whole_tiles   # (a slot per cut tile and program sharing its K: cut + sharing in all)
-    split = dict(slices=alloc((cut + min(config.num_sms, cut * config.split_k), config.BLK_M * config.BLK_N),
-                              torch.float32), slices_in=alloc(cut, torch.int32)) if config.split_k > 1 else {}
+    # (a slot per cut tile and program sharing its K: cut + sharing in all)
+    split = dict(slices=alloc((config.cut_tiles + config.k_sharing, config.BLK_M * config.BLK_N),
+                              torch.float32), slices_in=alloc(config.cut_tiles, torch.int32)) if config.split_k > 1 else {}
     return TwoShotBuffers(C=alloc((config.m, config.n), config.c_dtype),
                           partials=alloc((tiles, config.BLK_M * config.BLK_N), config.wire_torch_dtype),
                           partial_ready=alloc(tiles, torch.int32),

@@ -25,6 +25,7 @@ import torch
 
 from .. import sanitizer
 from ..errors import UsageError
+from ..kernels.device import library_folders
 from ..kernels.triton_support import subscribe
 from ..runtime import rank as rank_runtime
 
@@ -385,14 +386,6 @@ def _warning_assumes(replace):
 
 
 @functools.lru_cache(maxsize=None)
-def _library_folders():
-    import sysconfig
-
-    paths = sysconfig.get_paths()
-    return tuple(os.path.realpath(p) + os.sep for p in {paths["stdlib"], paths["purelib"], paths["platlib"],
-                                                         os.path.dirname(os.path.dirname(os.path.abspath(__file__)))})
-
-
 def is_program_file(filename):
     """Whether ``filename`` is the user's code, not Python's, torch's, Triton's or gemmar's."""
-    return os.path.isfile(filename) and not os.path.realpath(filename).startswith(_library_folders())
+    return os.path.isfile(filename) and not os.path.realpath(filename).startswith(library_folders())

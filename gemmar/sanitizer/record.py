@@ -30,7 +30,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode_stack, _pop_mode, _push_mode
 
 from ..errors import HeapBoundsError
-from ..kernels.device import kernel_line, passes_through, place
+from ..kernels.device import kernel_line, library_folders, passes_through, place
 
 UNNAMED = "heap tensor at byte"   # (the heap's name for an allocation nobody named)
 ARTICLED = {"read": "a read", "write": "a write", "rmw": "an atomic", "access": "an access"}
@@ -325,9 +325,7 @@ def _byte_ranges(tensor):
     return lo, hi
 
 
-_LIBRARIES = tuple(os.path.realpath(p) + os.sep for p in {
-    sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"],
-    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), os.path.dirname(os.path.abspath(torch.__file__))})
+_LIBRARIES = library_folders(os.path.dirname(os.path.abspath(torch.__file__)))
 _HOST_PLUMBING = (os.path.dirname(os.path.abspath(torch.__file__)) + os.sep, os.path.dirname(os.path.abspath(__file__)) + os.sep,
                   os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "runtime", "heap") + os.sep,
                   os.path.realpath(sysconfig.get_paths()["stdlib"]) + os.sep)
