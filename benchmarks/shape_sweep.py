@@ -1,7 +1,7 @@
 """Real models' tensor-parallel shapes on one GPU: every fused kernel and ``auto`` against torch.matmul at world
 size 1, each checked against torch; a JSON and a heat map (M against N x K) beside it.
 
-    python3 benchmarks/shape_sweep.py OUT.json [--grid] [--split] [--cache FILE] [--rule RULE.json] [--lomo RULES.json]
+    python3 benchmarks/shape_sweep.py OUT.json [--grid] [--split] [--programs] [--cache FILE] [--rule RULE.json] [--lomo RULES.json]
                                       [--trace_worst 10] [--shard 1/2] [--max_seconds S]
     python3 benchmarks/shape_sweep.py --analyse OUT.json [--rules_out RULES.json]   (no GPU: figures, fits, maps)
 
@@ -36,7 +36,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 SPLITS = (1, 2, 3, 4, 6, 8, 12, 16)
 # --programs: persistent programs per SM (two or more share an SM where their registers and shared memory fit, so
 # one's loads overlap another's epilogue), each with the split rule for that many programs; at auto's tile and at
-# the tiles below that leave room for a second program (3 stages), by rows per rank.
+# the tiles below, by rows per rank, small enough in shared memory for two or more programs an SM.
 PROGRAMS_PER_SM = (1, 2, 4)
 PROGRAMS_TILES = {16: [(16, 32, 128, 4, 4, 8), (16, 32, 256, 4, 3, 8)],
                   512: [(64, 128, 64, 4, 3, 8), (64, 64, 128, 4, 3, 8)],
@@ -187,7 +187,8 @@ def run(args):
                 extra = next(tiles for rows, tiles in sorted(PROGRAMS_TILES.items()) if m <= rows)
                 row["programs_grid"] = [
                     dict(time_config(heap, config_for(m, n, k, args.datatype, algorithm,
-                                                      tile_knobs(t, per_sm * sms, (m, n, k), algorithm)),
+                                                      tile_knobs(t, per_sm * sms, (m, n, k), algorithm,
+                                                                 split_k=1 if args.no_split else None)),
                                      A, B, ref, mm["gpu_ms"]), tile=list(t), per_sm=per_sm)
                     for t in dict.fromkeys([tuple(tile)] + extra) for per_sm in PROGRAMS_PER_SM
                     if (per_sm, t) != (1, tuple(tile))]
@@ -362,8 +363,9 @@ def analyse(paths, rules_out, how="wall"):
     programs_rows = [row for row in rows if row.get("programs_grid")]
     if programs_rows:
         def programs_ratios(row):
+            auto = ratio(row, row["auto"], how)
             return {(tuple(g["tile"]), g["per_sm"]): ratio(row, g, how) for g in row["programs_grid"]
-                    if ratio(row, g, how)} | {(tuple(row["auto"]["tile"]), 1): ratio(row, row["auto"], how)}
+                    if ratio(row, g, how)} | ({(tuple(row["auto"]["tile"]), 1): auto} if auto else {})
 
         picks["best of auto and the programs grid"] = lambda row: min(programs_ratios(row).values(), default=None) \
             if row.get("programs_grid") else ratio(row, row["auto"], how)

@@ -56,10 +56,26 @@ TIERS = {"test_browser": "browser", "test_notebooks": "notebook",
          "test_readme": "slow"}
 
 
+# Tests that time something live on this machine's CPUs against a bound (an exercise's measured waits, a Ctrl-C or
+# a death named within seconds): README's test command runs them after the others, alone, so that the other worker's
+# load is not in their figures (`-m alone`; the rest run in two workers, `-m "not alone"`). By file, or file::test.
+ALONE = ("test_explorer.py", "test_browser.py::test_explorer_in_jupyterlab_redraws_after_run_and_stops_when_interrupted",
+         "test_faults.py::test_a_killed_rank_is_an_error_within_two_seconds_and_the_next_call_restarts",
+         "test_faults.py::test_a_frozen_rank_is_an_error_within_seconds",
+         "test_faults.py::test_an_interrupted_rank_and_an_exiting_rank",
+         "test_lifecycle.py::test_ctrl_c_ends_a_cli_run_at_once_in_one_line",
+         "test_lifecycle.py::test_an_interrupted_call_stops_its_ranks_and_the_next_call_restarts_them",
+         "test_lifecycle.py::test_stop_from_another_thread_ends_the_run_at_once",
+         "test_sanitizer.py::test_a_large_host_fill_is_one_record_of_byte_ranges")
+
+
 def pytest_collection_modifyitems(items):
     """Mark each test with its tier (and "cluster" where it uses real engines); then tests without a
     world_size parameter first, then by world size: fewer clusters alive at a time."""
     for item in items:
+        where = f"{item.path.name}::{item.originalname}"
+        if any(where == alone or where.startswith(alone + "::") for alone in ALONE):
+            item.add_marker("alone")
         tier = TIERS.get(item.path.stem)
         if tier:
             item.add_marker(tier)

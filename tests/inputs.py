@@ -1,5 +1,6 @@
 """Inputs, references and polling shared by the tests (plain functions, imported by module name)."""
 
+import os
 import time
 
 import psutil
@@ -47,3 +48,17 @@ def allowed_error(result, A, B):
     if result.config.spec.wire_dtype:   # partials rounded to their wire dtype on the way
         rounding += result.config.world_size * EPSILON[result.config.wire_torch_dtype]
     return 1e-3 * max(1.0, A.shape[1] ** 0.5) + rounding * peak
+
+
+def gemmar_shm_entries():
+    """{name: is a folder} of gemmar's entries in the shared-memory folder (a cluster's heap folder, ...)."""
+    from gemmar.runtime.heap import shm_dir
+
+    return {e.name: e.is_dir() for e in os.scandir(shm_dir()) if e.name.startswith("gemmar-")}
+
+
+def loose_gemmar_files(before):
+    """gemmar's entries in the shared-memory folder, not in ``before``, that are files rather than a cluster's
+    folder. (The suite may run in two workers, each with clusters of its own coming and going: a test looks at
+    its own cluster's folder by name, and at loose files, never at every folder there.)"""
+    return [name for name, is_dir in gemmar_shm_entries().items() if name not in before and not is_dir]

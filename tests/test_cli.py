@@ -10,7 +10,7 @@ import sys
 import pytest
 
 import gemmar
-from gemmar.runtime.heap import shm_dir
+from inputs import gemmar_shm_entries, loose_gemmar_files
 
 GEMMAR = [sys.executable, "-m", "gemmar.cli"]
 
@@ -75,10 +75,17 @@ def test_bench_validates_and_writes_json(tmp_path, algorithm):
     (["--seed", str(10 ** 24)], "seed=" + str(10 ** 24)),
     (["--seed", "-1"], "seed=-1"),
 ])
-def test_bad_arguments_exit_2_with_one_line(capsys, args, needle):
-    before = set(os.listdir(shm_dir()))
+def test_bad_arguments_exit_2_with_one_line(capsys, monkeypatch, args, needle):
+    # Refused before any cluster starts: no heap folder made, nothing left in the shared-memory folder (only
+    # loose files are looked at there: another worker's clusters come and go, inputs.loose_gemmar_files).
+    from gemmar.runtime import engines
+
+    before, folders = gemmar_shm_entries(), []
+    for name in ("make_heap_folder", "private_folder"):
+        made = getattr(engines, name)
+        monkeypatch.setattr(engines, name, lambda *a, made=made, **kw: folders.append(made(*a, **kw)) or folders[-1])
     p = in_process(capsys, "bench", *args)
-    assert set(os.listdir(shm_dir())) <= before
+    assert not folders and not loose_gemmar_files(before)
     assert p.returncode == 2, (p.returncode, p.stdout, p.stderr)
     assert len(p.stderr.strip().splitlines()) == 1, p.stderr
     assert needle in p.stderr

@@ -9,7 +9,7 @@ import torch
 
 import gemmar
 from gemmar.runtime.heap import shm_dir
-from inputs import random_inputs, reference, wait_until
+from inputs import loose_gemmar_files, random_inputs, reference, wait_until
 
 
 def gemmar_files():
@@ -18,31 +18,28 @@ def gemmar_files():
 
 @pytest.mark.slow   # (out of the fast tier: README, "Run the tests")
 def test_heap_files_are_gone_once_ranks_are_up_and_engines_gone_after_stop():
-    # (this cluster's own folder, and no loose file: the suite may run in two workers, each with clusters of its own)
+    # (this cluster's own folders, and no loose file: inputs.loose_gemmar_files says why)
     before = set(gemmar_files())
     cluster = gemmar.Cluster(world_size=2, backend="cpu")
+    folders = [cluster.heap_folder]
     try:
         # Each rank unlinks its file as soon as every rank has mapped it; the cluster's private folder stays.
         assert os.path.basename(cluster.heap_folder) in gemmar_files()
         assert not [name for name in os.listdir(cluster.heap_folder) if name.startswith("rank")]
-        assert not loose_files(before)
+        assert not loose_gemmar_files(before)
         pids = list(cluster.pids)
         assert all(psutil.pid_exists(p) for p in pids)
         cluster.restart()
         assert cluster.running and cluster.pids != pids
         pids += cluster.pids
+        folders.append(cluster.heap_folder)
     finally:
         cluster.stop()
     assert not cluster.running
     for pid in pids:
         assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    assert not os.path.exists(cluster.heap_folder)
-    assert not loose_files(before)
-
-
-def loose_files(before):
-    """gemmar's entries in the shared-memory folder, new since ``before``, that are not a cluster's folder."""
-    return [f for f in set(gemmar_files()) - before if not os.path.isdir(os.path.join(shm_dir(), f))]
+    assert not [folder for folder in folders if os.path.exists(folder)]
+    assert not loose_gemmar_files(before)
 
 
 @pytest.mark.slow   # (out of the fast tier: README, "Run the tests")

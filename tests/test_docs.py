@@ -301,3 +301,14 @@ def test_the_benchmarks_use_what_the_package_and_the_lab_have():
                     missing.append(f"{where}: {module}.{node.attr}")
     assert checked > 50   # (the scripts were read)
     assert not missing, sorted(set(missing))
+
+
+def test_every_test_run_alone_is_a_test_of_the_suite():
+    """conftest.ALONE names files and tests by name: a renamed test would quietly go back to the workers."""
+    from conftest import ALONE
+
+    for entry in ALONE:
+        file, _, test = entry.partition("::")
+        with open(os.path.join(ROOT, "tests", file)) as f:
+            source = f.read()
+        assert not test or f"def {test}(" in source, f"{entry}: no such test"

@@ -22,7 +22,7 @@ def test_a_report_path_that_cannot_be_written_is_refused_before_the_run(capsys, 
 
 def test_another_users_report_in_a_sticky_folder_is_refused_before_the_run(tmp_path):
     """In /tmp (sticky), a report of another user's cannot be replaced by a rename (nor, with
-    fs.protected_regular, opened): refused before the run (uid 65534 against root's file)."""
+    fs.protected_regular, opened): refused before the run (uid 65533 against root's file)."""
     import shutil
     import tempfile
 
@@ -35,7 +35,7 @@ def test_another_users_report_in_a_sticky_folder_is_refused_before_the_run(tmp_p
             f.write('{"theirs": true}\n')
         os.chmod(theirs, 0o666)
         caps = "+dac_read_search,+dac_override"
-        p = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", f"--inh-caps={caps}",
+        p = subprocess.run(["setpriv", "--reuid=65533", "--regid=65533", "--clear-groups", f"--inh-caps={caps}",
                             f"--ambient-caps={caps}", *GEMMAR, "bench", "-r", "2", "--output_file", theirs],
                            capture_output=True, text=True, timeout=120, env={**os.environ, "HOME": "/nonexistent"})
         assert p.returncode == 2, p.stderr

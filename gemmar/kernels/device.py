@@ -27,6 +27,7 @@ constexpr ``INTERPRETER``: the clock (:func:`now`) and a short sleep while spinn
 leave the cores to the ranks they wait for.
 """
 
+import functools
 import linecache
 import os
 import sys
@@ -97,6 +98,7 @@ def place(where):
     return f"{os.path.basename(file)}:{line}"
 
 
+@functools.lru_cache(maxsize=None)
 def library_folders(*more):
     """The folders whose files are libraries rather than a user's program (the standard library, site-packages,
     gemmar itself, and ``more``), each ending in the path separator: what the sanitizer's host lines and a hosted

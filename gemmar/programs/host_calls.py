@@ -385,7 +385,6 @@ def _warning_assumes(replace):
     replace(interpreter.InterpreterBuilder, "create_assume", create_assume)
 
 
-@functools.lru_cache(maxsize=None)
 def is_program_file(filename):
     """Whether ``filename`` is the user's code, not Python's, torch's, Triton's or gemmar's."""
     return os.path.isfile(filename) and not os.path.realpath(filename).startswith(library_folders())
