@@ -57,9 +57,12 @@ TIERS = {"test_browser": "browser", "test_notebooks": "notebook",
 
 
 # Tests that time something live on this machine's CPUs against a bound (an exercise's measured waits, a Ctrl-C or
-# a death named within seconds): README's test command runs them after the others, alone, so that the other worker's
-# load is not in their figures (`-m alone`; the rest run in two workers, `-m "not alone"`). By file, or file::test.
-ALONE = ("test_explorer.py", "test_browser.py::test_explorer_in_jupyterlab_redraws_after_run_and_stops_when_interrupted",
+# a death named within seconds), and the shared server's, whose attacker scans every port of the machine (the other
+# worker's Jupyter kernels listen unencrypted): README's test command runs them after the others, alone, so that
+# the other worker's load is not in their figures (`-m alone`; the rest in two workers, `-m "not alone"`). By file,
+# or file::test.
+ALONE = ("test_explorer.py", "test_shared_server.py",
+         "test_user_algorithm.py::test_a_wrong_wait_in_a_users_algorithm_is_named_within_15_s", "test_browser.py::test_explorer_in_jupyterlab_redraws_after_run_and_stops_when_interrupted",
          "test_faults.py::test_a_killed_rank_is_an_error_within_two_seconds_and_the_next_call_restarts",
          "test_faults.py::test_a_frozen_rank_is_an_error_within_seconds",
          "test_faults.py::test_an_interrupted_rank_and_an_exiting_rank",
