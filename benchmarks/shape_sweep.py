@@ -184,7 +184,7 @@ def run(args):
                                                                  tile_knobs(t, sms)), A, B, ref, mm["gpu_ms"]),
                                     tile=list(t)) for t in candidates(m)]
             if args.programs:
-                extra = next(tiles for rows, tiles in sorted(PROGRAMS_TILES.items()) if m <= rows)
+                extra = next(small for rows, small in sorted(PROGRAMS_TILES.items()) if m <= rows)
                 row["programs_grid"] = [
                     dict(time_config(heap, config_for(m, n, k, args.datatype, algorithm,
                                                       tile_knobs(t, per_sm * sms, (m, n, k), algorithm,
@@ -363,9 +363,9 @@ def analyse(paths, rules_out, how="wall"):
     programs_rows = [row for row in rows if row.get("programs_grid")]
     if programs_rows:
         def programs_ratios(row):
-            auto = ratio(row, row["auto"], how)
-            return {(tuple(g["tile"]), g["per_sm"]): ratio(row, g, how) for g in row["programs_grid"]
-                    if ratio(row, g, how)} | ({(tuple(row["auto"]["tile"]), 1): auto} if auto else {})
+            timed = [((tuple(g["tile"]), g["per_sm"]), ratio(row, g, how)) for g in row["programs_grid"]]
+            timed.append(((tuple(row["auto"]["tile"]), 1), ratio(row, row["auto"], how)))
+            return {key: r for key, r in timed if r}
 
         picks["best of auto and the programs grid"] = lambda row: min(programs_ratios(row).values(), default=None) \
             if row.get("programs_grid") else ratio(row, row["auto"], how)
