@@ -113,10 +113,11 @@ def run(args):
     from gemmar.config import waves
     from gemmar.runtime.backends import gpu_properties
     from gemmar.tuner import config_for, inputs, one_gpu_rank, tile_knobs, time_config, time_matmul
-    from gemmar.tuning import tuned_defaults
+    from gemmar.tuning import GEMV_SOURCE, gemv_split, gemv_tile, tuned_defaults
     from gemmar.tuning_cache import TILE_KNOBS, candidates, choose, rule_tile
 
     gpu, capability, sms = gpu_properties("cuda")
+    family = "hopper" if tuple(capability) >= (9, 0) else "default"
     tuner.TRIALS = args.trials
     # Every other shape first: a run stopped by --max_seconds has still measured every model, at half the shapes.
     shapes = SHAPES[::2] + SHAPES[1::2]
@@ -157,13 +158,30 @@ def run(args):
                 algorithm, tile, source = "two_shot", tuple(knobs[key] for key in TILE_KNOBS), \
                     "the algorithm's measured tiles (no cache entry, no fitted rule)"
             knobs = tile_knobs(tile, sms, (m, n, k), algorithm, split_k=1 if args.no_split else None)
+            # The few-rows kernel where the package runs it (tuning.tile_choice): up to GEMV_ROWS rows, unless a
+            # cache entry says otherwise; --no_gemv: the tile GEMM there too.
+            few_rows = None if args.no_gemv else gemv_tile(algorithm, family, (m, n, k, 1))
+            if choice is not None and choice.cached:
+                few_rows = tuple(tile) if choice.gemv else None
+            elif few_rows:
+                tile, source = few_rows, GEMV_SOURCE
+            if few_rows:
+                knobs = dict(tile_knobs(tile, sms), gemv=True,
+                             split_k=1 if args.no_split else gemv_split((m, n, k, 1), tile[1], tile[2], sms))
             row["auto"] = dict(time_config(heap, config_for(m, n, k, args.datatype, algorithm, knobs), A, B, ref,
                                            mm["gpu_ms"]),
-                               algorithm=algorithm, tile=list(tile), split_k=knobs["split_k"], source=source)
+                               algorithm=algorithm, tile=list(tile), split_k=knobs["split_k"], source=source,
+                               gemv=bool(few_rows))
             steps = -(-k // tile[2])
             tiles = -(-m // tile[0]) * -(-n // tile[1])
             last_wave = waves(tiles, sms)[1]
-            if args.split and last_wave < sms:
+            if args.split and few_rows:
+                # (the few-rows kernel: one program per column tile and K slice, every tile cut alike)
+                row["split_grid"] = [dict(time_config(heap, config_for(m, n, k, args.datatype, algorithm,
+                                                                       dict(knobs, split_k=split)),
+                                                      A, B, ref, mm["gpu_ms"]), split_k=split)
+                                     for split in SPLITS if split <= steps]
+            elif args.split and last_wave < sms:
                 # (a last wave that leaves SMs idle: auto's tile with each number of K slices for its tiles, the
                 # rule's included, and the number that gives every program a share (stream-K); where that wave
                 # fills more than half the SMs, 2 is that number, and more only cut finer)
@@ -495,6 +513,8 @@ def main():
                                                               "and the one that fills every program")
     parser.add_argument("--no_split", action="store_true", help="auto never cuts K (split_k 1): the GEMM core alone, "
                                                                  "as before split-K")
+    parser.add_argument("--no_gemv", action="store_true", help="auto runs the tile GEMM at every shape, never the "
+                                                               "few-rows kernel (tuning.gemv_tile)")
     parser.add_argument("--programs", action="store_true", help="also time auto's tile and PROGRAMS_TILES at "
                                                                  "PROGRAMS_PER_SM programs per SM")
     parser.add_argument("--trace", action="store_true", help="also trace auto's tile once per shape (the shares)")

@@ -94,6 +94,10 @@ def _bench_parser(sub):
                                                "slices than programs, every program gets an equal share across "
                                                "tiles: stream-K); the tiles before it run whole (default 1 on cpu; "
                                                "on GPUs tuned for a last wave at most half full and a long K)")
+    p.add_argument("--gemv", action=argparse.BooleanOptionalAction,
+                   help="two_shot, one_shot at 1 rank: the few-rows kernel (all of M in one row of tiles, one program "
+                        "per column tile and K slice, not persistent; needs BLK_M >= M); default: on GPUs up to 64 "
+                        "rows (tuning.gemv_tile), off on cpu")
     p.add_argument("--num_sms", "--gemm_sms", dest="num_sms", type=int,
                    help="(Iris: --gemm_sms) persistent GEMM programs per rank (tuned)")
     p.add_argument("--comm_sms", type=int, help="(Iris) two_shot, one_shot: communication programs per rank, "

@@ -107,6 +107,9 @@ class RunConfig:
     # without a tile; the tiles before the last wave run whole: whole_tiles). With more slices than programs, the
     # last wave's K steps are shared equally among all programs, across tiles (stream-K): k_shares.
     split_k: int = 1
+    # Few rows at world size 1 (two_shot, one_shot; kernels/gemv.py): all of M in one row of tiles (BLK_M >= m), one
+    # program per column tile and K slice (split_k slices each), not persistent: num_sms becomes that count.
+    gemv: bool = False
     # The dtype of C, and (two_shot) of the partial tiles that travel between ranks. None: the algorithm's
     # choice - atomics and ring sum in C itself, which must be fp32; two_shot sends and returns the input dtype.
     out_dtype: str = None
@@ -145,7 +148,7 @@ class RunConfig:
                     value & (value - 1):
                 raise UsageError(f"{name}={value!r} is not allowed: use a power of two from {MIN_BLOCK} to "
                                  f"{MAX_BLOCK} ({', '.join(str(1 << i) for i in range(MIN_BLOCK.bit_length() - 1, MAX_BLOCK.bit_length()))})")
-        for name in ("trace", "sanitize"):
+        for name in ("trace", "sanitize", "gemv"):
             if not isinstance(getattr(self, name), bool):
                 raise UsageError(f"{name}={getattr(self, name)!r} is not allowed: use True or False")
         _positive_int("gsize_m", self.gsize_m, MAX_PROGRAMS)
@@ -181,11 +184,20 @@ class RunConfig:
             if self.split_k > steps:
                 raise UsageError(f"split_k={self.split_k} is more than the {steps} steps of BLK_K={self.BLK_K} in "
                                  f"K={self.k}: use at most {steps}")
-            # (the kernel finds a share's place as step x programs in 32 bits)
+            # (the kernel finds a share's place as step x programs in 32 bits; the gemv kernel, as step x slices)
             cut_steps = self.cut_tiles * steps
-            if cut_steps * self.k_sharing >= 2 ** 31:
+            if cut_steps * self.k_sharing >= 2 ** 31 and not self.gemv:
                 raise UsageError(f"split_k={self.split_k} with num_sms={self.num_sms}: the last wave's {cut_steps} "
                                  f"K steps x its programs pass 2**31: use fewer programs, a larger BLK_K or split_k=1")
+        if self.gemv:
+            if self.algorithm not in SPLIT_K_ALGORITHMS or self.world_size != 1:
+                raise UsageError(f"gemv=True is not allowed with {self.algorithm} at world size {self.world_size}: the "
+                                 f"few-rows kernel runs with {' or '.join(SPLIT_K_ALGORITHMS)} at world size 1 only")
+            if self.BLK_M < self.m:
+                raise UsageError(f"gemv=True needs all of M in one row of tiles: BLK_M={self.BLK_M} is less than "
+                                 f"m={self.m}: use BLK_M >= m (at most {MAX_BLOCK}) or gemv=False")
+            # (one program per column tile and K slice: the launch's program count, whatever num_sms was given)
+            self = replace(self, num_sms=self.tile_count * self.split_k)
         if isinstance(self.timeout_s, bool) or not (isinstance(self.timeout_s, (int, float)) and
                                                     MIN_TIMEOUT_S <= self.timeout_s <= 86400):
             raise UsageError(f"timeout_s={self.timeout_s!r} is not allowed: use seconds from {MIN_TIMEOUT_S:g} to "

@@ -42,7 +42,7 @@ def cmd_tune(args):
     if not todo:
         return 0
     log("-", 1, f"tuning {len(todo)} shape(s) on {gpu} ({args.datatype}, world size 1); the cache: {path}")
-    bar = ProgressBar(sum(len(tuning_cache.candidates(m)) + 2 for m, _, _ in todo), label="tiles timed ")
+    bar = ProgressBar(sum(len(tuning_cache.candidates(m)) + 3 for m, _, _ in todo), label="tiles timed ")
     done, failed = 0, []
     with one_gpu_rank(heap_bytes_for(todo, args.datatype)) as heap:
         for shape in todo:
@@ -51,6 +51,7 @@ def cmd_tune(args):
             today = tuned_defaults("cuda", "two_shot", capability, sms, shape=(*shape, 1), gpu=gpu,
                                    datatype=args.datatype)
             entry, tried, matmul = tune_shape(heap, shape, args.datatype, gpu, sms, first=[today[k] for k in TILE_KNOBS],
+                                              first_gemv=today["gemv"],
                                               on_tile=lambda i, name=name: bar.update(done + i, name))
             done += len(tried)
             bar.clear()
@@ -59,7 +60,8 @@ def cmd_tune(args):
                 log("-", 1, f"{name}: no tile gave the right C ({'; '.join(t.get('error', 'wrong') for t in tried)[:300]})")
                 continue
             tuning_cache.save_cache([entry], path)   # (after every shape: an interrupted run keeps what it timed)
-            log("-", 1, f"{name}: {_tile_text(entry['tile'])}, {entry['ms'] * 1e3:.1f} us, torch.matmul "
+            log("-", 1, f"{name}: {_tile_text(entry['tile'])}{' (the few-rows kernel)' if entry.get('gemv') else ''}, "
+                        f"{entry['ms'] * 1e3:.1f} us, torch.matmul "
                         f"{entry['matmul_ms'] * 1e3:.1f} us ({entry['ms'] / entry['matmul_ms']:.2f}x); "
                         f"{len(tried)} tiles timed")
     bar.update(bar.total)
@@ -88,12 +90,16 @@ def tile_source_line(args, backend, config):
         gpu, capability, _ = gpu_properties(backend)
         family = "hopper" if tuple(capability) >= (9, 0) else "default"
         W = args.num_ranks
-        _, source = tile_choice(config.algorithm, family, (args.m, args.n, -(-args.k // max(W, 1)), W), gpu,
-                                args.datatype, shares_gpu(backend, W))
+        _, source, _ = tile_choice(config.algorithm, family, (args.m, args.n, -(-args.k // max(W, 1)), W), gpu,
+                                   args.datatype, shares_gpu(backend, W))
     if given:
         source = f"{', '.join(given)} from the command line, the rest from {source}"
     split = ""
-    if config.split_k > 1:
+    if config.gemv:
+        how = "--split_k" if args.split_k is not None else "tuning.gemv_split"
+        split = (f"; the few-rows kernel (kernels/gemv.py{', --gemv' if getattr(args, 'gemv', None) else ''}): "
+                 f"{config.num_sms} programs, one per column tile and K slice ({config.split_k} a tile: {how})")
+    elif config.split_k > 1:
         cut, sharing = config.cut_tiles, config.k_sharing
         shares = f"{config.split_k} slices a tile" if sharing == cut * config.split_k else \
             f"shared by all {sharing} programs, across tiles: stream-K"

@@ -120,14 +120,24 @@ def tile_knobs(tile, sms, shape=None, algorithm="two_shot", split_k=None):
     return dict(zip(TILE_KNOBS, tile), num_sms=sms, comm_sms=sms, split_k=split_k)
 
 
-def tune_shape(heap, shape, datatype, gpu, sms, algorithm="two_shot", tiles=None, seed=0, on_tile=None, first=None):
+def tune_shape(heap, shape, datatype, gpu, sms, algorithm="two_shot", tiles=None, seed=0, on_tile=None, first=None,
+               first_gemv=False):
     """Time every candidate tile (``first``, the tile the shape gets today, then the rule's and the candidates) at
     ``shape`` (M, N, K_r); return (cache entry or None when none was right, [per-tile figures], torch.matmul's
-    figures). ``on_tile(count)``: called after each tile."""
+    figures). ``first_gemv``: ``first`` runs the few-rows kernel (RunConfig.gemv), as today's setting and as a
+    candidate of its own before the tile GEMM's. ``on_tile(count)``: called after each tile."""
+    from .tuning import gemv_split
+
     m, n, k = shape
     A, B, ref = inputs(m, n, k, datatype, seed)
     matmul = time_matmul(A, B)
     tried = []
+    if first is not None and first_gemv:
+        knobs = dict(tile_knobs(first, sms), gemv=True, split_k=gemv_split((*shape, 1), first[1], first[2], sms))
+        figures = time_config(heap, config_for(m, n, k, datatype, algorithm, knobs), A, B, ref, matmul["gpu_ms"])
+        tried.append(dict(tile=list(first), gemv=True, **figures))
+        if on_tile:
+            on_tile(len(tried))
     ahead = [tuple(t) for t in (first, rule_tile(m)) if t is not None]
     for tile in dict.fromkeys(ahead + [tuple(t) for t in (tiles or candidates(m))]):
         figures = time_config(heap, config_for(m, n, k, datatype, algorithm, tile_knobs(tile, sms, shape, algorithm)),
@@ -142,7 +152,8 @@ def tune_shape(heap, shape, datatype, gpu, sms, algorithm="two_shot", tiles=None
     best = min(right, key=lambda t: t["wall_ms"])
     import triton
 
-    entry = make_entry(gpu, datatype, 1, shape, algorithm, best["tile"], ms=round(best["wall_ms"], 5),
+    entry = make_entry(gpu, datatype, 1, shape, algorithm, best["tile"], gemv=best.get("gemv", False),
+                       ms=round(best["wall_ms"], 5),
                        gpu_ms=round(best["gpu_ms"], 5), matmul_ms=round(matmul["wall_ms"], 5),
                        triton=triton.__version__, torch=torch.__version__)
     return entry, tried, matmul

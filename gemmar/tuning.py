@@ -28,7 +28,18 @@ SPLIT_FILL_EVERY_PROGRAM = False   # True: ceil(SMs / last wave) slices, so the 
 SPLIT_MIN_STEPS = 4
 SPLIT_K_PER_ROW = 6
 SPLIT_MAX_WHOLE_WAVES = 2
-TUNED_KNOBS = ("BLK_M", "BLK_N", "BLK_K", "num_warps", "num_stages", "gsize_m", "num_sms", "comm_sms", "split_k")
+# The few-rows kernel (kernels/gemv.py, RunConfig.gemv): two_shot and one_shot at world size 1 on Hopper, with a GPU
+# per rank, up to GEMV_ROWS rows and no tuning cache entry for the shape. Its tile by rows (gemv_tile) and its K
+# slices (gemv_split): as many slices (a power of two) as keep every program resident at once - one a SM by dot
+# (its 3-4 stages of a 64-wide tile fill an SM's shared memory), GEMV_ROW_PROGRAMS_PER_SM at one row (multiply-add,
+# 2 stages) - each at least GEMV_MIN_STEPS steps of BLK_K. Measured: docs/decisions.md, the few-rows kernel.
+GEMV_ROWS = 64
+GEMV_ROW_PROGRAMS_PER_SM = 3
+GEMV_MIN_STEPS = 4
+GEMV_SOURCE = ("the few-rows kernel's rule (tuning.gemv_tile: one program per column tile and K slice, "
+               "kernels/gemv.py)")
+TUNED_KNOBS = ("BLK_M", "BLK_N", "BLK_K", "num_warps", "num_stages", "gsize_m", "num_sms", "comm_sms", "split_k",
+               "gemv")
 
 
 def reads_by_tma(n, k, world_size, datatype):
@@ -63,9 +74,13 @@ def tuned_defaults(backend, algorithm, capability=(0, 0), multiprocessors=0, sha
         # measured faster (docs/decisions.md, few-rows tiles). Not for ranks sharing a GPU: unmeasured, and there
         # every rank's programs must fit on it at once.
         tile = few_rows_tile(spec, family, tile, shape[0], shape[1], multiprocessors or 108)
-    chosen, _ = tile_choice(algorithm, family, shape, gpu, datatype, shared)
+    chosen, _, gemv = tile_choice(algorithm, family, shape, gpu, datatype, shared)
     tile = chosen or tile
-    knobs = dict(zip(TUNED_KNOBS[:6], tile), **given)
+    gemv = given.get("gemv", gemv)   # (--gemv / --no-gemv over the choice)
+    knobs = {**dict(zip(TUNED_KNOBS[:6], tile)), **given, "gemv": gemv}
+    if gemv:   # (one program per column tile and K slice: RunConfig.validate counts them into num_sms)
+        split = given.get("split_k") or gemv_split(shape, knobs["BLK_N"], knobs["BLK_K"], multiprocessors or 108)
+        return {**knobs, "num_sms": multiprocessors or 108, "comm_sms": 1, "split_k": split}
     sms = multiprocessors or 108
     if not spec.comm_programs:
         comm = 0
@@ -92,22 +107,55 @@ def tuned_defaults(backend, algorithm, capability=(0, 0), multiprocessors=0, sha
 
 
 def tile_choice(algorithm, family, shape, gpu, datatype, shared=False):
-    """(tile, where it came from) for a run whose knobs are not given, or (None, why) where the algorithm's own
-    tile stands: the tuning cache's entry for this GPU, dtype, world size and per-rank shape
-    (``tuning_cache.choose``), wherever one exists; else, for two_shot and one_shot at world size 1 on Hopper, the
-    rule fitted on the shape sweep (``tuning_cache.RULE``, while it is not empty); else the algorithm's measured
-    tiles (its ``gpu_tuning``, with the few-rows tiles of :func:`few_rows_tile`)."""
+    """(tile, where it came from, whether it runs the few-rows kernel) for a run whose knobs are not given, or
+    (None, why, False) where the algorithm's own tile stands: the tuning cache's entry for this GPU, dtype, world
+    size and per-rank shape (``tuning_cache.choose``), wherever one exists; else, for two_shot and one_shot at
+    world size 1 on Hopper, the few-rows kernel up to GEMV_ROWS rows (:func:`gemv_tile`), then the rule fitted
+    on the shape sweep (``tuning_cache.RULE``, while it is not empty); else the algorithm's measured tiles (its
+    ``gpu_tuning``, with the few-rows tiles of :func:`few_rows_tile`)."""
     measured = f"the algorithm's measured tile ({algorithm}'s gpu_tuning and few-rows tiles: docs/decisions.md)"
     if shape is None or not gpu or not datatype or shared:
-        return None, measured
+        return None, measured, False
     from . import tuning_cache
 
     choice = tuning_cache.choose(gpu, datatype, shape[3], tuple(shape[:3]), algorithm)
+    few_rows = gemv_tile(algorithm, family, shape)
+    if few_rows and not (choice is not None and choice.cached):
+        return few_rows, GEMV_SOURCE, True
     if choice is not None and (choice.cached or (shape[3] == 1 and family == "hopper" and
                                                  algorithm in tuning_cache.TILED)):
-        return tuple(choice.tile[k] for k in tuning_cache.TILE_KNOBS), choice.source
+        return tuple(choice.tile[k] for k in tuning_cache.TILE_KNOBS), choice.source, choice.gemv
     return None, measured + ("" if tuning_cache.RULE else "; no cache entry for this GPU, dtype, world size and "
-                                                            "shape, and no fitted rule yet")
+                                                            "shape, and no fitted rule yet"), False
+
+
+def gemv_tile(algorithm, family, shape):
+    """The few-rows kernel's tile (TILE_KNOBS order) for ``shape`` (M, N, K per rank, world size), or None where it
+    does not run: all of M in one tile row, 64 columns; at one row 128 of K a step at 2 stages (a multiply-add:
+    BLK_M only pads the slots), up to 16 rows 256 of K at 3 stages (128 where K < 1024), up to 64 rows 128 of K
+    at 4 stages; 4 warps. Read off the measured blocks at issue 60's shapes with M <= 64 (docs/decisions.md, the
+    few-rows kernel)."""
+    m, _, k_rank, world_size = shape
+    if world_size != 1 or algorithm not in SPLIT_K_ALGORITHMS or family != "hopper" or m > GEMV_ROWS:
+        return None
+    if m == 1:
+        return (16, 64, 128, 4, 2, 1)
+    if m <= 16:
+        return (16, 64, 256 if k_rank >= 1024 else 128, 4, 3, 1)
+    return (max(16, 1 << (m - 1).bit_length()), 64, 128, 4, 4, 1)
+
+
+def gemv_split(shape, blk_n, blk_k, sms):
+    """K slices per column tile for the few-rows kernel (see GEMV_ROWS): the most, a power of two, that keep
+    every program resident at once (``sms`` programs by dot, GEMV_ROW_PROGRAMS_PER_SM a SM at one row) and give
+    each at least GEMV_MIN_STEPS steps of ``blk_k``."""
+    m, n, k_rank, _ = shape
+    tiles, steps = -(-n // blk_n), -(-k_rank // blk_k)
+    room = sms * (GEMV_ROW_PROGRAMS_PER_SM if m == 1 else 1)
+    split = 1
+    while tiles * split * 2 <= room and steps // (split * 2) >= GEMV_MIN_STEPS and split * 2 <= MAX_SPLIT_K:
+        split *= 2
+    return split
 
 
 def few_rows_tile(spec, family, tile, m, n, sms):

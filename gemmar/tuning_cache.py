@@ -60,8 +60,9 @@ class Choice:
     """What runs at a shape: ``algorithm``, ``tile`` (a dict of TILE_KNOBS) and ``source`` (where it came from,
     in words: the cache file, or the rule)."""
 
-    def __init__(self, algorithm, tile, source, cached=False):
+    def __init__(self, algorithm, tile, source, cached=False, gemv=False):
         self.algorithm, self.tile, self.source, self.cached = algorithm, dict(tile), source, cached
+        self.gemv = gemv   # the tile runs the few-rows kernel (RunConfig.gemv)
 
     def describe(self):
         t = self.tile
@@ -127,6 +128,11 @@ def _entry_problem(entry, i):
         return f"entry {i}'s tile has num_warps {tile['num_warps']}: use a power of two from 1 to 32"
     if not 1 <= tile["num_stages"] <= 8 or tile["gsize_m"] < 1:
         return f"entry {i}'s tile has num_stages {tile['num_stages']} / gsize_m {tile['gsize_m']}: use 1-8 / 1 or more"
+    if not isinstance(entry.get("gemv", False), bool):
+        return f"entry {i} has gemv {entry['gemv']!r}: use true or false (the few-rows kernel, or the tile GEMM)"
+    if entry.get("gemv") and (entry["world_size"] != 1 or tile["BLK_M"] < shape[0]):
+        return f"entry {i} has gemv true at world size {entry['world_size']} with BLK_M {tile['BLK_M']} for M {shape[0]}: " \
+               f"the few-rows kernel runs at world size 1 with BLK_M >= M"
     return None
 
 
@@ -191,11 +197,12 @@ def save_cache(entries, path=None):
     return path
 
 
-def make_entry(gpu, datatype, world_size, shape, algorithm, tile, **measured):
-    """A cache entry; ``measured``: figures kept beside it (ms, matmul_ms, triton, ...)."""
+def make_entry(gpu, datatype, world_size, shape, algorithm, tile, gemv=False, **measured):
+    """A cache entry; ``gemv``: the tile runs the few-rows kernel (kept only when true); ``measured``: figures kept
+    beside it (ms, matmul_ms, triton, ...)."""
     return dict(gpu=gpu, datatype=datatype, world_size=world_size, shape=[int(x) for x in shape],
                 algorithm=algorithm, tile=dict(zip(TILE_KNOBS, (int(x) for x in tile))) if not isinstance(tile, dict)
-                else {k: int(tile[k]) for k in TILE_KNOBS},
+                else {k: int(tile[k]) for k in TILE_KNOBS}, **({"gemv": True} if gemv else {}),
                 tuned=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), **measured)
 
 
@@ -206,7 +213,8 @@ def choose(gpu, datatype, world_size, shape, algorithm=None, path=None, rule=Non
     path = path or default_cache_path()
     entry = load_cache(path).get(cache_key(gpu, datatype, world_size, tuple(shape)))
     if entry is not None and algorithm in (None, entry["algorithm"]):
-        return Choice(entry["algorithm"], entry["tile"], f"the tuning cache {path}", cached=True)
+        return Choice(entry["algorithm"], entry["tile"], f"the tuning cache {path}", cached=True,
+                      gemv=entry.get("gemv", False))
     tile = rule_tile(shape[0], rule)
     if tile is None:
         return None

@@ -193,3 +193,45 @@ def test_split_k_at_one_rank(clusters, algorithm, dtype, shape, block, split_k, 
         list(timeline.gemm_end[0]) == list(gemms.end_us.max())
     again = clusters(1).gemm_all_reduce(A, B, **{**settings, "trace": False, "iterations": 1})
     assert torch.equal(first.C, again.C)
+
+
+@pytest.mark.parametrize("algorithm", ["two_shot", "one_shot"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("shape,block,split_k", [
+    ((1, 70, 200), (16, 32, 32), 3),    # one row: the multiply-add path; 3 column tiles (the last 6 wide) x 3 slices
+    ((1, 64, 37), (16, 32, 16), 1),     # one row, one slice: each program writes its tile; K past the edge (masked)
+    ((5, 33, 130), (16, 32, 32), 4),    # a few rows of a 16-row dot, N and K both uneven, 5 steps in 4 slices
+    ((16, 48, 96), (16, 16, 32), 2),    # all 16 rows
+    ((40, 24, 64), (64, 16, 16), 4),    # 40 rows in a 64-row tile, one step a slice
+])
+def test_gemv_at_one_rank(clusters, algorithm, dtype, shape, block, split_k):
+    # The few-rows kernel (kernels/gemv.py): one program per column tile and K slice; right for every dtype and
+    # edge, the counts back at 0 after every launch (3 back to back), every tile written once a launch (the trace),
+    # each program one GEMM event, and the same bits every run (the slices summed in slice order).
+    m, n, k = shape
+    A, B = random_inputs(m, n, k, dtype, seed=k + m)
+    settings = dict(algorithm=algorithm, BLK_M=block[0], BLK_N=block[1], BLK_K=block[2], split_k=split_k, gemv=True,
+                    iterations=3, trace=True)
+    first = clusters(1).gemm_all_reduce(A, B, **settings)
+    check(first, A, B, 1)
+    tiles = -(-n // block[1])
+    config = gemmar.RunConfig(world_size=1, m=m, n=n, k=k, **{**settings, "trace": False}).validate()
+    assert config.num_sms == tiles * split_k and config.work_units == tiles * split_k
+    for iteration in range(3):
+        events = first.trace.iteration(iteration)
+        assert sorted(events[events.kind == "broadcast"].tile) == list(range(tiles))
+        gemms = events[events.kind == "gemm"]
+        assert sorted(gemms.program) == list(range(tiles * split_k))
+        assert all(sorted(steps) == list(range(split_k)) for steps in gemms.groupby("tile").step.apply(list))
+        assert len(events) == first.trace.expected_event_count()
+    again = clusters(1).gemm_all_reduce(A, B, **{**settings, "trace": False, "iterations": 1})
+    assert torch.equal(first.C, again.C)
+
+
+def test_gemv_is_refused_where_it_cannot_run():
+    for settings, needle in ((dict(world_size=2, algorithm="two_shot"), "two_shot at world size 2"),
+                             (dict(world_size=1, algorithm="ring"), "ring at world size 1"),
+                             (dict(world_size=1, algorithm="two_shot", m=40, BLK_M=32), "BLK_M=32 is less than m=40"),
+                             (dict(world_size=1, algorithm="two_shot", gemv="yes"), "gemv='yes' is not allowed")):
+        with pytest.raises(gemmar.UsageError, match=needle):
+            gemmar.RunConfig(**{"m": 16, "BLK_M": 16, "gemv": True, **settings}).validate()

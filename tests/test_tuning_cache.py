@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from gemmar import UsageError
-from gemmar.tuning import tuned_defaults
+from gemmar.tuning import GEMV_ROWS, gemv_tile, tuned_defaults
 from gemmar.tuning_cache import (CACHE_FORMAT, TILE_KNOBS, choose, load_cache, make_entry, parse_shape,
                                  read_shapes_file, rule_tile, save_cache)
 
@@ -69,7 +69,10 @@ def test_the_rule_answers_at_one_rank_on_hopper_and_leaves_the_rest_as_measured(
     monkeypatch.setattr("gemmar.tuning_cache.RULE", FITTED)
     for m in (1, 16, 64, 128, 512, 4096, 16384):
         knobs = tuned_defaults("cuda", "two_shot", (9, 0), 132, shape=(m, 5120, 3456, 1), gpu=H100, datatype="bf16")
-        assert tile_of(knobs) == rule_tile(m, FITTED)
+        # (up to GEMV_ROWS rows the few-rows kernel, with its own tile; above, the fitted rule)
+        assert knobs["gemv"] == (m <= GEMV_ROWS)
+        assert tile_of(knobs) == (gemv_tile("two_shot", "hopper", (m, 5120, 3456, 1)) if m <= GEMV_ROWS else
+                                  rule_tile(m, FITTED))
     # The ring's tile, another GPU family, and two ranks: as before (the rule is fitted at one rank on Hopper).
     old = dict(capability=(9, 0), multiprocessors=132, shape=(16, 8192, 1024, 2))
     assert tuned_defaults("cuda", "two_shot", **old, gpu=H100, datatype="bf16") == tuned_defaults("cuda", "two_shot", **old)
@@ -115,6 +118,9 @@ def good_entry():
     (json.dumps({"format": CACHE_FORMAT, "entries": [{k: v for k, v in good_entry().items() if k != "gpu"}]}),
      "no gpu"),
     (json.dumps({"format": CACHE_FORMAT, "entries": [dict(good_entry(), datatype="int8")]}), "datatype 'int8'"),
+    (json.dumps({"format": CACHE_FORMAT, "entries": [dict(good_entry(), gemv="yes")]}), "gemv 'yes'"),
+    (json.dumps({"format": CACHE_FORMAT, "entries": [dict(good_entry(), shape=[64, 4096, 1024], gemv=True)]}),
+     "BLK_M 32 for M 64"),
 ])
 def test_a_bad_cache_file_is_refused_in_one_line_naming_it(tmp_path, content, problem):
     path = tmp_path / "shipped-cache.json"
@@ -170,3 +176,37 @@ def test_gemmar_tune_without_a_gpu_refuses_in_one_line(capsys, tmp_path, monkeyp
     said = capsys.readouterr().err.strip()
     assert said.count("\n") == 0 and "GPU" in said, said
     assert not (tmp_path / "c.json").exists()
+
+
+def test_the_few_rows_kernel_answers_up_to_64_rows_unless_the_cache_holds_the_shape(tmp_path, monkeypatch):
+    """Up to GEMV_ROWS rows at one rank on Hopper the few-rows kernel runs (tuning.gemv_tile, its K slices from
+    gemv_split); a cache entry for the shape wins, and says whether it is the few-rows kernel's."""
+    from gemmar.tuning import GEMV_MIN_STEPS, gemv_split
+
+    path = str(tmp_path / "c.json")
+    monkeypatch.setenv("GEMMAR_TUNING_CACHE", path)
+    shape = (16, 4096, 1024)
+    knobs = tuned_defaults("cuda", "two_shot", (9, 0), 132, shape=(*shape, 1), gpu=H100, datatype="bf16")
+    assert knobs["gemv"] and knobs["split_k"] == gemv_split((*shape, 1), knobs["BLK_N"], knobs["BLK_K"], 132)
+    # Not with two ranks, nor the ring, nor off Hopper, nor where the user said --no-gemv, nor past 64 rows.
+    for algorithm, capability, size, given, m in (("two_shot", (9, 0), 2, {}, 16), ("ring", (9, 0), 1, {}, 16),
+                                                   ("two_shot", (8, 0), 1, {}, 16),
+                                                   ("two_shot", (9, 0), 1, {"gemv": False}, 16),
+                                                   ("two_shot", (9, 0), 1, {}, 65)):
+        assert not tuned_defaults("cuda", algorithm, capability, 132, shape=(m, 4096, 1024, size), gpu=H100,
+                                  datatype="bf16", given=given)["gemv"]
+    # The slices: as many as keep every program resident (one an SM by dot, three at one row), each >= 4 steps.
+    assert gemv_split((16, 4096, 7168, 1), 64, 256, 132) == 2        # 64 tiles x 2 <= 132; 14 steps a slice
+    assert gemv_split((1, 4096, 2048, 1), 64, 128, 132) == 4         # 64 tiles x 4 <= 3 x 132; 4 steps a slice
+    assert gemv_split((1, 16384, 2048, 1), 64, 128, 132) == 1        # 256 tiles x 2 > 3 x 132
+    assert gemv_split((1, 2048, 512, 1), 64, 128, 132) == 1          # 4 steps: no slice of GEMV_MIN_STEPS more
+    assert GEMV_MIN_STEPS == 4
+    # A cache entry for the shape wins: a tile GEMM's, then a few-rows kernel's of its own tile.
+    save_cache([make_entry(H100, "bf16", 1, shape, "two_shot", TILE)], path)
+    cached = tuned_defaults("cuda", "two_shot", (9, 0), 132, shape=(*shape, 1), gpu=H100, datatype="bf16")
+    assert not cached["gemv"] and tile_of(cached) == tuple(TILE)
+    own = (16, 128, 128, 8, 3, 1)
+    save_cache([make_entry(H100, "bf16", 1, shape, "two_shot", own, gemv=True)], path)
+    cached = tuned_defaults("cuda", "two_shot", (9, 0), 132, shape=(*shape, 1), gpu=H100, datatype="bf16")
+    assert cached["gemv"] and tile_of(cached) == own
+    assert choose(H100, "bf16", 1, shape, path=path).gemv

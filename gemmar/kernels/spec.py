@@ -93,6 +93,7 @@ class Launch:
     kwargs: dict
     stream: str = None
     per_launch: tuple = ()      # argument names that change every launch: "epoch", "parity"
+    waits: bool = True          # whether its programs may wait for others (then they must all be resident at once)
 
 
 @dataclass

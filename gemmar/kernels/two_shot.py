@@ -347,10 +347,22 @@ def launches(ctx, gemm_kernel=two_shot_gemm, reduce_kernel=two_shot_reduce):
     # At world size 1 the GEMM programs write each tile into C themselves (one_rank_gemm), and the launch is
     # their kernel alone; with the package's own sum only: a participant's sum_partials (notebook 6) or a
     # teaching mistake must see every tile, so then the communication programs sum them all.
-    if cfg.split_k > 1:   # (RunConfig allows it at world size 1 only)
-        if not SPEC.runs_its_own_parts(ctx.parts):
-            raise UsageError(f"split_k={cfg.split_k} runs the package's own sum and wait only: a part of your own or "
-                             f"a teaching mistake needs split_k=1")
+    if (cfg.split_k > 1 or cfg.gemv) and not SPEC.runs_its_own_parts(ctx.parts):   # (world size 1 only: RunConfig)
+        knob = f"split_k={cfg.split_k}" if cfg.split_k > 1 else "gemv=True"
+        raise UsageError(f"{knob} runs the package's own sum and wait only: a part of your own or a teaching mistake "
+                         f"needs split_k=1 and gemv=False")
+    if cfg.gemv:
+        from .gemv import one_rank_gemv   # (gemv.py builds on this module's write_alone_tile)
+
+        # One row (M = 1): a multiply-add, no tensor core (BLOCK_M 1); more rows: a 16-row-or-more dot.
+        rows = 1 if cfg.m == 1 else cfg.BLK_M
+        return [Launch(one_rank_gemv, (cfg.num_sms,), ctx.tuning(
+            A=ctx.A, B=ctx.B, C=buf.C, partials=buf.partials, slices=buf.slices, slices_in=buf.slices_in, M=cfg.m,
+            N=cfg.n, K=ctx.K, **ctx.strides, stride_cm=cfg.n, stride_cn=1, split_k=cfg.split_k, trace=ctx.trace,
+            trace_counts=ctx.trace_counts, BLOCK_M=rows, BLOCK_N=cfg.BLK_N, BLOCK_K=cfg.BLK_K,
+            DOT_PRECISION=ctx.gemm["DOT_PRECISION"], TRACE_CAPACITY=ctx.gemm["TRACE_CAPACITY"],
+            EVEN_K=ctx.gemm["EVEN_K"], BY_DOT=rows > 1), waits=False)]
+    if cfg.split_k > 1:
         return [Launch(one_rank_split_gemm, (cfg.num_sms,), ctx.tuning(
             A=ctx.A, B=ctx.B, C=buf.C, partials=buf.partials, slices=buf.slices, slices_in=buf.slices_in, M=cfg.m,
             N=cfg.n, K=ctx.K, **ctx.strides, stride_cm=cfg.n, stride_cn=1, trace=ctx.trace,

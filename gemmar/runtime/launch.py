@@ -185,7 +185,8 @@ class FusedGemmAllReduce:
                 share_sms(compiled)
                 self.kernel_resources.append(dict(kernel=launch.kernel.__name__, registers=int(compiled.n_regs),
                                                   spills=int(compiled.n_spills)))
-                loaded.append((compiled, launch.grid[0]))
+                if launch.waits:   # (programs that wait for nobody may run in turns)
+                    loaded.append((compiled, launch.grid[0]))
         check_co_resident(loaded, self.heap)
         self.prepared_for = self._inputs_key(A, B)
         if self.config.delay_rank == self.heap.rank and self.config.delay_us > 0:
