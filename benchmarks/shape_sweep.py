@@ -126,6 +126,8 @@ def run(args):
         shapes = shapes[part - 1::parts]
     if args.only:
         shapes = [s for s in shapes if shape_name(s) in args.only.split(",")]
+    if args.max_m:
+        shapes = [s for s in shapes if s["m"] <= args.max_m]
     shapes = shapes[args.start:]
     lomo = json.load(open(args.lomo)) if args.lomo else None
     rule = {int(b): tuple(t) for b, t in json.load(open(args.rule)).items()} if args.rule else None
@@ -524,6 +526,7 @@ def main():
     parser.add_argument("--trace_worst", type=int, default=0, help="then trace auto's tile at the N worst shapes")
     parser.add_argument("--shard", help="I/N: only every N-th shape from the I-th (to split the sweep over calls)")
     parser.add_argument("--only", help="MxNxK,...: only these shapes of SHAPES")
+    parser.add_argument("--max_m", type=int, help="only the shapes with at most this many rows")
     parser.add_argument("--start", type=int, default=0, help="skip this many shapes (to go on after --max_seconds)")
     parser.add_argument("--max_seconds", type=float, default=540, help="stop (and write what was measured) after this")
     parser.add_argument("--analyse", nargs="+", metavar="JSON", help="no GPU: figures, fitted rules and heat maps of runs")

@@ -57,6 +57,8 @@ def config_from_args(args, backend, algorithm=None):
         # (a baseline or the heap's sizing: an algorithm without split-K, or whose tile has fewer K steps than the
         # slices asked for, cuts no K)
         knobs["split_k"] = 1
+    if not strict and (algorithm not in SPLIT_K_ALGORITHMS or args.num_ranks != 1):
+        knobs["gemv"] = False   # (nor runs the few-rows kernel)
     return RunConfig(m=args.m, n=args.n, k=args.k, datatype=args.datatype, algorithm=algorithm,
                      world_size=args.num_ranks, iterations=args.iterations, timeout_s=args.timeout,
                      trace=args.trace_tiles, sanitize=args.sanitize, seed=args.seed, out_dtype=args.out_dtype if takes_dtypes else None,
