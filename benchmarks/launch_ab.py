@@ -1,0 +1,99 @@
+"""Where a world-size-1 launch's GPU time goes beyond its kernel's, on one GPU: the same setting timed through the
+package's launcher with and without ``launch.share_sms`` (every kernel asks for the largest shared-memory split,
+so that two_shot's communication programs fit beside the GEMM's), and, for the few-rows kernel, launched straight
+by Triton with its buffers in torch's memory and on the symmetric heap. Rounds alternate, each figure / torch.matmul's
+GPU time in the same round.
+
+    python3 benchmarks/launch_ab.py OUT.json [--rounds 2]
+"""
+
+import argparse
+import ctypes
+import datetime
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+SHAPES = [(1, 8192, 2048), (1, 4096, 2048), (1, 7168, 2304), (16, 5120, 1280), (32, 4096, 1792), (64, 4096, 3584),
+          (128, 5120, 3200), (512, 5120, 4352), (1024, 2048, 96), (2048, 4096, 192), (512, 6144, 768),
+          (4096, 4096, 384), (8192, 8192, 3584)]
+_CARVEOUT, _CACHE_PREFER_NONE = 9, 0
+
+
+def default_split(compiled):
+    """Undo share_sms on a compiled kernel: the driver's own shared-memory split and cache preference."""
+    libcuda = ctypes.CDLL("libcuda.so.1")
+    function = ctypes.c_void_p(compiled.function)
+    assert libcuda.cuFuncSetAttribute(function, _CARVEOUT, -1) == 0
+    assert libcuda.cuFuncSetCacheConfig(function, _CACHE_PREFER_NONE) == 0
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out")
+    parser.add_argument("--rounds", type=int, default=2)
+    args = parser.parse_args()
+    import torch
+    import triton
+
+    from gemmar.kernels.gemv import one_rank_gemv
+    from gemmar.runtime import launch
+    from gemmar.runtime.backends import gpu_properties
+    from gemmar.tuner import config_for, inputs, one_gpu_rank, time_call, time_config, time_matmul
+    from gemmar.tuning import tuned_defaults
+
+    gpu, capability, sms = gpu_properties("cuda")
+    shared_split = launch.share_sms
+    report = dict(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), gpu=gpu,
+                  torch=torch.__version__, triton=triton.__version__, command=" ".join(sys.argv), results=[])
+    dummy = torch.zeros(8, dtype=torch.int64, device="cuda")
+    with one_gpu_rank(4 << 30) as heap:
+        for round_ in range(args.rounds):
+            for m, n, k in SHAPES:
+                A, B, ref = inputs(m, n, k, "bf16")
+                mm = time_matmul(A, B)
+                knobs = tuned_defaults("cuda", "two_shot", capability, sms, shape=(m, n, k, 1), given={}, gpu=gpu,
+                                       datatype="bf16")
+                config = config_for(m, n, k, "bf16", "two_shot", knobs)
+                row = dict(round=round_, m=m, n=n, k=k, matmul=mm, gemv=knobs["gemv"], split_k=config.split_k,
+                           tile=[knobs[x] for x in ("BLK_M", "BLK_N", "BLK_K", "num_warps", "num_stages")])
+                for name, split in (("largest_shared", shared_split), ("driver_split", default_split)):
+                    launch.share_sms = split
+                    row[name] = time_config(heap, config, A, B, ref, mm["gpu_ms"])
+                launch.share_sms = shared_split
+                if knobs["gemv"]:
+                    rows = 1 if m == 1 else config.BLK_M
+                    blocks = config.tile_count
+                    for where, alloc in (("straight_torch_memory", lambda shape, dt: torch.zeros(shape, dtype=dt,
+                                                                                                  device="cuda")),
+                                         ("straight_heap_memory", heap.zeros)):
+                        with heap.scope():
+                            C = alloc((m, n), torch.bfloat16)
+                            slices = alloc((config.num_sms * config.BLK_M, config.BLK_N), torch.float32)
+                            slices_in = alloc((blocks,), torch.int32)
+
+                            def go():
+                                one_rank_gemv[(config.num_sms,)](
+                                    A, B, C, C, slices, slices_in, m, n, k, A.stride(0), A.stride(1), B.stride(0),
+                                    B.stride(1), n, 1, config.split_k, dummy, dummy, BLOCK_M=rows,
+                                    BLOCK_N=config.BLK_N, BLOCK_K=config.BLK_K, DOT_PRECISION="tf32",
+                                    TRACE_CAPACITY=0, EVEN_K=k % config.BLK_K == 0, BY_DOT=rows > 1,
+                                    num_warps=config.num_warps, num_stages=config.num_stages)
+                            go()
+                            torch.cuda.synchronize()
+                            err = float((C.float() - ref).norm() / ref.norm())
+                            row[where] = dict(time_call(go, mm["gpu_ms"]), rel_err=err)
+                report["results"].append(row)
+                parts = "  ".join(f"{key} {row[key]['gpu_ms'] / mm['gpu_ms']:.2f}" for key in
+                                  ("largest_shared", "driver_split", "straight_torch_memory", "straight_heap_memory")
+                                  if key in row and "gpu_ms" in row[key])
+                print(f"round {round_} {m}x{n}x{k} matmul {mm['gpu_ms'] * 1e3:.1f} us  {parts}", flush=True)
+                with open(args.out, "w") as f:
+                    json.dump(report, f)
+                del A, B, ref
+
+
+if __name__ == "__main__":
+    main()
