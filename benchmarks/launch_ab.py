@@ -74,7 +74,7 @@ def main():
                             slices = alloc((config.num_sms * config.BLK_M, config.BLK_N), torch.float32)
                             slices_in = alloc((blocks,), torch.int32)
 
-                            def go():
+                            def go(A=A, B=B, C=C, slices=slices, slices_in=slices_in):
                                 one_rank_gemv[(config.num_sms,)](
                                     A, B, C, C, slices, slices_in, m, n, k, A.stride(0), A.stride(1), B.stride(0),
                                     B.stride(1), n, 1, config.split_k, dummy, dummy, BLOCK_M=rows,
