@@ -16,9 +16,9 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-SHAPES = [(1, 8192, 2048), (1, 4096, 2048), (1, 7168, 2304), (16, 5120, 1280), (32, 4096, 1792), (64, 4096, 3584),
-          (128, 5120, 3200), (512, 5120, 4352), (1024, 2048, 96), (2048, 4096, 192), (512, 6144, 768),
-          (4096, 4096, 384), (8192, 8192, 3584)]
+SHAPES = [(1, 8192, 2048), (1, 4096, 2048), (1, 7168, 2304), (16, 5120, 1280), (32, 4096, 1792), (64, 4096, 3584)]
+MORE_SHAPES = [(128, 5120, 3200), (512, 5120, 4352), (1024, 2048, 96), (2048, 4096, 192), (512, 6144, 768),
+               (4096, 4096, 384), (8192, 8192, 3584)]
 _CARVEOUT, _CACHE_PREFER_NONE = 9, 0
 
 
@@ -34,6 +34,8 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out")
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--streams", action="store_true", help="matmul and the launch on three kinds of stream")
+    parser.add_argument("--more", action="store_true", help="also shapes above 64 rows (the tile GEMM)")
     args = parser.parse_args()
     import torch
     import triton
@@ -41,17 +43,20 @@ def main():
     from gemmar.kernels.gemv import one_rank_gemv
     from gemmar.runtime import launch
     from gemmar.runtime.backends import gpu_properties
+    from gemmar.runtime.compiled_launch import PreparedLaunch
     from gemmar.tuner import config_for, inputs, one_gpu_rank, time_call, time_config, time_matmul
     from gemmar.tuning import tuned_defaults
 
     gpu, capability, sms = gpu_properties("cuda")
+    if args.streams:
+        return streams(args)
     shared_split = launch.share_sms
     report = dict(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), gpu=gpu,
                   torch=torch.__version__, triton=triton.__version__, command=" ".join(sys.argv), results=[])
     dummy = torch.zeros(8, dtype=torch.int64, device="cuda")
     with one_gpu_rank(4 << 30) as heap:
         for round_ in range(args.rounds):
-            for m, n, k in SHAPES:
+            for m, n, k in SHAPES + (MORE_SHAPES if args.more else []):
                 A, B, ref = inputs(m, n, k, "bf16")
                 mm = time_matmul(A, B)
                 knobs = tuned_defaults("cuda", "two_shot", capability, sms, shape=(m, n, k, 1), given={}, gpu=gpu,
@@ -85,14 +90,79 @@ def main():
                             torch.cuda.synchronize()
                             err = float((C.float() - ref).norm() / ref.norm())
                             row[where] = dict(time_call(go, mm["gpu_ms"]), rel_err=err)
+                            if where == "straight_heap_memory":
+                                # The same kernel and arguments on the heap's stream, then through PreparedLaunch
+                                # (what the package's launcher calls) on the default stream and on the heap's.
+                                def on_heap_stream(go=go):
+                                    with torch.cuda.stream(heap.stream):
+                                        go()
+                                row["straight_heap_stream"] = time_call(on_heap_stream, mm["gpu_ms"], [heap.stream])
+                                kwargs = dict(A=A, B=B, C=C, partials=C, slices=slices, slices_in=slices_in, M=m, N=n,
+                                              K=k, stride_am=A.stride(0), stride_ak=A.stride(1),
+                                              stride_bk=B.stride(0), stride_bn=B.stride(1), stride_cm=n, stride_cn=1,
+                                              split_k=config.split_k, trace=dummy, trace_counts=dummy, BLOCK_M=rows,
+                                              BLOCK_N=config.BLK_N, BLOCK_K=config.BLK_K, DOT_PRECISION="tf32",
+                                              TRACE_CAPACITY=0, EVEN_K=k % config.BLK_K == 0, BY_DOT=rows > 1,
+                                              num_warps=config.num_warps, num_stages=config.num_stages)
+                                for name, stream in (("prepared_default_stream", torch.cuda.current_stream()),
+                                                     ("prepared_heap_stream", heap.stream)):
+                                    prepared = PreparedLaunch(one_rank_gemv, (config.num_sms,), (), kwargs, stream)
+                                    prepared.at(0)
+                                    row[name] = time_call(lambda prepared=prepared: prepared.at(0), mm["gpu_ms"],
+                                                          [stream])
                 report["results"].append(row)
                 parts = "  ".join(f"{key} {row[key]['gpu_ms'] / mm['gpu_ms']:.2f}" for key in
-                                  ("largest_shared", "driver_split", "straight_torch_memory", "straight_heap_memory")
+                                  ("largest_shared", "driver_split", "straight_torch_memory", "straight_heap_memory",
+                                   "straight_heap_stream", "prepared_default_stream", "prepared_heap_stream")
                                   if key in row and "gpu_ms" in row[key])
                 print(f"round {round_} {m}x{n}x{k} matmul {mm['gpu_ms'] * 1e3:.1f} us  {parts}", flush=True)
                 with open(args.out, "w") as f:
                     json.dump(report, f)
                 del A, B, ref
+
+
+def streams(args):
+    """torch.matmul and the package's launch of the same setting, each on the default stream, on a stream of its
+    own (as the heap's) and on a high-priority one: is a second stream's cost the kernel's or any kernel's?"""
+    import torch
+
+    from gemmar.runtime.backends import gpu_properties
+    from gemmar.tuner import config_for, inputs, one_gpu_rank, time_call
+    from gemmar.tuning import tuned_defaults
+    from gemmar.runtime.launch import FusedGemmAllReduce
+
+    gpu, capability, sms = gpu_properties("cuda")
+    ours = {"default": torch.cuda.current_stream(), "own": torch.cuda.Stream(),
+            "high_priority": torch.cuda.Stream(priority=-1)}
+    results = []
+    with one_gpu_rank(2 << 30) as heap:
+        for round_ in range(args.rounds):
+            for m, n, k in SHAPES + (MORE_SHAPES if args.more else []):
+                A, B, ref = inputs(m, n, k, "bf16")
+                C = A @ B
+                knobs = tuned_defaults("cuda", "two_shot", capability, sms, shape=(m, n, k, 1), given={}, gpu=gpu,
+                                       datatype="bf16")
+                row = dict(round=round_, m=m, n=n, k=k)
+                with heap.scope():
+                    fused = FusedGemmAllReduce(heap, config_for(m, n, k, "bf16", "two_shot", knobs))
+                    fused(A, B)
+                    for name, stream in ours.items():
+                        def matmul(stream=stream, A=A, B=B, C=C):
+                            with torch.cuda.stream(stream):
+                                torch.matmul(A, B, out=C)
+                        row["matmul_" + name] = time_call(matmul, 0.01, [stream])
+                        heap.stream = stream   # (the launch's stream, for this one figure)
+                        fused.prepared = None
+                        fused(A, B)
+                        row["fused_" + name] = time_call(lambda A=A, B=B: fused(A, B, wait=False), 0.01, [stream])
+                    heap.stream = ours["own"]
+                results.append(row)
+                print(f"round {round_} {m}x{n}x{k}  " + "  ".join(
+                    f"{key} {row[key]['gpu_ms'] * 1e3:.1f}/{row[key]['wall_ms'] * 1e3:.1f}" for key in row
+                    if isinstance(row[key], dict)), flush=True)
+                del A, B, ref, C
+    with open(args.out, "w") as f:
+        json.dump(dict(gpu=gpu, results=results), f)
 
 
 if __name__ == "__main__":
