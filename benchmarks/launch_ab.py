@@ -34,6 +34,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out")
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--pool", action="store_true", help="torch.matmul on every stream of torch's pool")
     parser.add_argument("--streams", action="store_true", help="matmul and the launch on three kinds of stream")
     parser.add_argument("--more", action="store_true", help="also shapes above 64 rows (the tile GEMM)")
     args = parser.parse_args()
@@ -50,6 +51,8 @@ def main():
     gpu, capability, sms = gpu_properties("cuda")
     if args.streams:
         return streams(args)
+    if args.pool:
+        return pool(args)
     shared_split = launch.share_sms
     report = dict(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), gpu=gpu,
                   torch=torch.__version__, triton=triton.__version__, command=" ".join(sys.argv), results=[])
@@ -119,6 +122,36 @@ def main():
                 with open(args.out, "w") as f:
                     json.dump(report, f)
                 del A, B, ref
+
+
+def driver_stream():
+    """A stream of the driver's own making (not torch's pool), wrapped for torch."""
+    import torch
+
+    libcuda = ctypes.CDLL("libcuda.so.1")
+    handle = ctypes.c_void_p()
+    assert libcuda.cuStreamCreate(ctypes.byref(handle), 1) == 0   # CU_STREAM_NON_BLOCKING
+    return torch.cuda.ExternalStream(handle.value)
+
+
+def pool(args):
+    """torch.matmul at 1 x 8192 x 2048 on each stream of torch's pool (40 asked for: the pool's 32 and round again),
+    the heap's two, and one of the driver's own making: which streams cost a launch more?"""
+    import torch
+
+    from gemmar.tuner import inputs, one_gpu_rank, time_call
+
+    A, B, _ = inputs(1, 8192, 2048, "bf16")
+    C = A @ B
+    with one_gpu_rank(1 << 30) as heap:
+        named = [("heap", heap.stream), ("side", heap.side_stream), ("driver", driver_stream())] + \
+            [(f"pool{i}", torch.cuda.Stream()) for i in range(40)] + [("default", torch.cuda.current_stream())]
+        for name, stream in named:
+            def matmul(stream=stream):
+                with torch.cuda.stream(stream):
+                    torch.matmul(A, B, out=C)
+            print(f"{name:>8} {hex(stream.cuda_stream):>14} {time_call(matmul, 0.01, [stream])['gpu_ms'] * 1e3:.2f} us",
+                  flush=True)
 
 
 def streams(args):
