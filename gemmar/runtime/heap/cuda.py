@@ -32,6 +32,29 @@ def store_path(folder):
     return os.path.join(folder, "store")
 
 
+def own_stream(device):
+    """A stream of the rank's own, made by the CUDA driver rather than taken from torch's pool of streams: one of
+    the pool's streams, the one a heap took after torch.distributed's set-up, ran every kernel launched back to
+    back on it 1-1.5 us slower than any other stream (torch.matmul too: docs/decisions.md, the heap's own
+    streams). Non-blocking, as the pool's are; destroyed when torch drops it. On ROCm, or where the driver refuses,
+    a stream of torch's pool."""
+    import ctypes
+    import weakref
+
+    if torch.version.hip is None:
+        try:
+            libcuda = ctypes.CDLL("libcuda.so.1")
+        except OSError:
+            libcuda = None
+        handle = ctypes.c_void_p()
+        with torch.cuda.device(device):
+            if libcuda is not None and libcuda.cuStreamCreate(ctypes.byref(handle), 1) == 0:   # CU_STREAM_NON_BLOCKING
+                stream = torch.cuda.ExternalStream(handle.value, device=device)
+                weakref.finalize(stream, libcuda.cuStreamDestroy_v2, handle)
+                return stream
+    return torch.cuda.Stream(device)
+
+
 def check_gpu_memory(device, nbytes, what):
     """Refuse, before allocating, what the GPU has no room for (an out-of-memory error deep inside
     symmetric memory or a kernel would say nothing about which setting to change)."""
@@ -128,8 +151,8 @@ class CudaHeap(SymmetricHeap):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.stream = torch.cuda.Stream(self.device)
-        self.side_stream = torch.cuda.Stream(self.device)
+        self.stream = own_stream(self.device)
+        self.side_stream = own_stream(self.device)
         self.side_done = torch.cuda.Event()
 
     def on_stream(self):
