@@ -34,6 +34,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out")
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--after", action="store_true", help="with --pool: streams after a barrier or a spin kernel")
     parser.add_argument("--pool", action="store_true", help="torch.matmul on every stream of torch's pool")
     parser.add_argument("--streams", action="store_true", help="matmul and the launch on three kinds of stream")
     parser.add_argument("--more", action="store_true", help="also shapes above 64 rows (the tile GEMM)")
@@ -145,7 +146,25 @@ def pool(args):
     C = A @ B
     with one_gpu_rank(1 << 30) as heap:
         named = [("heap", heap.stream), ("side", heap.side_stream), ("driver", driver_stream())] + \
-            [(f"pool{i}", torch.cuda.Stream()) for i in range(40)] + [("default", torch.cuda.current_stream())]
+            [(f"pool{i}", torch.cuda.Stream()) for i in range(40 if not args.after else 4)] + \
+            [("default", torch.cuda.current_stream())]
+        if args.after:
+            # Streams that have run the heap's barrier kernel, a spin kernel, or a few launches of the package's own
+            # kernel: is a stream slow after one of them?
+            from gemmar.kernels.barrier import spin_kernel
+
+            kept = heap.stream
+            for what in ("barrier", "spin", "barrier_then_sync"):
+                stream = torch.cuda.Stream()
+                heap.stream = stream
+                if what.startswith("barrier"):
+                    heap.barrier()
+                else:
+                    with torch.cuda.stream(stream):
+                        spin_kernel[(1,)](1000)
+                torch.cuda.synchronize()
+                named.append((what, stream))
+            heap.stream = kept
         for name, stream in named:
             def matmul(stream=stream):
                 with torch.cuda.stream(stream):
