@@ -165,6 +165,29 @@ def pool(args):
                 torch.cuda.synchronize()
                 named.append((what, stream))
             heap.stream = kept
+            # A kernel's first launch in the process on stream Z itself, and on a companion ordered around Z.
+            import triton
+            import triton.language as tl
+
+            @triton.jit
+            def first_a(x):
+                tl.store(x, 1)
+
+            @triton.jit
+            def first_b(x):
+                tl.store(x, 2)
+
+            word = torch.zeros(1, dtype=torch.int32, device="cuda")
+            on_z = torch.cuda.Stream()
+            with torch.cuda.stream(on_z):
+                first_a[(1,)](word)
+            beside, companion = torch.cuda.Stream(), torch.cuda.Stream()
+            companion.wait_stream(beside)
+            with torch.cuda.stream(companion):
+                first_b[(1,)](word)
+            beside.wait_stream(companion)
+            torch.cuda.synchronize()
+            named += [("first_launch_on_it", on_z), ("first_launch_beside", beside), ("the_companion", companion)]
         for name, stream in named:
             def matmul(stream=stream):
                 with torch.cuda.stream(stream):
