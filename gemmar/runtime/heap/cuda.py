@@ -33,26 +33,13 @@ def store_path(folder):
 
 
 def own_stream(device):
-    """A stream of the rank's own, made by the CUDA driver rather than taken from torch's pool of streams: one of
-    the pool's streams, the one a heap took after torch.distributed's set-up, ran every kernel launched back to
-    back on it 1-1.5 us slower than any other stream (torch.matmul too: docs/decisions.md, the heap's own
-    streams). Non-blocking, as the pool's are; destroyed when torch drops it. On ROCm, or where the driver refuses,
-    a stream of torch's pool."""
-    import ctypes
-    import weakref
-
-    if torch.version.hip is None:
-        try:
-            libcuda = ctypes.CDLL("libcuda.so.1")
-        except OSError:
-            libcuda = None
-        handle = ctypes.c_void_p()
-        with torch.cuda.device(device):
-            if libcuda is not None and libcuda.cuStreamCreate(ctypes.byref(handle), 1) == 0:   # CU_STREAM_NON_BLOCKING
-                stream = torch.cuda.ExternalStream(handle.value, device=device)
-                weakref.finalize(stream, libcuda.cuStreamDestroy_v2, handle)
-                return stream
-    return torch.cuda.Stream(device)
+    """A stream of the rank's own, whose first work is a wait (on the device's current stream, where nothing is
+    pending then). A fresh stream whose first work was a kernel's first launch in the process (the heap's barrier,
+    at set-up) ran every kernel launched back to back on it 1-1.5 us slower on an H100 for as long as it lived,
+    torch.matmul's too; a stream whose first work was a wait did not (docs/decisions.md, the heap's streams)."""
+    stream = torch.cuda.Stream(device)
+    stream.wait_stream(torch.cuda.current_stream(device))
+    return stream
 
 
 def check_gpu_memory(device, nbytes, what):
