@@ -32,16 +32,6 @@ def store_path(folder):
     return os.path.join(folder, "store")
 
 
-def own_stream(device):
-    """A stream of the rank's own, whose first work is a wait (on the device's current stream, where nothing is
-    pending then). A fresh stream whose first work was a kernel's first launch in the process (the heap's barrier,
-    at set-up) ran every kernel launched back to back on it 1-1.5 us slower on an H100 for as long as it lived,
-    torch.matmul's too; a stream whose first work was a wait did not (docs/decisions.md, the heap's streams)."""
-    stream = torch.cuda.Stream(device)
-    stream.wait_stream(torch.cuda.current_stream(device))
-    return stream
-
-
 def check_gpu_memory(device, nbytes, what):
     """Refuse, before allocating, what the GPU has no room for (an out-of-memory error deep inside
     symmetric memory or a kernel would say nothing about which setting to change)."""
@@ -138,8 +128,8 @@ class CudaHeap(SymmetricHeap):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.stream = own_stream(self.device)
-        self.side_stream = own_stream(self.device)
+        self.stream = torch.cuda.Stream(self.device)
+        self.side_stream = torch.cuda.Stream(self.device)
         self.side_done = torch.cuda.Event()
 
     def on_stream(self):
