@@ -34,6 +34,8 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out")
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--shapes", nargs="+", type=lambda t: tuple(int(x) for x in t.split("x")),
+                        help="MxNxK ...: these shapes instead of SHAPES")
     parser.add_argument("--after", action="store_true", help="with --pool: streams after a barrier or a spin kernel")
     parser.add_argument("--pool", action="store_true", help="torch.matmul on every stream of torch's pool")
     parser.add_argument("--streams", action="store_true", help="matmul and the launch on three kinds of stream")
@@ -60,7 +62,7 @@ def main():
     dummy = torch.zeros(8, dtype=torch.int64, device="cuda")
     with one_gpu_rank(4 << 30) as heap:
         for round_ in range(args.rounds):
-            for m, n, k in SHAPES + (MORE_SHAPES if args.more else []):
+            for m, n, k in args.shapes or SHAPES + (MORE_SHAPES if args.more else []):
                 A, B, ref = inputs(m, n, k, "bf16")
                 mm = time_matmul(A, B)
                 knobs = tuned_defaults("cuda", "two_shot", capability, sms, shape=(m, n, k, 1), given={}, gpu=gpu,
