@@ -93,7 +93,9 @@ class Launch:
     kwargs: dict
     stream: str = None
     per_launch: tuple = ()      # argument names that change every launch: "epoch", "parity"
-    waits: bool = True          # whether its programs may wait for others (then they must all be resident at once)
+    # Whether its programs may wait for others or be waited for: then they must all be resident at once, and share
+    # SMs with the other kernels' (launch.share_sms). False: a kernel alone whose programs wait for nobody.
+    waits: bool = True
 
 
 @dataclass

@@ -182,10 +182,13 @@ class FusedGemmAllReduce:
             with torch.cuda.stream(self._stream(launch)):
                 compiled = launch.kernel.warmup(grid=launch.grid, **launch.kwargs)
                 compiled._init_handles()
-                share_sms(compiled)
                 self.kernel_resources.append(dict(kernel=launch.kernel.__name__, registers=int(compiled.n_regs),
                                                   spills=int(compiled.n_spills)))
-                if launch.waits:   # (programs that wait for nobody may run in turns)
+                # A kernel alone whose programs wait for nobody may run them in turns, and keeps the driver's
+                # shared-memory split: the few-rows kernel's loads go through L1, which the largest shared part
+                # leaves small (docs/decisions.md, one shared-memory split).
+                if launch.waits:
+                    share_sms(compiled)
                     loaded.append((compiled, launch.grid[0]))
         check_co_resident(loaded, self.heap)
         self.prepared_for = self._inputs_key(A, B)
