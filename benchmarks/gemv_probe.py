@@ -136,6 +136,65 @@ def analyse(paths):
             print(f"   {name:>12}: median {values[len(values) // 2]:.3f}  worst {values[-1]:.3f}  geomean "
                   f"{math.exp(sum(map(math.log, values)) / len(values)):.3f}  ({len(values)} shapes)")
 
+    rule_and_lomo(rows)
+
+
+def bucket(m):
+    return 1 if m == 1 else 16 if m <= 16 else 64
+
+
+def rule_ratio(row, by_dot, block, sms):
+    """GPU time / matmul's of ``block`` (BLOCK_N, BLOCK_K, warps, stages) at ``row``'s shape with the slices the
+    rule gives it (tuning.gemv_split: at one row by multiply-add 3 programs an SM, else 1), or None if not timed."""
+    from gemmar.tuning import GEMV_ROW_PROGRAMS_PER_SM, gemv_split
+
+    split = gemv_split((row["m"], row["n"], row["k"], 1), block[0], block[1], sms,
+                       per_sm=1 if by_dot else GEMV_ROW_PROGRAMS_PER_SM)
+    hit = [g for g in row["gemv"] if g.get("ok") and g["by_dot"] == by_dot and g["block"][1:] == list(block)
+           and g["split_k"] == split]
+    return hit[0]["gpu_ms"] / row["matmul"]["gpu_ms"] if hit else None
+
+
+def geomean(values):
+    return math.exp(sum(map(math.log, values)) / len(values))
+
+
+def rule_and_lomo(rows, sms=132):
+    """The few-rows kernel's choice, fitted per bucket of rows (1; 2-16; 17-64) as the block with the least geometric
+    mean of GPU time / matmul's over the bucket's shapes (each at the slices the rule gives it), then each model's
+    shapes under the choice fitted with that model left out: does the choice generalize to a model it never saw?"""
+    blocks = sorted({(g["by_dot"], tuple(g["block"][1:])) for r in rows for g in r["gemv"]})
+
+    def fit(train):
+        chosen = {}
+        for b in (1, 16, 64):
+            shapes = [r for r in train if bucket(r["m"]) == b]
+            scored = []
+            for by_dot, block in blocks:
+                ratios = [rule_ratio(r, by_dot, block, sms) for r in shapes]
+                if shapes and all(x is not None for x in ratios):
+                    scored.append((geomean(ratios), by_dot, block))
+            chosen[b] = min(scored)[1:] if scored else None
+        return chosen
+
+    every = fit(rows)
+    print("-- the choice per bucket of rows, fitted on every shape (GPU time): " +
+          "; ".join(f"M {'1' if b == 1 else '2-16' if b == 16 else '17-64'}: {'dot' if c[0] else 'multiply-add'} "
+                    f"{list(c[1])}" for b, c in every.items() if c))
+    held, fitted = [], []
+    for model in sorted({r["model"] for r in rows}):
+        choice = fit([r for r in rows if r["model"] != model])
+        for r in (r for r in rows if r["model"] == model):
+            c, a = choice[bucket(r["m"])], every[bucket(r["m"])]
+            out = rule_ratio(r, c[0], c[1], sms) if c else None
+            if out is not None:
+                held.append(out)
+                fitted.append(rule_ratio(r, a[0], a[1], sms))
+    for name, values in (("fitted on every model", fitted), ("each model left out", held)):
+        values = sorted(values)
+        print(f"   {name:>22}: median {values[len(values) // 2]:.3f}  worst {values[-1]:.3f}  geomean "
+              f"{geomean(values):.3f}  ({len(values)} shapes)")
+
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])

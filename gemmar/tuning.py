@@ -145,13 +145,13 @@ def gemv_tile(algorithm, family, shape):
     return (max(16, 1 << (m - 1).bit_length()), 64, 128, 4, 4, 1)
 
 
-def gemv_split(shape, blk_n, blk_k, sms):
+def gemv_split(shape, blk_n, blk_k, sms, per_sm=None):
     """K slices per column tile for the few-rows kernel (see GEMV_ROWS): the most, a power of two, that keep
-    every program resident at once (``sms`` programs by dot, GEMV_ROW_PROGRAMS_PER_SM a SM at one row) and give
-    each at least GEMV_MIN_STEPS steps of ``blk_k``."""
+    every program resident at once (``per_sm`` programs an SM: by default GEMV_ROW_PROGRAMS_PER_SM at one row, the
+    multiply-add, else one, the dot's) and give each at least GEMV_MIN_STEPS steps of ``blk_k``."""
     m, n, k_rank, _ = shape
     tiles, steps = -(-n // blk_n), -(-k_rank // blk_k)
-    room = sms * (GEMV_ROW_PROGRAMS_PER_SM if m == 1 else 1)
+    room = sms * (per_sm or (GEMV_ROW_PROGRAMS_PER_SM if m == 1 else 1))
     split = 1
     while tiles * split * 2 <= room and steps // (split * 2) >= GEMV_MIN_STEPS and split * 2 <= MAX_SPLIT_K:
         split *= 2
