@@ -2,7 +2,8 @@
 package's launcher with and without ``launch.share_sms`` (every kernel asks for the largest shared-memory split,
 so that two_shot's communication programs fit beside the GEMM's), and, for the few-rows kernel, launched straight
 by Triton with its buffers in torch's memory and on the symmetric heap. Rounds alternate, each figure / torch.matmul's
-GPU time in the same round.
+GPU time in the same round. (Since the few-rows kernel keeps the driver's split, its two "split" figures are the
+same launch: the A/B of docs/decisions.md, one shared-memory split, ran at 80adfd6.)
 
     python3 benchmarks/launch_ab.py OUT.json [--rounds 2]
 """

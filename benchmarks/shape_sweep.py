@@ -164,7 +164,7 @@ def run(args):
             # cache entry says otherwise; --no_gemv: the tile GEMM there too.
             few_rows = None if args.no_gemv else gemv_tile(algorithm, family, (m, n, k, 1))
             if choice is not None and choice.cached:
-                few_rows = tuple(tile) if choice.gemv else None
+                few_rows = tuple(tile) if choice.gemv and not args.no_gemv else None
             elif few_rows:
                 tile, source = few_rows, GEMV_SOURCE
             if few_rows:

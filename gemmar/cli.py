@@ -96,8 +96,9 @@ def _bench_parser(sub):
                                                "on GPUs tuned for a last wave at most half full and a long K)")
     p.add_argument("--gemv", action=argparse.BooleanOptionalAction,
                    help="two_shot, one_shot at 1 rank: the few-rows kernel (all of M in one row of tiles, one program "
-                        "per column tile and K slice, not persistent; needs BLK_M >= M); default: on GPUs up to 64 "
-                        "rows (tuning.gemv_tile), off on cpu")
+                        "per column tile and K slice, not persistent; needs BLK_M >= M, takes no --num_sms or "
+                        "--comm_sms); default: on Hopper GPUs up to 64 rows where the tuning cache holds no entry for "
+                        "the shape (tuning.gemv_tile), else off")
     p.add_argument("--num_sms", "--gemm_sms", dest="num_sms", type=int,
                    help="(Iris: --gemm_sms) persistent GEMM programs per rank (tuned)")
     p.add_argument("--comm_sms", type=int, help="(Iris) two_shot, one_shot: communication programs per rank, "

@@ -37,8 +37,11 @@ def config_from_args(args, backend, algorithm=None):
     if shares_gpu(backend, args.num_ranks):
         sms //= args.num_ranks   # the ranks' programs must all be resident on the one GPU at once
     k_rank = -(-args.k // max(args.num_ranks, 1))
+    given = {k: getattr(args, k) for k in TUNED_KNOBS}
+    if not strict and (algorithm not in SPLIT_K_ALGORITHMS or args.num_ranks != 1):
+        given["gemv"] = False   # (a baseline or the heap's sizing for an algorithm the few-rows kernel is not)
     knobs = tuned_defaults(backend, algorithm, capability, sms, shape=(args.m, args.n, k_rank, args.num_ranks),
-                           given={k: getattr(args, k) for k in TUNED_KNOBS}, trace=args.trace_tiles,
+                           given=given, trace=args.trace_tiles,
                            tma=reads_by_tma(args.n, args.k, args.num_ranks, args.datatype),
                            shared=shares_gpu(backend, args.num_ranks), gpu=gpu, datatype=args.datatype)
     spec = get_algorithm(algorithm)
@@ -57,8 +60,6 @@ def config_from_args(args, backend, algorithm=None):
         # (a baseline or the heap's sizing: an algorithm without split-K, or whose tile has fewer K steps than the
         # slices asked for, cuts no K)
         knobs["split_k"] = 1
-    if not strict and (algorithm not in SPLIT_K_ALGORITHMS or args.num_ranks != 1):
-        knobs["gemv"] = False   # (nor runs the few-rows kernel)
     return RunConfig(m=args.m, n=args.n, k=args.k, datatype=args.datatype, algorithm=algorithm,
                      world_size=args.num_ranks, iterations=args.iterations, timeout_s=args.timeout,
                      trace=args.trace_tiles, sanitize=args.sanitize, seed=args.seed, out_dtype=args.out_dtype if takes_dtypes else None,

@@ -72,6 +72,7 @@ def _positive_int(name, value, largest):
 # Split-K (RunConfig.split_k): the algorithms whose world-size-1 launch can cut K, and the most slices a tile takes.
 SPLIT_K_ALGORITHMS = ("two_shot", "one_shot")
 MAX_SPLIT_K = 64
+MAX_GEMV_PROGRAMS = 1 << 16   # the few-rows kernel's programs (column tiles x K slices): 2**20 columns in 16-wide tiles
 
 # The shortest watchdog: under the interpreter one rank's programs run one after another, so a wait for a
 # peer's program can last that long with nothing wrong (0.001 s reported deadlocks that were not).
@@ -197,6 +198,10 @@ class RunConfig:
                 raise UsageError(f"gemv=True needs all of M in one row of tiles: BLK_M={self.BLK_M} is less than "
                                  f"m={self.m}: use BLK_M >= m (at most {MAX_BLOCK}) or gemv=False")
             # (one program per column tile and K slice: the launch's program count, whatever num_sms was given)
+            if self.tile_count * self.split_k > MAX_GEMV_PROGRAMS:
+                raise UsageError(f"gemv=True with n={self.n}, BLK_N={self.BLK_N} and split_k={self.split_k} makes "
+                                 f"{self.tile_count * self.split_k} programs: use at most {MAX_GEMV_PROGRAMS} (a wider "
+                                 f"BLK_N or fewer slices)")
             self = replace(self, num_sms=self.tile_count * self.split_k)
         if isinstance(self.timeout_s, bool) or not (isinstance(self.timeout_s, (int, float)) and
                                                     MIN_TIMEOUT_S <= self.timeout_s <= 86400):

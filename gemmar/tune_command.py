@@ -28,10 +28,11 @@ def cmd_tune(args):
     cached = tuning_cache.load_cache(path)   # (a bad cache file is refused before any work)
     from .runtime.backends import gpu_properties
     from .tuner import heap_bytes_for, one_gpu_rank, tune_shape
-    from .tuning import tuned_defaults
+    from .tuning import gemv_tile, tuned_defaults
     from .tuning_cache import TILE_KNOBS
 
     gpu, capability, sms = gpu_properties("cuda")
+    family = "hopper" if tuple(capability) >= (9, 0) else "default"
     todo = [s for s in shapes if args.retune or
             tuning_cache.cache_key(gpu, args.datatype, 1, s) not in cached]
     for s in shapes:
@@ -42,7 +43,8 @@ def cmd_tune(args):
     if not todo:
         return 0
     log("-", 1, f"tuning {len(todo)} shape(s) on {gpu} ({args.datatype}, world size 1); the cache: {path}")
-    bar = ProgressBar(sum(len(tuning_cache.candidates(m)) + 3 for m, _, _ in todo), label="tiles timed ")
+    bar = ProgressBar(sum(len(tuning_cache.candidates(m)) + 2 + bool(gemv_tile("two_shot", family, (m, n, k, 1)))
+                      for m, n, k in todo), label="tiles timed ")
     done, failed = 0, []
     with one_gpu_rank(heap_bytes_for(todo, args.datatype)) as heap:
         for shape in todo:
@@ -51,7 +53,7 @@ def cmd_tune(args):
             today = tuned_defaults("cuda", "two_shot", capability, sms, shape=(*shape, 1), gpu=gpu,
                                    datatype=args.datatype)
             entry, tried, matmul = tune_shape(heap, shape, args.datatype, gpu, sms, first=[today[k] for k in TILE_KNOBS],
-                                              first_gemv=today["gemv"],
+                                              gemv=gemv_tile("two_shot", family, (*shape, 1)),
                                               on_tile=lambda i, name=name: bar.update(done + i, name))
             done += len(tried)
             bar.clear()
@@ -91,7 +93,7 @@ def tile_source_line(args, backend, config):
         family = "hopper" if tuple(capability) >= (9, 0) else "default"
         W = args.num_ranks
         _, source, _ = tile_choice(config.algorithm, family, (args.m, args.n, -(-args.k // max(W, 1)), W), gpu,
-                                   args.datatype, shares_gpu(backend, W))
+                                   args.datatype, shares_gpu(backend, W), gemv=config.gemv)
     if given:
         source = f"{', '.join(given)} from the command line, the rest from {source}"
     split = ""

@@ -121,21 +121,21 @@ def tile_knobs(tile, sms, shape=None, algorithm="two_shot", split_k=None):
 
 
 def tune_shape(heap, shape, datatype, gpu, sms, algorithm="two_shot", tiles=None, seed=0, on_tile=None, first=None,
-               first_gemv=False):
+               gemv=None):
     """Time every candidate tile (``first``, the tile the shape gets today, then the rule's and the candidates) at
     ``shape`` (M, N, K_r); return (cache entry or None when none was right, [per-tile figures], torch.matmul's
-    figures). ``first_gemv``: ``first`` runs the few-rows kernel (RunConfig.gemv), as today's setting and as a
-    candidate of its own before the tile GEMM's. ``on_tile(count)``: called after each tile."""
+    figures). ``gemv``: a tile to time first with the few-rows kernel (RunConfig.gemv; ``tuning.gemv_tile``'s),
+    a candidate of its own beside the tile GEMM's. ``on_tile(count)``: called after each tile."""
     from .tuning import gemv_split
 
     m, n, k = shape
     A, B, ref = inputs(m, n, k, datatype, seed)
     matmul = time_matmul(A, B)
     tried = []
-    if first is not None and first_gemv:
-        knobs = dict(tile_knobs(first, sms), gemv=True, split_k=gemv_split((*shape, 1), first[1], first[2], sms))
+    if gemv is not None:
+        knobs = dict(tile_knobs(gemv, sms), gemv=True, split_k=gemv_split((*shape, 1), gemv[1], gemv[2], sms))
         figures = time_config(heap, config_for(m, n, k, datatype, algorithm, knobs), A, B, ref, matmul["gpu_ms"])
-        tried.append(dict(tile=list(first), gemv=True, **figures))
+        tried.append(dict(tile=list(gemv), gemv=True, **figures))
         if on_tile:
             on_tile(len(tried))
     ahead = [tuple(t) for t in (first, rule_tile(m)) if t is not None]

@@ -3,6 +3,7 @@ per algorithm, programs per SM, the split between GEMM and communication program
 from measured figures (docs/decisions.md). On the cpu backend a run takes RunConfig's own defaults."""
 
 from .config import DTYPES, MAX_SPLIT_K, SPLIT_K_ALGORITHMS, RunConfig, dtype_name, k_bounds, waves
+from .errors import UsageError
 
 # Per-GPU starting points: (BLK_M, BLK_N, BLK_K, num_warps, num_stages, gsize_m). An algorithm's spec may
 # give its own (AlgorithmSpec.gpu_tuning, measured: docs/decisions.md); these are for the others.
@@ -74,12 +75,23 @@ def tuned_defaults(backend, algorithm, capability=(0, 0), multiprocessors=0, sha
         # measured faster (docs/decisions.md, few-rows tiles). Not for ranks sharing a GPU: unmeasured, and there
         # every rank's programs must fit on it at once.
         tile = few_rows_tile(spec, family, tile, shape[0], shape[1], multiprocessors or 108)
-    chosen, _, gemv = tile_choice(algorithm, family, shape, gpu, datatype, shared)
+    if given.get("gemv"):
+        for knob in ("num_sms", "comm_sms"):
+            if knob in given:
+                raise UsageError(f"{knob}={given[knob]} is not allowed with gemv=True: the few-rows kernel runs one "
+                                 f"program per column tile and K slice (set BLK_N and split_k), and no communication "
+                                 f"programs")
+    # The few-rows kernel where the rule or the cache picks it, unless the user said --no-gemv, or set what it does
+    # not take (the programs), or a tile too short for all of M.
+    may_gemv = given.get("gemv", True) and not {"num_sms", "comm_sms"} & set(given) and \
+        (shape is None or given.get("BLK_M", shape[0]) >= shape[0])
+    chosen, _, gemv = tile_choice(algorithm, family, shape, gpu, datatype, shared, gemv=may_gemv)
     tile = chosen or tile
-    gemv = given.get("gemv", gemv)   # (--gemv / --no-gemv over the choice)
+    gemv = given.get("gemv", gemv)   # (--gemv over the choice)
     knobs = {**dict(zip(TUNED_KNOBS[:6], tile)), **given, "gemv": gemv}
     if gemv:   # (one program per column tile and K slice: RunConfig.validate counts them into num_sms)
-        split = given.get("split_k") or gemv_split(shape, knobs["BLK_N"], knobs["BLK_K"], multiprocessors or 108)
+        split = given.get("split_k") or (1 if shape is None else
+                                         gemv_split(shape, knobs["BLK_N"], knobs["BLK_K"], multiprocessors or 108))
         return {**knobs, "num_sms": multiprocessors or 108, "comm_sms": 1, "split_k": split}
     sms = multiprocessors or 108
     if not spec.comm_programs:
@@ -106,25 +118,26 @@ def tuned_defaults(backend, algorithm, capability=(0, 0), multiprocessors=0, sha
     return knobs
 
 
-def tile_choice(algorithm, family, shape, gpu, datatype, shared=False):
+def tile_choice(algorithm, family, shape, gpu, datatype, shared=False, gemv=True):
     """(tile, where it came from, whether it runs the few-rows kernel) for a run whose knobs are not given, or
     (None, why, False) where the algorithm's own tile stands: the tuning cache's entry for this GPU, dtype, world
     size and per-rank shape (``tuning_cache.choose``), wherever one exists; else, for two_shot and one_shot at
     world size 1 on Hopper, the few-rows kernel up to GEMV_ROWS rows (:func:`gemv_tile`), then the rule fitted
     on the shape sweep (``tuning_cache.RULE``, while it is not empty); else the algorithm's measured tiles (its
-    ``gpu_tuning``, with the few-rows tiles of :func:`few_rows_tile`)."""
+    ``gpu_tuning``, with the few-rows tiles of :func:`few_rows_tile`). ``gemv`` False: never the few-rows kernel's
+    rule (the user's --no-gemv, or knobs it does not take)."""
     measured = f"the algorithm's measured tile ({algorithm}'s gpu_tuning and few-rows tiles: docs/decisions.md)"
     if shape is None or not gpu or not datatype or shared:
         return None, measured, False
     from . import tuning_cache
 
     choice = tuning_cache.choose(gpu, datatype, shape[3], tuple(shape[:3]), algorithm)
-    few_rows = gemv_tile(algorithm, family, shape)
+    few_rows = gemv_tile(algorithm, family, shape) if gemv else None
     if few_rows and not (choice is not None and choice.cached):
         return few_rows, GEMV_SOURCE, True
     if choice is not None and (choice.cached or (shape[3] == 1 and family == "hopper" and
                                                  algorithm in tuning_cache.TILED)):
-        return tuple(choice.tile[k] for k in tuning_cache.TILE_KNOBS), choice.source, choice.gemv
+        return tuple(choice.tile[k] for k in tuning_cache.TILE_KNOBS), choice.source, choice.gemv and gemv
     return None, measured + ("" if tuning_cache.RULE else "; no cache entry for this GPU, dtype, world size and "
                                                             "shape, and no fitted rule yet"), False
 

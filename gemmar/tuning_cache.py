@@ -16,6 +16,7 @@ import datetime
 import json
 import os
 
+from .config import SPLIT_K_ALGORITHMS
 from .errors import UsageError
 
 CACHE_FORMAT = "gemmar-tuning-cache/1"
@@ -130,9 +131,11 @@ def _entry_problem(entry, i):
         return f"entry {i}'s tile has num_stages {tile['num_stages']} / gsize_m {tile['gsize_m']}: use 1-8 / 1 or more"
     if not isinstance(entry.get("gemv", False), bool):
         return f"entry {i} has gemv {entry['gemv']!r}: use true or false (the few-rows kernel, or the tile GEMM)"
-    if entry.get("gemv") and (entry["world_size"] != 1 or tile["BLK_M"] < shape[0]):
-        return f"entry {i} has gemv true at world size {entry['world_size']} with BLK_M {tile['BLK_M']} for M {shape[0]}: " \
-               f"the few-rows kernel runs at world size 1 with BLK_M >= M"
+    if entry.get("gemv") and (entry["world_size"] != 1 or tile["BLK_M"] < shape[0] or
+                              entry["algorithm"] not in SPLIT_K_ALGORITHMS):
+        return f"entry {i} has gemv true for {entry['algorithm']} at world size {entry['world_size']} with BLK_M " \
+               f"{tile['BLK_M']} for M {shape[0]}: the few-rows kernel runs two_shot or one_shot at world size 1 " \
+               f"with BLK_M >= M"
     return None
 
 

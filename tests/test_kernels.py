@@ -147,6 +147,10 @@ def test_two_shot_at_one_rank_gemm_programs_write_the_bits_the_reduction_would(c
             by_gemm = written.program < 3
             assert by_gemm.all() if writers == "GEMM" else not by_gemm.any(), written.program.tolist()
     assert torch.equal(direct.C, through.C)
+    # The few-rows kernel (as split-K) runs the package's own sum only: a participant's is refused in one line.
+    with pytest.raises(gemmar.UsageError, match="gemv=True runs the package's own sum"):
+        cluster.gemm_all_reduce(A, B, parts={"sum_partials": copy}, algorithm="two_shot", BLK_M=64, BLK_N=16,
+                                BLK_K=16, gemv=True)
 
 
 @pytest.mark.parametrize("algorithm", ["two_shot", "one_shot"])
@@ -232,6 +236,8 @@ def test_gemv_is_refused_where_it_cannot_run():
     for settings, needle in ((dict(world_size=2, algorithm="two_shot"), "two_shot at world size 2"),
                              (dict(world_size=1, algorithm="ring"), "ring at world size 1"),
                              (dict(world_size=1, algorithm="two_shot", m=40, BLK_M=32), "BLK_M=32 is less than m=40"),
-                             (dict(world_size=1, algorithm="two_shot", gemv="yes"), "gemv='yes' is not allowed")):
+                             (dict(world_size=1, algorithm="two_shot", gemv="yes"), "gemv='yes' is not allowed"),
+                             (dict(world_size=1, algorithm="two_shot", m=1, n=1 << 20, BLK_N=16, k=4096, split_k=2),
+                              "makes 131072 programs: use at most 65536")):
         with pytest.raises(gemmar.UsageError, match=needle):
             gemmar.RunConfig(**{"m": 16, "BLK_M": 16, "gemv": True, **settings}).validate()

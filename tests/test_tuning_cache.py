@@ -121,6 +121,8 @@ def good_entry():
     (json.dumps({"format": CACHE_FORMAT, "entries": [dict(good_entry(), gemv="yes")]}), "gemv 'yes'"),
     (json.dumps({"format": CACHE_FORMAT, "entries": [dict(good_entry(), shape=[64, 4096, 1024], gemv=True)]}),
      "BLK_M 32 for M 64"),
+    (json.dumps({"format": CACHE_FORMAT, "entries": [dict(good_entry(), algorithm="ring", gemv=True)]}),
+     "gemv true for ring"),
 ])
 def test_a_bad_cache_file_is_refused_in_one_line_naming_it(tmp_path, content, problem):
     path = tmp_path / "shipped-cache.json"
@@ -195,6 +197,19 @@ def test_the_few_rows_kernel_answers_up_to_64_rows_unless_the_cache_holds_the_sh
                                                    ("two_shot", (9, 0), 1, {}, 65)):
         assert not tuned_defaults("cuda", algorithm, capability, 132, shape=(m, 4096, 1024, size), gpu=H100,
                                   datatype="bf16", given=given)["gemv"]
+    # --no-gemv takes the tile GEMM's own tile; a BLK_M too short for M, or programs given, leave the rule out; a
+    # forced --gemv with programs is refused in one line.
+    rule = tuned_defaults("cuda", "two_shot", (9, 0), 132, shape=(*shape, 1), gpu=H100, datatype="bf16",
+                          given={"gemv": False})
+    assert not rule["gemv"] and tile_of(rule) == rule_tile(16)
+    short = tuned_defaults("cuda", "two_shot", (9, 0), 132, shape=(40, 4096, 1024, 1), gpu=H100, datatype="bf16",
+                           given={"BLK_M": 16})
+    assert not short["gemv"] and short["BLK_M"] == 16 and tile_of(short)[1:] == rule_tile(40)[1:]
+    programs = tuned_defaults("cuda", "two_shot", (9, 0), 132, shape=(*shape, 1), gpu=H100, datatype="bf16",
+                              given={"num_sms": 64})
+    assert not programs["gemv"] and programs["num_sms"] == 64
+    with pytest.raises(UsageError, match="num_sms=64 is not allowed with gemv=True"):
+        tuned_defaults("cuda", "two_shot", (9, 0), 132, shape=(*shape, 1), given={"num_sms": 64, "gemv": True})
     # The slices: as many as keep every program resident (one an SM by dot, three at one row), each >= 4 steps.
     assert gemv_split((16, 4096, 7168, 1), 64, 256, 132) == 2        # 64 tiles x 2 <= 132; 14 steps a slice
     assert gemv_split((1, 4096, 2048, 1), 64, 128, 132) == 4         # 64 tiles x 4 <= 3 x 132; 4 steps a slice

@@ -323,15 +323,22 @@ class TwoShotBuffers:
     partial_ready: object  # per tile (at its owner): partials counted in, W per launch
     results_in: object     # per owner, a cache line each: that owner's tiles written into our C
     taken: object          # per tile (at its owner): launches in which a program has taken it to reduce
-    slices: object = None     # split-K only (world size 1): a fp32 BLOCK_M x BLOCK_N slot per cut tile and K share
-    slices_in: object = None  # split-K only: per cut tile (the last wave's), the shares counted in so far
+    slices: object = None     # split-K and the few-rows kernel only (world size 1): a fp32 slot per K share
+    slices_in: object = None  # the same: per cut tile (split-K: the last wave's), the shares counted in so far
 
 
 def buffers(alloc, config, world_size):
     tiles = config.tile_count
-    # (a slot per cut tile and program sharing its K: cut + sharing in all)
-    split = dict(slices=alloc((config.cut_tiles + config.k_sharing, config.BLK_M * config.BLK_N),
-                              torch.float32), slices_in=alloc(config.cut_tiles, torch.int32)) if config.split_k > 1 else {}
+    # (a slot per cut tile and program sharing its K: cut + sharing in all; the few-rows kernel: a slot per program,
+    # of one row at M = 1, and a count per column tile, at any number of slices)
+    if config.gemv:
+        split = dict(slices=alloc((config.num_sms, (1 if config.m == 1 else config.BLK_M) * config.BLK_N), torch.float32),
+                     slices_in=alloc(tiles, torch.int32))
+    elif config.split_k > 1:
+        split = dict(slices=alloc((config.cut_tiles + config.k_sharing, config.BLK_M * config.BLK_N), torch.float32),
+                     slices_in=alloc(config.cut_tiles, torch.int32))
+    else:
+        split = {}
     return TwoShotBuffers(C=alloc((config.m, config.n), config.c_dtype),
                           partials=alloc((tiles, config.BLK_M * config.BLK_N), config.wire_torch_dtype),
                           partial_ready=alloc(tiles, torch.int32),
