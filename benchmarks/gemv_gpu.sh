@@ -1,5 +1,5 @@
 #!/bin/bash
-# The few-rows kernel on one GPU (kernels/gemv.py; docs/decisions.md, the few-rows kernel), in one call:
+# The few-rows kernel on one GPU (two_shot.one_rank_gemv; docs/decisions.md, the few-rows kernel), in one call:
 #   1. issue 60's whole sweep, auto (the few-rows kernel up to 64 rows, the tile rules above);
 #   2. the same shapes with M <= 64, auto with the tile GEMM there (--no_gemv): the A/B, minutes apart;
 #   3. the compiled tests of the few-rows kernel and split-K (test_kernels -k "gemv or split_k");

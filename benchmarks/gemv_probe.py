@@ -1,4 +1,4 @@
-"""Few rows on one GPU: ``kernels/gemv.one_rank_gemv`` (one program per column block and K share, not persistent)
+"""Few rows on one GPU: ``kernels/two_shot.one_rank_gemv`` (one program per column block and K share, not persistent)
 against torch.matmul and today's ``auto`` at issue 60's shapes with M <= 64, every result checked against torch.
 
     python3 benchmarks/gemv_probe.py OUT.json [--max_m 64] [--max_seconds 400]
@@ -35,7 +35,7 @@ def run(args):
     import torch
     import triton
 
-    from gemmar.kernels.gemv import one_rank_gemv
+    from gemmar.kernels.two_shot import one_rank_gemv
     from gemmar.runtime.backends import gpu_properties
     from gemmar.tuner import TOLERANCE, config_for, inputs, one_gpu_rank, relative_error, time_call, \
         time_config, time_matmul

@@ -45,7 +45,7 @@ def main():
     import torch
     import triton
 
-    from gemmar.kernels.gemv import one_rank_gemv
+    from gemmar.kernels.two_shot import one_rank_gemv
     from gemmar.runtime import launch
     from gemmar.runtime.backends import gpu_properties
     from gemmar.runtime.compiled_launch import PreparedLaunch

@@ -108,7 +108,7 @@ class RunConfig:
     # without a tile; the tiles before the last wave run whole: whole_tiles). With more slices than programs, the
     # last wave's K steps are shared equally among all programs, across tiles (stream-K): k_shares.
     split_k: int = 1
-    # Few rows at world size 1 (two_shot, one_shot; kernels/gemv.py): all of M in one row of tiles (BLK_M >= m), one
+    # Few rows at world size 1 (two_shot, one_shot; two_shot.one_rank_gemv): all of M in one row of tiles (BLK_M >= m), one
     # program per column tile and K slice (split_k slices each), not persistent: num_sms becomes that count.
     gemv: bool = False
     # The dtype of C, and (two_shot) of the partial tiles that travel between ranks. None: the algorithm's

@@ -99,7 +99,7 @@ def tile_source_line(args, backend, config):
     split = ""
     if config.gemv:
         how = "--split_k" if args.split_k is not None else "tuning.gemv_split"
-        split = (f"; the few-rows kernel (kernels/gemv.py{', --gemv' if getattr(args, 'gemv', None) else ''}): "
+        split = (f"; the few-rows kernel (two_shot.one_rank_gemv{', --gemv' if getattr(args, 'gemv', None) else ''}): "
                  f"{config.num_sms} programs, one per column tile and K slice ({config.split_k} a tile: {how})")
     elif config.split_k > 1:
         cut, sharing = config.cut_tiles, config.k_sharing

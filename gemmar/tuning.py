@@ -29,7 +29,7 @@ SPLIT_FILL_EVERY_PROGRAM = False   # True: ceil(SMs / last wave) slices, so the 
 SPLIT_MIN_STEPS = 4
 SPLIT_K_PER_ROW = 6
 SPLIT_MAX_WHOLE_WAVES = 2
-# The few-rows kernel (kernels/gemv.py, RunConfig.gemv): two_shot and one_shot at world size 1 on Hopper, with a GPU
+# The few-rows kernel (two_shot.one_rank_gemv, RunConfig.gemv): two_shot and one_shot at world size 1 on Hopper, with a GPU
 # per rank, up to GEMV_ROWS rows and no tuning cache entry for the shape. Its tile by rows (gemv_tile) and its K
 # slices (gemv_split): as many slices (a power of two) as keep every program resident at once - one a SM by dot
 # (its 3-4 stages of a 64-wide tile fill an SM's shared memory), GEMV_ROW_PROGRAMS_PER_SM at one row (multiply-add,
@@ -38,7 +38,7 @@ GEMV_ROWS = 64
 GEMV_ROW_PROGRAMS_PER_SM = 3
 GEMV_MIN_STEPS = 4
 GEMV_SOURCE = ("the few-rows kernel's rule (tuning.gemv_tile: one program per column tile and K slice, "
-               "kernels/gemv.py)")
+               "two_shot.one_rank_gemv)")
 TUNED_KNOBS = ("BLK_M", "BLK_N", "BLK_K", "num_warps", "num_stages", "gsize_m", "num_sms", "comm_sms", "split_k",
                "gemv")
 

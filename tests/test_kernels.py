@@ -209,7 +209,7 @@ def test_split_k_at_one_rank(clusters, algorithm, dtype, shape, block, split_k, 
     ((40, 24, 64), (64, 16, 16), 4),    # 40 rows in a 64-row tile, one step a slice
 ])
 def test_gemv_at_one_rank(clusters, algorithm, dtype, shape, block, split_k):
-    # The few-rows kernel (kernels/gemv.py): one program per column tile and K slice; right for every dtype and
+    # The few-rows kernel (two_shot.one_rank_gemv): one program per column tile and K slice; right for every dtype and
     # edge, the counts back at 0 after every launch (3 back to back), every tile written once a launch (the trace),
     # each program one GEMM event, and the same bits every run (the slices summed in slice order).
     m, n, k = shape

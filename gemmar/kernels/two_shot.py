@@ -90,6 +90,7 @@ from ..errors import UsageError
 from .events import event, finish_trace, stamp
 from .puzzle_parts import sum_partials   # (a puzzle's answer: see puzzle_parts.py)
 from .gemm import GEMM, GEMM_PHASE, gemm_tile_steps, tile_coords, tile_offsets, tile_rows_offsets, traced_gemm_tile
+from .gemv import row_gemv_steps
 from .mistakes import skip_the_wait
 from .owner_reduce import (BROADCAST, COMM_WARPS, REDUCE, REDUCE_ROWS, REDUCTION_PHASES, TAKE, WAIT_FLAGS,
                            count_in_at_peers, help_reduce, owned_count_on_host, owned_tiles, reduce_events,
@@ -281,6 +282,63 @@ def one_rank_split_gemm(
 
 
 @triton.jit
+def one_rank_gemv(
+        # this rank's A and B (all of K); the output, the partials (for their dtype); the shares' fp32 products
+        # and a count per column block
+        A, B, C, partials, slices, slices_in,
+        # the GEMM's shape and strides, and into how many shares each column block's K is cut
+        M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn, split_k,
+        # this kernel's region of the trace buffer
+        trace, trace_counts,
+        # the block (BLOCK_M rows: all of M), how a share's product is computed
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_PRECISION: tl.constexpr,
+        TRACE_CAPACITY: tl.constexpr, EVEN_K: tl.constexpr, BY_DOT: tl.constexpr):
+    """Program ``pid``: column block ``pid // split_k``, K share ``pid % split_k`` (a block's shares are
+    neighbours in launch order, so they run at the same time and the last one's sum waits for nobody)."""
+    pid = tl.program_id(0)
+    pid_n = pid // split_k
+    share = pid % split_k
+    steps = tl.cdiv(K, BLOCK_K)
+    first_step = share * steps // split_k
+    end_step = (share + 1) * steps // split_k
+    n_events = tl.zeros((), tl.int32)
+    t = stamp(TRACE_CAPACITY)
+    if BY_DOT:
+        acc = gemm_tile_steps(A, B, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, 0, pid_n, first_step,
+                              end_step, BLOCK_M, BLOCK_N, BLOCK_K, DOT_PRECISION, EVEN_K, False)
+    else:
+        tl.static_assert(BLOCK_M == 1, "the multiply-add path computes one row (M = 1)")
+        acc = row_gemv_steps(A, B, N, K, stride_ak, stride_bk, stride_bn, pid_n, first_step, end_step, BLOCK_N,
+                             BLOCK_K, EVEN_K)
+    n_events, t = event(trace, n_events, t, GEMM, pid_n, 0, pid_n, share, -1, TRACE_CAPACITY)
+    if split_k == 1:
+        n_events, t = write_alone_tile(acc, C, partials, M, N, stride_cm, stride_cn, trace, n_events, t, pid_n, 0, pid_n,
+                                       BLOCK_M, BLOCK_N, TRACE_CAPACITY)
+    else:
+        tl.store(slot_pointers(slices, pid, BLOCK_M, BLOCK_N), acc)
+        # Every thread's store before the count (the block barrier); the count releases them to the program that
+        # counts in last, which acquires them with its own add.
+        tl.debug_barrier()
+        arrived = tl.atomic_add(slices_in + pid_n, 1, sem="acq_rel", scope="gpu")
+        n_events, t = event(trace, n_events, t, PUBLISH, pid_n, 0, pid_n, share, 0, TRACE_CAPACITY)
+        if arrived == split_k - 1:
+            n_events, t = event(trace, n_events, t, TAKE, pid_n, 0, pid_n, share, -1, TRACE_CAPACITY)
+            total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            for part in range(0, split_k):
+                # .cg: from L2, where the other programs' stores are, never a stale line of this SM's L1
+                total += tl.load(slot_pointers(slices, pid_n * split_k + part, BLOCK_M, BLOCK_N),
+                                 cache_modifier=".cg")
+            offsets, mask = tile_offsets(0, pid_n, M, N, stride_cm, stride_cn, BLOCK_M, BLOCK_N)
+            # (rounded as write_alone_tile rounds a whole tile: one C, one rounding)
+            tl.store(C + offsets, rounded_as_one_partial(total, partials).to(C.dtype.element_ty), mask=mask)
+            tl.store(slices_in + pid_n, 0)
+            # (summed and written at once: the reduce event covers both, the broadcast is its end)
+            n_events, t = event(trace, n_events, t, REDUCE, pid_n, 0, pid_n, share, -1, TRACE_CAPACITY)
+            n_events, t = event(trace, n_events, t, BROADCAST, pid_n, 0, pid_n, share, -1, TRACE_CAPACITY)
+    finish_trace(trace_counts, n_events, TRACE_CAPACITY)
+
+
+@triton.jit
 def rounded_as_one_partial(total, partials):
     """An fp32 tile rounded through the partials' dtype, then 0 + it (a -0.0 becomes +0.0, as a sum from zero
     does): the bits a communication program's sum of this one partial gives."""
@@ -359,8 +417,6 @@ def launches(ctx, gemm_kernel=two_shot_gemm, reduce_kernel=two_shot_reduce):
         raise UsageError(f"{knob} runs the package's own sum and wait only: a part of your own or a teaching mistake "
                          f"needs split_k=1 and gemv=False")
     if cfg.gemv:
-        from .gemv import one_rank_gemv   # (gemv.py builds on this module's write_alone_tile)
-
         # One row (M = 1): a multiply-add, no tensor core (BLOCK_M 1); more rows: a 16-row-or-more dot.
         rows = 1 if cfg.m == 1 else cfg.BLK_M
         return [Launch(one_rank_gemv, (cfg.num_sms,), ctx.tuning(

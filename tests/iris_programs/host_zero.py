@@ -2,11 +2,17 @@
 and raises rank 1's ``flags[0]``; rank 1 zero-fills both on the host (``shmem.zeros``, ``zero_``). With
 ``--barrier`` the ranks meet between the fills and the kernel's launch; without it nothing orders the two (on a
 GPU the kernel's flag may be zeroed after it was raised, and the receiver waits for ever), whichever ran first here.
+
+The ranks meet at the end on the host (``dist.barrier``), not with a second ``shmem.barrier``: the heap barrier's
+counter only grows, so a rank still leaving the first heap barrier could read the second one's arrival and be
+ordered after everything its peer did before it, the kernel included - an order this run would then really have
+had, and the race would go unseen (it did, once in a few runs, under load).
 """
 
 import argparse
 
 import torch
+import torch.distributed as dist
 import triton
 import triton.language as tl
 
@@ -25,6 +31,8 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--barrier", action="store_true")
     args = parser.parse_args()
+    if not dist.is_initialized():
+        dist.init_process_group(backend="gloo")
     shmem = iris.iris(1 << 20)
     rank = shmem.get_rank()
     target = shmem.empty(64, dtype=torch.float32)
@@ -36,7 +44,7 @@ def main():
         shmem.barrier()
     if rank == 0:
         send_kernel[(1,)](target, flags, 64, 0, 1, shmem.get_heap_bases(), BLOCK=64)
-    shmem.barrier()
+    dist.barrier()   # (rank 1's heap lives until rank 0's kernel has written it)
 
 
 if __name__ == "__main__":
