@@ -62,6 +62,12 @@ def tuned_defaults(backend, algorithm, capability=(0, 0), multiprocessors=0, sha
     name (``gpu``) and the ``datatype`` too, the tile is :func:`tile_choice`'s (the tuning cache, then the fitted
     rule)."""
     given = {k: v for k, v in (given or {}).items() if v is not None}
+    if given.get("gemv"):
+        for knob in ("num_sms", "comm_sms"):
+            if knob in given:
+                raise UsageError(f"{knob}={given[knob]} is not allowed with gemv=True: the few-rows kernel runs one "
+                                 f"program per column tile and K slice (set BLK_N and split_k), and no communication "
+                                 f"programs")
     if backend == "cpu":
         defaults = RunConfig()
         return {knob: given.get(knob, getattr(defaults, knob)) for knob in TUNED_KNOBS}
@@ -75,12 +81,6 @@ def tuned_defaults(backend, algorithm, capability=(0, 0), multiprocessors=0, sha
         # measured faster (docs/decisions.md, few-rows tiles). Not for ranks sharing a GPU: unmeasured, and there
         # every rank's programs must fit on it at once.
         tile = few_rows_tile(spec, family, tile, shape[0], shape[1], multiprocessors or 108)
-    if given.get("gemv"):
-        for knob in ("num_sms", "comm_sms"):
-            if knob in given:
-                raise UsageError(f"{knob}={given[knob]} is not allowed with gemv=True: the few-rows kernel runs one "
-                                 f"program per column tile and K slice (set BLK_N and split_k), and no communication "
-                                 f"programs")
     # The few-rows kernel where the rule or the cache picks it, unless the user said --no-gemv, or set what it does
     # not take (the programs), or a tile too short for all of M.
     may_gemv = given.get("gemv", True) and not {"num_sms", "comm_sms"} & set(given) and \
