@@ -113,7 +113,7 @@ def run(args):
     from gemmar.config import waves
     from gemmar.runtime.backends import gpu_properties
     from gemmar.tuner import config_for, inputs, one_gpu_rank, tile_knobs, time_config, time_matmul
-    from gemmar.tuning import GEMV_SOURCE, gemv_split, gemv_tile, tuned_defaults
+    from gemmar.tuning import GEMV_SOURCE, gemv_tile, tuned_defaults
     from gemmar.tuning_cache import TILE_KNOBS, candidates, choose, rule_tile
 
     gpu, capability, sms = gpu_properties("cuda")
@@ -168,8 +168,7 @@ def run(args):
             elif few_rows:
                 tile, source = few_rows, GEMV_SOURCE
             if few_rows:
-                knobs = dict(tile_knobs(tile, sms), gemv=True,
-                             split_k=1 if args.no_split else gemv_split((m, n, k, 1), tile[1], tile[2], sms))
+                knobs = tile_knobs(tile, sms, (m, n, k), algorithm, split_k=1 if args.no_split else None, gemv=True)
             row["auto"] = dict(time_config(heap, config_for(m, n, k, args.datatype, algorithm, knobs), A, B, ref,
                                            mm["gpu_ms"]),
                                algorithm=algorithm, tile=list(tile), split_k=knobs["split_k"], source=source,

@@ -109,15 +109,16 @@ def time_config(heap, config, A, B, ref, est_ms):
         return dict(ok=False, error=f"{type(e).__name__}: {first}")
 
 
-def tile_knobs(tile, sms, shape=None, algorithm="two_shot", split_k=None):
+def tile_knobs(tile, sms, shape=None, algorithm="two_shot", split_k=None, gemv=False):
     """A tile tuple (TILE_KNOBS order) as RunConfig knobs at world size 1: one program per SM; with the ``shape``
-    (M, N, K), the K slices the package would take with that tile (``tuning.split_k_rule``) unless ``split_k``
-    says how many."""
-    from .tuning import split_k_rule
+    (M, N, K), the K slices the package would take with that tile (``tuning.split_k_rule``; with ``gemv``, the
+    few-rows kernel's, ``tuning.gemv_split``) unless ``split_k`` says how many."""
+    from .tuning import gemv_split, split_k_rule
 
     if split_k is None:
-        split_k = 1 if shape is None else split_k_rule(algorithm, (*shape, 1), tuple(tile[:3]), sms)
-    return dict(zip(TILE_KNOBS, tile), num_sms=sms, comm_sms=sms, split_k=split_k)
+        split_k = 1 if shape is None else gemv_split((*shape, 1), tile[1], tile[2], sms) if gemv else \
+            split_k_rule(algorithm, (*shape, 1), tuple(tile[:3]), sms)
+    return dict(zip(TILE_KNOBS, tile), num_sms=sms, comm_sms=sms, split_k=split_k, gemv=gemv)
 
 
 def tune_shape(heap, shape, datatype, gpu, sms, algorithm="two_shot", tiles=None, seed=0, on_tile=None, first=None,
@@ -126,14 +127,12 @@ def tune_shape(heap, shape, datatype, gpu, sms, algorithm="two_shot", tiles=None
     ``shape`` (M, N, K_r); return (cache entry or None when none was right, [per-tile figures], torch.matmul's
     figures). ``gemv``: a tile to time first with the few-rows kernel (RunConfig.gemv; ``tuning.gemv_tile``'s),
     a candidate of its own beside the tile GEMM's. ``on_tile(count)``: called after each tile."""
-    from .tuning import gemv_split
-
     m, n, k = shape
     A, B, ref = inputs(m, n, k, datatype, seed)
     matmul = time_matmul(A, B)
     tried = []
     if gemv is not None:
-        knobs = dict(tile_knobs(gemv, sms), gemv=True, split_k=gemv_split((*shape, 1), gemv[1], gemv[2], sms))
+        knobs = tile_knobs(gemv, sms, shape, algorithm, gemv=True)
         figures = time_config(heap, config_for(m, n, k, datatype, algorithm, knobs), A, B, ref, matmul["gpu_ms"])
         tried.append(dict(tile=list(gemv), gemv=True, **figures))
         if on_tile:

@@ -258,19 +258,9 @@ def one_rank_split_gemm(
             n_events, t = event(trace, n_events, t, TAKE, tile_id, pid_m, pid_n, pid - first_part, -1,
                                 TRACE_CAPACITY)
             # SUM_ROWS rows at a time, one part's rows in registers at a time: the whole tile's sum beside a
-            # whole slot spilled registers at 128 x 128 and up (docs/decisions.md, split-K). Each element is
-            # summed in program order.
-            for first in range(0, BLOCK_M, SUM_ROWS):
-                total = tl.zeros((SUM_ROWS, BLOCK_N), dtype=tl.float32)
-                for part in range(first_part, last_part + 1):
-                    # .cg: from L2, where the other programs' stores are, never a stale line of this SM's L1
-                    total += tl.load(slot_rows(slices, cut + part, first, SUM_ROWS, BLOCK_M, BLOCK_N),
-                                     cache_modifier=".cg")
-                offsets, mask = tile_rows_offsets(pid_m, pid_n, first, M, N, stride_cm, stride_cn, SUM_ROWS,
-                                                  BLOCK_M, BLOCK_N)
-                # (rounded as write_alone_tile rounds a whole tile: one C, one rounding)
-                total = rounded_as_one_partial(total, partials)
-                tl.store(C + offsets, total.to(C.dtype.element_ty), mask=mask)
+            # whole slot spilled registers at 128 x 128 and up (docs/decisions.md, split-K).
+            sum_slots_into_c(C, partials, slices, cut + first_part, last_part - first_part + 1, pid_m, pid_n, M, N,
+                             stride_cm, stride_cn, SUM_ROWS, BLOCK_M, BLOCK_N)
             tl.store(slices_in + cut, 0)
             # (summed and written a chunk at a time: the reduce event covers both, the broadcast is its end)
             n_events, t = event(trace, n_events, t, REDUCE, tile_id, pid_m, pid_n, pid - first_part, -1,
@@ -323,19 +313,33 @@ def one_rank_gemv(
         n_events, t = event(trace, n_events, t, PUBLISH, pid_n, 0, pid_n, share, 0, TRACE_CAPACITY)
         if arrived == split_k - 1:
             n_events, t = event(trace, n_events, t, TAKE, pid_n, 0, pid_n, share, -1, TRACE_CAPACITY)
-            total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            for part in range(0, split_k):
-                # .cg: from L2, where the other programs' stores are, never a stale line of this SM's L1
-                total += tl.load(slot_pointers(slices, pid_n * split_k + part, BLOCK_M, BLOCK_N),
-                                 cache_modifier=".cg")
-            offsets, mask = tile_offsets(0, pid_n, M, N, stride_cm, stride_cn, BLOCK_M, BLOCK_N)
-            # (rounded as write_alone_tile rounds a whole tile: one C, one rounding)
-            tl.store(C + offsets, rounded_as_one_partial(total, partials).to(C.dtype.element_ty), mask=mask)
+            sum_slots_into_c(C, partials, slices, pid_n * split_k, split_k, 0, pid_n, M, N, stride_cm, stride_cn,
+                             BLOCK_M, BLOCK_M, BLOCK_N)
             tl.store(slices_in + pid_n, 0)
             # (summed and written at once: the reduce event covers both, the broadcast is its end)
             n_events, t = event(trace, n_events, t, REDUCE, pid_n, 0, pid_n, share, -1, TRACE_CAPACITY)
             n_events, t = event(trace, n_events, t, BROADCAST, pid_n, 0, pid_n, share, -1, TRACE_CAPACITY)
     finish_trace(trace_counts, n_events, TRACE_CAPACITY)
+
+
+@triton.jit
+def sum_slots_into_c(
+        # the output, the partials (for their dtype), the slots; the tile's ``parts`` slots from ``first_slot`` on
+        C, partials, slices, first_slot, parts,
+        # the tile, and C's shape and strides
+        pid_m, pid_n, M, N, stride_cm, stride_cn,
+        SUM_ROWS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """What the program that counts a cut tile in last does (split-K and the few-rows kernel): the tile's slots
+    summed in slot order (the same bits whoever is last), ``SUM_ROWS`` rows at a time, and written into C, rounded
+    as :func:`write_alone_tile` rounds a whole tile (one C, one rounding)."""
+    for first in range(0, BLOCK_M, SUM_ROWS):
+        total = tl.zeros((SUM_ROWS, BLOCK_N), dtype=tl.float32)
+        for part in range(0, parts):
+            # .cg: from L2, where the other programs' stores are, never a stale line of this SM's L1
+            total += tl.load(slot_rows(slices, first_slot + part, first, SUM_ROWS, BLOCK_M, BLOCK_N),
+                             cache_modifier=".cg")
+        offsets, mask = tile_rows_offsets(pid_m, pid_n, first, M, N, stride_cm, stride_cn, SUM_ROWS, BLOCK_M, BLOCK_N)
+        tl.store(C + offsets, rounded_as_one_partial(total, partials).to(C.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -385,12 +389,18 @@ class TwoShotBuffers:
     slices_in: object = None  # the same: per cut tile (split-K: the last wave's), the shares counted in so far
 
 
+def gemv_rows(config):
+    """The few-rows kernel's rows a block (and a slot): one row (M = 1) by multiply-add, no tensor core; more, BLK_M by
+    a 16-row-or-more dot."""
+    return 1 if config.m == 1 else config.BLK_M
+
+
 def buffers(alloc, config, world_size):
     tiles = config.tile_count
     # (a slot per cut tile and program sharing its K: cut + sharing in all; the few-rows kernel: a slot per program,
     # of one row at M = 1, and a count per column tile, at any number of slices)
     if config.gemv:
-        split = dict(slices=alloc((config.num_sms, (1 if config.m == 1 else config.BLK_M) * config.BLK_N), torch.float32),
+        split = dict(slices=alloc((config.num_sms, gemv_rows(config) * config.BLK_N), torch.float32),
                      slices_in=alloc(tiles, torch.int32))
     elif config.split_k > 1:
         split = dict(slices=alloc((config.cut_tiles + config.k_sharing, config.BLK_M * config.BLK_N), torch.float32),
@@ -417,8 +427,7 @@ def launches(ctx, gemm_kernel=two_shot_gemm, reduce_kernel=two_shot_reduce):
         raise UsageError(f"{knob} runs the package's own sum and wait only: a part of your own or a teaching mistake "
                          f"needs split_k=1 and gemv=False")
     if cfg.gemv:
-        # One row (M = 1): a multiply-add, no tensor core (BLOCK_M 1); more rows: a 16-row-or-more dot.
-        rows = 1 if cfg.m == 1 else cfg.BLK_M
+        rows = gemv_rows(cfg)
         return [Launch(one_rank_gemv, (cfg.num_sms,), ctx.tuning(
             A=ctx.A, B=ctx.B, C=buf.C, partials=buf.partials, slices=buf.slices, slices_in=buf.slices_in, M=cfg.m,
             N=cfg.n, K=ctx.K, **ctx.strides, stride_cm=cfg.n, stride_cn=1, split_k=cfg.split_k, trace=ctx.trace,
