@@ -41,6 +41,7 @@ def main():
     parser.add_argument("--pool", action="store_true", help="torch.matmul on every stream of torch's pool")
     parser.add_argument("--streams", action="store_true", help="matmul and the launch on three kinds of stream")
     parser.add_argument("--more", action="store_true", help="also shapes above 64 rows (the tile GEMM)")
+    parser.add_argument("--taint", action="store_true", help="which first work on a fresh stream makes it slow")
     args = parser.parse_args()
     import torch
     import triton
@@ -55,6 +56,8 @@ def main():
     gpu, capability, sms = gpu_properties("cuda")
     if args.streams:
         return streams(args)
+    if args.taint:
+        return taint(args)
     if args.pool:
         return pool(args)
     shared_split = launch.share_sms
@@ -246,6 +249,74 @@ def streams(args):
                 del A, B, ref, C
     with open(args.out, "w") as f:
         json.dump(dict(gpu=gpu, results=results), f)
+
+
+def taint(args):
+    """torch.matmul at 1 x 8192 x 2048 on fresh streams of the driver's making, each given a different first work
+    (a kernel's first launch in the process, a loaded kernel, an event, a wait, a module loaded before its launch):
+    which first work leaves a stream a launch slower? Each variant's kernels are new Triton functions (their own
+    first launch), so the variants do not share one."""
+    import torch
+    import triton
+    import triton.language as tl
+
+    from gemmar.tuner import inputs, one_gpu_rank, time_call
+
+    def new_kernel(value):
+        @triton.jit
+        def store(x, v: tl.constexpr):
+            tl.store(x, v)
+        return lambda: store[(1,)](word, value), store
+
+    word = torch.zeros(1, dtype=torch.int32, device="cuda")
+    A, B, _ = inputs(1, 8192, 2048, "bf16")
+    C = A @ B
+    loaded, _ = new_kernel(0)
+    loaded()
+    torch.cuda.synchronize()
+    named = []
+
+    def fresh(name, *works):
+        stream = driver_stream()
+        with torch.cuda.stream(stream):
+            for work in works:
+                work(stream)
+        torch.cuda.synchronize()
+        named.append((name, stream))
+
+    first = lambda i: (lambda stream: new_kernel(i)[0]())
+    other = driver_stream()
+    fresh("first_launch_first", first(1))
+    fresh("loaded_then_first_launch", lambda s: loaded(), first(2))
+    fresh("event_then_first_launch", lambda s: torch.cuda.Event().record(s), first(3))
+    fresh("wait_other_then_first_launch", lambda s: s.wait_stream(other), first(4))
+    fresh("wait_default_then_first_launch", lambda s: s.wait_stream(torch.cuda.default_stream()), first(5))
+    fresh("matmul_then_first_launch", lambda s: torch.matmul(A, B, out=C), first(6))
+    fresh("loaded_only", lambda s: loaded())
+
+    def preloaded(s):   # compiled and its module loaded on the host first, then launched first on this stream
+        go, kernel = new_kernel(7)
+        with torch.cuda.stream(torch.cuda.default_stream()):
+            go()
+        torch.cuda.synchronize()
+        go()
+    fresh("launched_elsewhere_first_then_here", preloaded)
+    fresh("first_launch_first_again", first(8))
+    # the default stream after a first launch on it
+    new_kernel(9)[0]()
+    torch.cuda.synchronize()
+    named.append(("default_after_first_launch", torch.cuda.default_stream()))
+    named.append(("other_untouched_until_now", other))
+    with one_gpu_rank(1 << 30) as heap:
+        named.append(("heap", heap.stream))
+        named.append(("heap_side", heap.side_stream))
+        for round_ in range(2):
+            for name, stream in named:
+                def matmul(stream=stream):
+                    with torch.cuda.stream(stream):
+                        torch.matmul(A, B, out=C)
+                print(f"round {round_} {name:>36} {time_call(matmul, 0.01, [stream])['gpu_ms'] * 1e3:.2f} us",
+                      flush=True)
 
 
 if __name__ == "__main__":

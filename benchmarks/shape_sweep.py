@@ -114,7 +114,7 @@ def run(args):
     from gemmar.runtime.backends import gpu_properties
     from gemmar.tuner import config_for, inputs, one_gpu_rank, tile_knobs, time_config, time_matmul
     from gemmar.tuning import GEMV_SOURCE, gemv_tile, tuned_defaults
-    from gemmar.tuning_cache import TILE_KNOBS, candidates, choose, rule_tile
+    from gemmar.tuning_cache import TILE_KNOBS, candidates, choose, rule_from_json, rule_tile
 
     gpu, capability, sms = gpu_properties("cuda")
     family = "hopper" if tuple(capability) >= (9, 0) else "default"
@@ -128,9 +128,11 @@ def run(args):
         shapes = [s for s in shapes if shape_name(s) in args.only.split(",")]
     if args.max_m:
         shapes = [s for s in shapes if s["m"] <= args.max_m]
+    if args.min_m:
+        shapes = [s for s in shapes if s["m"] >= args.min_m]
     shapes = shapes[args.start:]
     lomo = json.load(open(args.lomo)) if args.lomo else None
-    rule = {int(b): tuple(t) for b, t in json.load(open(args.rule)).items()} if args.rule else None
+    rule = rule_from_json(json.load(open(args.rule))) if args.rule else None
     cache = args.cache or os.path.join(os.path.dirname(os.path.abspath(args.out)), "no-tuning-cache.json")
     report = dict(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), gpu=gpu, sms=sms,
                   torch=torch.__version__, triton=triton.__version__, datatype=args.datatype,
@@ -150,7 +152,7 @@ def run(args):
                 knobs = tuned_defaults("cuda", algorithm, capability, sms, shape=(m, n, k, 1), given={})
                 row["kernels"][algorithm] = dict(time_config(heap, config_for(m, n, k, args.datatype, algorithm, knobs),
                                                              A, B, ref, mm["gpu_ms"]), tile=_tile_of(knobs))
-            choice = choose(gpu, args.datatype, 1, (m, n, k), path=cache, rule=rule)
+            choice = choose(gpu, args.datatype, 1, (m, n, k), path=cache, rule=rule, sms=sms)
             if choice is not None:
                 algorithm, tile, source = choice.algorithm, tuple(choice.tile[key] for key in TILE_KNOBS), choice.source
                 if rule and not choice.cached:
@@ -193,7 +195,7 @@ def run(args):
                                                       A, B, ref, mm["gpu_ms"]), split_k=split)
                                      for split in splits]
             if lomo:
-                held = tuple(rule_tile(m, {int(b): t for b, t in lomo[s["model"]].items()}))
+                held = rule_tile((m, n, k), rule_from_json(lomo[s["model"]]), sms)
                 row["lomo"] = dict(time_config(heap, config_for(m, n, k, args.datatype, "two_shot",
                                                                 tile_knobs(held, sms, (m, n, k))), A, B, ref,
                                                mm["gpu_ms"]),
@@ -320,7 +322,7 @@ def analyse(paths, rules_out, how="wall"):
     """Figures against the targets, the heat maps, and (from --grid runs) the rule fitted on every model and the
     leave-one-model-out rules evaluated on the grid's own measurements."""
     from gemmar.tuning_cache import rule_tile
-    from lab.models.tile_rule import fit_rule   # (the repository root is on sys.path: above)
+    from lab.models.tile_rule import fit_rule, fit_wave_model, wave_rule   # (the repository root is on sys.path: above)
 
     reports = [json.load(open(p)) for p in paths]
     rows = [row for rep in reports for row in rep["results"]]
@@ -396,19 +398,39 @@ def analyse(paths, rules_out, how="wall"):
             print(f"  {shape_name(row):>16}  {cells}")
     if all("grid" in row for row in rows):
         picks["best of grid (per-shape tuning)"] = lambda row: min(grid_ratios(row, how).values(), default=None)
-        data = [(row["m"], grid_ratios(row, how)) for row in rows]
-        rule = fit_rule(data)
-        picks["rule fitted on all models (from the grid)"] = lambda row: grid_ratios(row, how).get(rule_tile(row["m"], rule))
+        sms = head.get("sms", 132)
+
+        def shape(row):
+            return row["m"], row["n"], row["k"]
+
+        def fit(kept):
+            """The rule fitted on ``kept`` rows: a tile a bucket up to 64 rows (on ``how``'s ratios), above them the
+            wave model (fitted on GPU time, its physics: tuning_cache.predicted_us)."""
+            buckets = fit_rule([(row["m"], grid_ratios(row, how)) for row in kept])
+            model = fit_wave_model([(shape(row), {tuple(g["tile"]): g["gpu_ms"] * 1e3 for g in row["grid"]
+                                                  if g.get("ok")}) for row in kept if row["m"] > 64], sms)
+            return buckets, wave_rule(buckets, model)
+
+        buckets, rule = fit(rows)
+        picks["rule fitted on all models (from the grid)"] = \
+            lambda row: grid_ratios(row, how).get(rule_tile(shape(row), buckets, sms))
+        picks["wave rule fitted on all models (from the grid)"] = \
+            lambda row: grid_ratios(row, how).get(rule_tile(shape(row), rule, sms))
         models = sorted({row["model"] for row in rows})
-        lomo = {model: fit_rule([(row["m"], grid_ratios(row, how)) for row in rows if row["model"] != model])
-                for model in models}
+        lomo = {model: fit([row for row in rows if row["model"] != model]) for model in models}
         picks["leave-one-model-out rule (from the grid)"] = \
-            lambda row: grid_ratios(row, how).get(rule_tile(row["m"], lomo[row["model"]]))
-        if rule_tile(1) is not None:   # (gemmar's RULE as shipped, where it is not the fit above)
-            picks["gemmar's RULE (from the grid)"] = lambda row: grid_ratios(row, how).get(rule_tile(row["m"]))
-        print(f"rule fitted on all models: {rule}")
-        summary["rule_all"] = {str(b): list(t) for b, t in rule.items()}
-        summary["rules_lomo"] = {mdl: {str(b): list(t) for b, t in r.items()} for mdl, r in lomo.items()}
+            lambda row: grid_ratios(row, how).get(rule_tile(shape(row), lomo[row["model"]][0], sms))
+        picks["leave-one-model-out wave rule (from the grid)"] = \
+            lambda row: grid_ratios(row, how).get(rule_tile(shape(row), lomo[row["model"]][1], sms))
+        if rule_tile((1, 1, 1)) is not None:   # (gemmar's RULE as shipped, where it is not the fit above)
+            picks["gemmar's RULE (from the grid)"] = lambda row: grid_ratios(row, how).get(rule_tile(shape(row), sms=sms))
+        print(f"rule fitted on all models: {buckets}")
+
+        def as_json(r):
+            return {str(b): [[list(t), list(c)] for t, c in e] if isinstance(e[0], tuple) else list(e)
+                    for b, e in r.items()}
+        summary["rule_all"] = as_json(rule)
+        summary["rules_lomo"] = {mdl: as_json(r[1]) for mdl, r in lomo.items()}
         if rules_out:
             with open(rules_out, "w") as f:
                 json.dump(summary["rules_lomo"], f, indent=1)
@@ -505,7 +527,7 @@ def main():
     parser.add_argument("--datatype", default="bf16", choices=("bf16", "fp16"))
     parser.add_argument("--grid", action="store_true", help="also time every candidate tile (what the rule is fitted on)")
     parser.add_argument("--cache", help="auto reads this tuning cache (default: none, so the rule answers)")
-    parser.add_argument("--rule", help="auto takes this fitted rule ({most rows: tile}, from --analyse --rules_out: its -all.json) "
+    parser.add_argument("--rule", help="auto takes this fitted rule ({most rows: tile or wave model}, from --analyse --rules_out: its -all.json) "
                                        "where the cache has no entry, instead of gemmar's RULE")
     parser.add_argument("--lomo", help="leave-one-model-out rules ({model: rule}, from --analyse --rules_out): time "
                                        "each shape with the rule fitted without its model")
@@ -526,6 +548,7 @@ def main():
     parser.add_argument("--shard", help="I/N: only every N-th shape from the I-th (to split the sweep over calls)")
     parser.add_argument("--only", help="MxNxK,...: only these shapes of SHAPES")
     parser.add_argument("--max_m", type=int, help="only the shapes with at most this many rows")
+    parser.add_argument("--min_m", type=int, help="only the shapes with at least this many rows")
     parser.add_argument("--start", type=int, default=0, help="skip this many shapes (to go on after --max_seconds)")
     parser.add_argument("--max_seconds", type=float, default=540, help="stop (and write what was measured) after this")
     parser.add_argument("--analyse", nargs="+", metavar="JSON", help="no GPU: figures, fitted rules and heat maps of runs")

@@ -137,7 +137,7 @@ def tune_shape(heap, shape, datatype, gpu, sms, algorithm="two_shot", tiles=None
         tried.append(dict(tile=list(gemv), gemv=True, **figures))
         if on_tile:
             on_tile(len(tried))
-    ahead = [tuple(t) for t in (first, rule_tile(m)) if t is not None]
+    ahead = [tuple(t) for t in (first, rule_tile(shape, sms=sms)) if t is not None]
     for tile in dict.fromkeys(ahead + [tuple(t) for t in (tiles or candidates(m))]):
         figures = time_config(heap, config_for(m, n, k, datatype, algorithm, tile_knobs(tile, sms, shape, algorithm)),
                               A, B, ref, matmul["gpu_ms"])

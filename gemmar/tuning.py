@@ -85,7 +85,8 @@ def tuned_defaults(backend, algorithm, capability=(0, 0), multiprocessors=0, sha
     # not take (the programs), or a tile too short for all of M.
     may_gemv = given.get("gemv", True) and not {"num_sms", "comm_sms"} & set(given) and \
         (shape is None or given.get("BLK_M", shape[0]) >= shape[0])
-    chosen, _, gemv = tile_choice(algorithm, family, shape, gpu, datatype, shared, gemv=may_gemv)
+    chosen, _, gemv = tile_choice(algorithm, family, shape, gpu, datatype, shared, gemv=may_gemv,
+                                  sms=multiprocessors or None)
     tile = chosen or tile
     gemv = given.get("gemv", gemv)   # (--gemv over the choice)
     knobs = {**dict(zip(TUNED_KNOBS[:6], tile)), **given, "gemv": gemv}
@@ -118,20 +119,20 @@ def tuned_defaults(backend, algorithm, capability=(0, 0), multiprocessors=0, sha
     return knobs
 
 
-def tile_choice(algorithm, family, shape, gpu, datatype, shared=False, gemv=True):
+def tile_choice(algorithm, family, shape, gpu, datatype, shared=False, gemv=True, sms=None):
     """(tile, where it came from, whether it runs the few-rows kernel) for a run whose knobs are not given, or
     (None, why, False) where the algorithm's own tile stands: the tuning cache's entry for this GPU, dtype, world
     size and per-rank shape (``tuning_cache.choose``), wherever one exists; else, for two_shot and one_shot at
     world size 1 on Hopper, the few-rows kernel up to GEMV_ROWS rows (:func:`gemv_tile`), then the rule fitted
     on the shape sweep (``tuning_cache.RULE``, while it is not empty); else the algorithm's measured tiles (its
     ``gpu_tuning``, with the few-rows tiles of :func:`few_rows_tile`). ``gemv`` False: never the few-rows kernel's
-    rule (the user's --no-gemv, or knobs it does not take)."""
+    rule (the user's --no-gemv, or knobs it does not take). ``sms``: the GPU's, for the rule's wave model."""
     measured = f"the algorithm's measured tile ({algorithm}'s gpu_tuning and few-rows tiles: docs/decisions.md)"
     if shape is None or not gpu or not datatype or shared:
         return None, measured, False
     from . import tuning_cache
 
-    choice = tuning_cache.choose(gpu, datatype, shape[3], tuple(shape[:3]), algorithm)
+    choice = tuning_cache.choose(gpu, datatype, shape[3], tuple(shape[:3]), algorithm, sms=sms)
     few_rows = gemv_tile(algorithm, family, shape) if gemv else None
     if few_rows and not (choice is not None and choice.cached):
         return few_rows, GEMV_SOURCE, True

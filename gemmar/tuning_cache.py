@@ -26,20 +26,6 @@ TILE_KNOBS = ("BLK_M", "BLK_N", "BLK_K", "num_warps", "num_stages", "gsize_m")
 TILED = ("two_shot", "one_shot")
 DATATYPES = ("fp16", "bf16", "fp32")
 
-# The rule: {most rows per rank: (BLK_M, BLK_N, BLK_K, num_warps, num_stages, gsize_m)}, fitted on the shape sweep's
-# grid at world size 1 (benchmarks/shape_sweep.py --grid, then --analyse: lab/models/tile_rule.py), per bucket the
-# tile with the least geometric-mean time / torch.matmul's; at 17-64 rows the tile the algorithm already had, which
-# the fit of GPU time picks too (the fit of a user's loop, host time included, picked one slower on the GPU there).
-# Why each bucket has its tile, and what the rule leaves slow: docs/decisions.md, the tile rule and the tuning cache.
-RULE = {
-    16: (16, 64, 256, 4, 3, 8),
-    64: (64, 64, 128, 4, 4, 8),
-    128: (64, 128, 128, 4, 4, 8),
-    256: (64, 128, 128, 4, 4, 8),
-    512: (128, 128, 64, 4, 4, 8),
-    2048: (128, 256, 64, 8, 4, 8),
-    1 << 20: (128, 256, 64, 8, 3, 8),
-}
 # The tiles the tuner and the sweep time, by the rows per rank they suit (at world size 1 the GEMM reads A and B
 # through plain pointers up to tuning.FEW_ROWS rows, through tensor descriptors above).
 CANDIDATES = {
@@ -49,6 +35,35 @@ CANDIDATES = {
             (128, 128, 64, 8, 4, 8), (64, 256, 64, 8, 3, 8), (128, 64, 64, 4, 4, 8), (32, 64, 128, 4, 4, 8)],
     "large": [(128, 256, 64, 8, 3, 8), (128, 256, 64, 8, 4, 8), (128, 128, 64, 8, 4, 8), (128, 128, 64, 4, 4, 8),
               (256, 128, 64, 8, 3, 8), (64, 128, 64, 4, 4, 8), (128, 64, 64, 4, 4, 8), (64, 256, 64, 8, 3, 8)],
+}
+# The rule: {most rows per rank: what picks the tile}, fitted on the shape sweep's grid at world size 1
+# (benchmarks/shape_sweep.py --grid, then --analyse: lab/models/tile_rule.py). Up to 64 rows (where the few-rows
+# kernel runs, unless the user says --no-gemv) one tile a bucket, (BLK_M, BLK_N, BLK_K, num_warps, num_stages,
+# gsize_m): the one with the least geometric-mean time / torch.matmul's over the bucket. Above, a wave model a bucket:
+# ((tile, (fixed, per wave, per wave-step) microseconds), ...) over the bucket's candidates, and the tile whose
+# predicted time (predicted_us) is least at the shape: a persistent GEMM runs ceil(tiles / SMs) waves of K / BLK_K
+# steps, so the tile that leaves the fewest SMs idle in the last wave wins unless its steps cost more. Fitted per
+# tile on GPU time over every shape that timed it (1 x H100, 2026-12-06, 49 shapes above 64 rows). Why each bucket has
+# its tile, what the model buys and what it leaves slow: docs/decisions.md, the tile rule and the tuning cache.
+_WAVES = {   # {tile: (fixed, per wave, per wave-step) microseconds}
+    (32, 64, 128, 4, 4, 8): (3.2652, 1.0521, 0.3619),
+    (64, 64, 128, 4, 4, 8): (3.2575, 1.152, 0.355),
+    (64, 128, 64, 4, 4, 8): (4.0397, 0.4088, 0.2919),
+    (64, 128, 128, 4, 4, 8): (4.0263, 1.3373, 0.4473),
+    (64, 256, 64, 8, 3, 8): (4.448, 0.8166, 0.4861),
+    (128, 64, 64, 4, 4, 8): (4.0302, 0.323, 0.3186),
+    (128, 128, 64, 4, 4, 8): (4.4179, 0.8727, 0.3748),
+    (128, 128, 64, 8, 4, 8): (4.5753, 0.9388, 0.3888),
+    (128, 256, 64, 8, 3, 8): (4.4958, 2.0581, 0.674),
+    (128, 256, 64, 8, 4, 8): (4.8124, 2.034, 0.6672),
+    (256, 128, 64, 8, 3, 8): (4.1665, 2.1966, 0.7452),
+}
+RULE_SMS = 132   # (the SMs of the GPU the wave model was fitted on; a GPU with others counts its own waves)
+RULE = {
+    16: (16, 64, 256, 4, 3, 8),
+    64: (64, 64, 128, 4, 4, 8),
+    512: tuple((tile, _WAVES[tile]) for tile in CANDIDATES["mid"]),
+    1 << 20: tuple((tile, _WAVES[tile]) for tile in CANDIDATES["large"]),
 }
 
 
@@ -74,14 +89,46 @@ class Choice:
         return f"Choice({self.describe()})"
 
 
-def rule_tile(m, rule=None):
-    """The rule's tile for ``m`` rows per rank: the entry of the smallest bound at or above ``m``; None when the rule
-    is empty."""
+def rule_tile(shape, rule=None, sms=None):
+    """The rule's tile for ``shape`` (M, N, K per rank) on ``sms`` SMs (RULE_SMS when not given): the entry of the
+    smallest bound at or above M - a tile, or of a wave model's tiles the one predicted fastest (ties: the first
+    listed); None when the rule is empty."""
     rule = RULE if rule is None else rule
     if not rule:
         return None
     bounds = sorted(rule)
-    return tuple(rule[next((b for b in bounds if m <= b), bounds[-1])])
+    entry = rule[next((b for b in bounds if shape[0] <= b), bounds[-1])]
+    if entry and isinstance(entry[0], (tuple, list)):
+        return tuple(min(entry, key=lambda pair: predicted_us(pair[1], pair[0], shape, sms or RULE_SMS))[0])
+    return tuple(entry)
+
+
+def wave_features(tile, shape, sms):
+    """(1, waves, waves x steps) of a persistent GEMM with ``tile`` at ``shape`` on ``sms`` programs."""
+    m, n, k = shape[:3]
+    waves = -(-(-(-m // tile[0]) * -(-n // tile[1])) // sms)
+    return 1.0, float(waves), float(waves * -(-k // tile[2]))
+
+
+def predicted_us(coefficients, tile, shape, sms):
+    """A wave model's time for ``tile`` at ``shape``: fixed + waves x per wave + waves x steps x per step (us)."""
+    return sum(c * f for c, f in zip(coefficients, wave_features(tile, shape, sms)))
+
+
+def rule_from_json(obj):
+    """A rule read from a JSON file ({"bound": tile, or [[tile, coefficients], ...]}), as RULE holds one; a one-line
+    UsageError for anything else."""
+    rule = {}
+    try:
+        for bound, entry in obj.items():
+            if entry and isinstance(entry[0], list):
+                rule[int(bound)] = tuple((tuple(int(x) for x in tile), tuple(float(c) for c in coefficients))
+                                         for tile, coefficients in entry)
+            else:
+                rule[int(bound)] = tuple(int(x) for x in entry)
+    except (AttributeError, TypeError, ValueError) as e:
+        raise UsageError(f"a rule must map rows to a tile or to [[tile, coefficients], ...]: {e}") from None
+    return rule
 
 
 # -- the cache file ------------------------------------------------------------------------------------------
@@ -209,20 +256,21 @@ def make_entry(gpu, datatype, world_size, shape, algorithm, tile, gemv=False, **
                 tuned=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), **measured)
 
 
-def choose(gpu, datatype, world_size, shape, algorithm=None, path=None, rule=None):
+def choose(gpu, datatype, world_size, shape, algorithm=None, path=None, rule=None, sms=None):
     """The kernel and tile for one per-rank ``shape`` (M, N, K_r): the cache's entry for this GPU, dtype, world
     size and shape, where it has one (and, when ``algorithm`` is given, for that algorithm); else the rule's tile
-    for ``algorithm`` (two_shot when none is given); None when the rule is empty too."""
+    for ``algorithm`` (two_shot when none is given) on ``sms`` SMs; None when the rule is empty too."""
     path = path or default_cache_path()
     entry = load_cache(path).get(cache_key(gpu, datatype, world_size, tuple(shape)))
     if entry is not None and algorithm in (None, entry["algorithm"]):
         return Choice(entry["algorithm"], entry["tile"], f"the tuning cache {path}", cached=True,
                       gemv=entry.get("gemv", False))
-    tile = rule_tile(shape[0], rule)
+    tile = rule_tile(tuple(shape), rule, sms)
     if tile is None:
         return None
     return Choice(algorithm or "two_shot", dict(zip(TILE_KNOBS, tile)),
-                  "the rule (gemmar/tuning_cache.py RULE, fitted on the shape sweep)" if entry is None else
+                  "the rule (gemmar/tuning_cache.py RULE, fitted on the shape sweep; above 64 rows its wave model's fastest "
+                  "candidate)" if entry is None else
                   f"the rule (the cache {path} holds {entry['algorithm']} for this shape)")
 
 

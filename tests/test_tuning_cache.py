@@ -56,7 +56,7 @@ FITTED = {16: (16, 64, 128, 4, 4, 8), 512: (64, 128, 64, 4, 4, 8), 1 << 20: (128
 def test_a_missing_entry_falls_back_to_the_rule(cache, gpu, datatype, world_size, shape, monkeypatch):
     choice = choose(gpu, datatype, world_size, shape, rule=FITTED)
     assert not choice.cached and "rule" in choice.source
-    assert tile_of(choice.tile) == rule_tile(shape[0], FITTED) == FITTED[512]
+    assert tile_of(choice.tile) == rule_tile(shape, FITTED) == FITTED[512]
     # With an empty rule, the algorithm's measured tiles stand.
     monkeypatch.setattr("gemmar.tuning_cache.RULE", {})
     assert choose(gpu, datatype, world_size, shape) is None
@@ -72,7 +72,7 @@ def test_the_rule_answers_at_one_rank_on_hopper_and_leaves_the_rest_as_measured(
         # (up to GEMV_ROWS rows the few-rows kernel, with its own tile; above, the fitted rule)
         assert knobs["gemv"] == (m <= GEMV_ROWS)
         assert tile_of(knobs) == (gemv_tile("two_shot", "hopper", (m, 5120, 3456, 1)) if m <= GEMV_ROWS else
-                                  rule_tile(m, FITTED))
+                                  rule_tile((m, 5120, 3456), FITTED))
     # The ring's tile, another GPU family, and two ranks: as before (the rule is fitted at one rank on Hopper).
     old = dict(capability=(9, 0), multiprocessors=132, shape=(16, 8192, 1024, 2))
     assert tuned_defaults("cuda", "two_shot", **old, gpu=H100, datatype="bf16") == tuned_defaults("cuda", "two_shot", **old)
@@ -88,17 +88,19 @@ def test_the_shipped_rule_answers_every_row_count_with_a_tile_the_sweep_times(tm
 
     bounds = sorted(RULE)
     assert bounds[-1] >= 1 << 20 and bounds[0] >= 1
-    lower = 0
+    lower, answers = 0, set()
     for bound in bounds:
         for m in {lower + 1, bound}:
-            assert RULE[bound] in candidates(m), (bound, m, RULE[bound])
-            assert rule_tile(m) == RULE[bound]
+            for n, k in ((5120, 96), (2048, 3456), (16384, 16384)):
+                tile = rule_tile((m, n, k))
+                assert tile in candidates(m), (bound, m, n, k, tile)
+                answers.add(tile)
         lower = bound
-    assert rule_tile(1 << 21) == RULE[bounds[-1]]
+    assert rule_tile((1 << 21, 8192, 8192)) in candidates(1 << 21)
     # Each is a tile a cache file may hold (save_cache refuses any other), so `gemmar tune` can start from it.
     path = str(tmp_path / "rule.json")
-    save_cache([make_entry(H100, "bf16", 1, (bound, 8, 8), "two_shot", tile) for bound, tile in RULE.items()], path)
-    assert len(load_cache(path)) == len(RULE)
+    save_cache([make_entry(H100, "bf16", 1, (i + 1, 8, 8), "two_shot", tile) for i, tile in enumerate(answers)], path)
+    assert len(load_cache(path)) == len(answers)
 
 
 def good_entry():
@@ -152,8 +154,35 @@ def test_the_rule_is_fitted_per_bucket_of_rows_on_geometric_means():
             (4096, {a: 2.0, b: 1.01})]                                              # the largest bucket: b
     rule = fit_rule(rows)
     assert rule[16] == a and rule[64] == b and rule[max(rule)] == b and len(rule) == 3
-    assert rule_tile(1, rule) == a and rule_tile(32, rule) == b and rule_tile(1000, rule) == b
-    assert rule_tile(1 << 20, rule) == b and rule_tile(5, {}) is None
+    assert rule_tile((1, 8, 8), rule) == a and rule_tile((32, 8, 8), rule) == b and rule_tile((1000, 8, 8), rule) == b
+    assert rule_tile((1 << 20, 8, 8), rule) == b and rule_tile((5, 8, 8), {}) is None
+
+
+def test_the_wave_model_fits_the_waves_and_picks_the_tile_that_fills_the_last():
+    """Times made by a known wave model are fitted back to it, and the rule then picks, per shape, the tile with
+    the fewest idle SMs unless its steps cost more: 128 x 128 tiles where 128 x 256 leave a wave half empty."""
+    from gemmar.tuning_cache import predicted_us, rule_from_json
+    from lab.models.tile_rule import fit_wave_model, wave_rule
+
+    small, large = (128, 128, 64, 4, 4, 8), (128, 256, 64, 8, 4, 8)
+    truth = {small: (4.0, 1.0, 0.4), large: (5.0, 2.0, 0.7)}
+    shapes = [(m, n, k) for m in (256, 1024, 4096) for n in (2048, 5120, 8192) for k in (192, 1024, 4096)]
+    rows = [(s, {t: predicted_us(c, t, s, 132) for t, c in truth.items()}) for s in shapes]
+    model = fit_wave_model(rows, 132)
+    assert all(model[t] == pytest.approx(truth[t], abs=1e-3) for t in truth)
+    rule = wave_rule({16: (16, 64, 256, 4, 3, 8)}, model)
+    assert rule[16] == (16, 64, 256, 4, 3, 8) and all(t in dict(rule[1 << 20]) for t in truth)
+    # 8192 x 8192: 256 large tiles fill two waves; 1024 x 5120: 160 large tiles are a wave and 28, 320 small 2.4
+    assert rule_tile((8192, 8192, 4096), rule) == large
+    assert rule_tile((1024, 5120, 3456), rule) == small
+    # another GPU counts its own waves: 160 large tiles in one wave of 160 SMs
+    assert rule_tile((1024, 5120, 3456), rule, sms=160) == large
+    # a rule file holds the same, and a bad one is refused in one line
+    as_json = json.loads(json.dumps({str(b): [[list(t), list(c)] for t, c in e] if isinstance(e[0], tuple)
+                                     else list(e) for b, e in rule.items()}))
+    assert rule_from_json(as_json) == {b: e for b, e in rule.items()}
+    with pytest.raises(UsageError, match="a rule must map rows"):
+        rule_from_json({"16": "tile"})
 
 
 def test_shapes_are_read_from_words_and_files(tmp_path):
@@ -201,10 +230,10 @@ def test_the_few_rows_kernel_answers_up_to_64_rows_unless_the_cache_holds_the_sh
     # forced --gemv with programs is refused in one line.
     rule = tuned_defaults("cuda", "two_shot", (9, 0), 132, shape=(*shape, 1), gpu=H100, datatype="bf16",
                           given={"gemv": False})
-    assert not rule["gemv"] and tile_of(rule) == rule_tile(16)
+    assert not rule["gemv"] and tile_of(rule) == rule_tile(shape)
     short = tuned_defaults("cuda", "two_shot", (9, 0), 132, shape=(40, 4096, 1024, 1), gpu=H100, datatype="bf16",
                            given={"BLK_M": 16})
-    assert not short["gemv"] and short["BLK_M"] == 16 and tile_of(short)[1:] == rule_tile(40)[1:]
+    assert not short["gemv"] and short["BLK_M"] == 16 and tile_of(short)[1:] == rule_tile((40, 4096, 1024))[1:]
     programs = tuned_defaults("cuda", "two_shot", (9, 0), 132, shape=(*shape, 1), gpu=H100, datatype="bf16",
                               given={"num_sms": 64})
     assert not programs["gemv"] and programs["num_sms"] == 64

@@ -90,7 +90,7 @@ class PreparedLaunch:
         :meth:`at` launches. Not for a kernel with per-launch arguments: those change every launch."""
         if self.per_launch:
             raise ValueError(f"{self.kernel.__name__}: its per-launch arguments change every launch: use at(count)")
-        if USE_GRAPHS:
+        if USE_GRAPHS and self.launcher is not None:   # (captured after the first launch, which compiles)
             if self.graph is None:
                 self.graph = self._capture()
             if self.graph:

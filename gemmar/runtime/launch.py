@@ -284,6 +284,12 @@ def launch_ranks(fused, inputs, wait=False):
         for f, prepared in zip(fused, calls):
             if step < len(prepared):
                 with on_stream(f.stream_names[step]):
-                    prepared[step].at(f.launches)
+                    if f.config.world_size == 1 and not prepared[step].per_launch:
+                        # Nothing of a one-rank launch changes between launches with the same A and B: replayed
+                        # as a CUDA graph, one driver call, where Triton's launcher would encode both tensor
+                        # descriptors again (docs/decisions.md, CUDA graphs).
+                        prepared[step].replay()
+                    else:
+                        prepared[step].at(f.launches)
     return [f._launched(wait) for f in fused]
 

@@ -37,3 +37,46 @@ def fit_rule(rows, buckets=M_BUCKETS):
     if rule and max(rule) < buckets[-1]:
         rule[buckets[-1]] = rule.pop(max(rule))
     return rule
+
+
+def predicted_us(coefficients, tile, shape, sms):
+    """The wave model's time for ``tile`` at ``shape`` (M, N, K per rank): fixed + waves x (per wave + steps x per
+    step), microseconds; the package's copy of this arithmetic is ``tuning_cache.predicted_us``."""
+    from gemmar.tuning_cache import predicted_us as kit
+
+    return kit(coefficients, tile, shape, sms)
+
+
+def fit_wave_model(rows, sms, least_shapes=3):
+    """{tile: (fixed, per wave, per wave-step) microseconds} from measured rows, each ``((M, N, K), {tile: GPU
+    microseconds})``: per tile, least squares of the relative error over every shape that timed it (a tile timed at
+    fewer than ``least_shapes`` shapes is left out). A launch of a persistent GEMM with one program an SM runs
+    ceil(tiles / SMs) waves of tiles, each K / BLK_K steps long, plus a fixed cost (launch, first loads)."""
+    import numpy as np
+
+    from gemmar.tuning_cache import wave_features
+
+    by_tile = {}
+    for shape, times in rows:
+        for tile, us in times.items():
+            by_tile.setdefault(tuple(tile), []).append((shape, us))
+    model = {}
+    for tile, timed in sorted(by_tile.items()):
+        if len(timed) < least_shapes:
+            continue
+        # (each equation divided by its time: the fit minimises relative, not absolute, error)
+        X = np.array([[f / us for f in wave_features(tile, shape, sms)] for shape, us in timed])
+        coefficients = np.linalg.lstsq(X, np.ones(len(timed)), rcond=None)[0]
+        model[tile] = tuple(round(float(c), 4) for c in coefficients)
+    return model
+
+
+def wave_rule(bucket_rule, model, above=64):
+    """A rule: ``bucket_rule``'s tiles up to ``above`` rows, and above them, per bucket, the wave model over the
+    bucket's candidate tiles (``tuning_cache.candidates``) that ``model`` has."""
+    from gemmar.tuning_cache import candidates
+
+    rule = {bound: tile for bound, tile in bucket_rule.items() if bound <= above}
+    for bound in sorted(b for b in M_BUCKETS if b > above):
+        rule[bound] = tuple((tile, model[tile]) for tile in candidates(bound) if tile in model)
+    return rule
