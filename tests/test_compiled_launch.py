@@ -36,6 +36,11 @@ SCRIPT = textwrap.dedent('''
     fixed.replay()
     fixed.replay()                 # each launch adds 3, as the first did
     print("replayed", x.tolist())
+    z = torch.zeros(4, dtype=torch.int32)
+    fresh = PreparedLaunch(add_epoch, (1,), (z, 4), {"BLOCK": 4})
+    fresh.replay()                 # a replay before any launch launches first (as a one-rank launch does)
+    fresh.replay()
+    print("replayed first", z.tolist())
 ''')
 
 
@@ -47,3 +52,4 @@ def test_at_and_replay_launch_what_they_say():
     assert lines[0] == "counted [7, 7, 7, 7] [2, 2, 2, 2]"
     assert lines[1] == ("refused: add_epoch: its per-launch arguments change every launch: use at(count)")
     assert lines[2] == "replayed [16, 16, 16, 16]"
+    assert lines[3] == "replayed first [10, 10, 10, 10]"

@@ -16,7 +16,7 @@ The first launch goes through Triton as usual (which compiles, or finds the kern
 has no compiled kernels: there every launch goes through Triton.
 
 A launch whose arguments are all the same as last time (a kernel that reads its launch number from the
-device, as the standalone all-reduce does) can go further: :meth:`PreparedLaunch.replay` captures it once
+device, as the standalone all-reduce does, or a fused kernel at one rank) can go further: :meth:`PreparedLaunch.replay` captures it once
 in a CUDA graph and then launches it with one driver call (:class:`GraphLaunch`). Triton's launcher parses
 every argument on every launch; at 1 MiB an all-reduce's GPU work is a few microseconds and that parsing
 was most of its time.
