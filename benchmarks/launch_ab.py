@@ -284,7 +284,8 @@ def taint(args):
         torch.cuda.synchronize()
         named.append((name, stream))
 
-    first = lambda i: (lambda stream: new_kernel(i)[0]())
+    def first(i):   # (a work: the first launch of a new kernel)
+        return lambda stream: new_kernel(i)[0]()
     other = driver_stream()
     fresh("first_launch_first", first(1))
     fresh("loaded_then_first_launch", lambda s: loaded(), first(2))

@@ -321,7 +321,7 @@ def grid_ratios(row, how="wall"):
 def analyse(paths, rules_out, how="wall"):
     """Figures against the targets, the heat maps, and (from --grid runs) the rule fitted on every model and the
     leave-one-model-out rules evaluated on the grid's own measurements."""
-    from gemmar.tuning_cache import rule_tile
+    from gemmar.tuning_cache import rule_tile, rule_to_json
     from lab.models.tile_rule import fit_rule, fit_wave_model, wave_rule   # (the repository root is on sys.path: above)
 
     reports = [json.load(open(p)) for p in paths]
@@ -425,12 +425,8 @@ def analyse(paths, rules_out, how="wall"):
         if rule_tile((1, 1, 1)) is not None:   # (gemmar's RULE as shipped, where it is not the fit above)
             picks["gemmar's RULE (from the grid)"] = lambda row: grid_ratios(row, how).get(rule_tile(shape(row), sms=sms))
         print(f"rule fitted on all models: {buckets}")
-
-        def as_json(r):
-            return {str(b): [[list(t), list(c)] for t, c in e] if isinstance(e[0], tuple) else list(e)
-                    for b, e in r.items()}
-        summary["rule_all"] = as_json(rule)
-        summary["rules_lomo"] = {mdl: as_json(r[1]) for mdl, r in lomo.items()}
+        summary["rule_all"] = rule_to_json(rule)
+        summary["rules_lomo"] = {mdl: rule_to_json(r[1]) for mdl, r in lomo.items()}
         if rules_out:
             with open(rules_out, "w") as f:
                 json.dump(summary["rules_lomo"], f, indent=1)

@@ -86,7 +86,7 @@ def tuned_defaults(backend, algorithm, capability=(0, 0), multiprocessors=0, sha
     may_gemv = given.get("gemv", True) and not {"num_sms", "comm_sms"} & set(given) and \
         (shape is None or given.get("BLK_M", shape[0]) >= shape[0])
     chosen, _, gemv = tile_choice(algorithm, family, shape, gpu, datatype, shared, gemv=may_gemv,
-                                  sms=multiprocessors or None)
+                                  sms=given.get("num_sms") or multiprocessors or 108)
     tile = chosen or tile
     gemv = given.get("gemv", gemv)   # (--gemv over the choice)
     knobs = {**dict(zip(TUNED_KNOBS[:6], tile)), **given, "gemv": gemv}

@@ -1,11 +1,12 @@
 """Per-shape choices of kernel and tile: the tuning cache (a JSON file that ``gemmar tune`` writes and a user can
 ship beside their model) and the fitted rule that answers for every shape the cache does not hold.
 
-    choose(gpu, datatype, world_size, (M, N, K_r), algorithm=None) -> Choice(algorithm, tile, source)
+    choose(gpu, datatype, world_size, (M, N, K_r), algorithm=None, sms=None) -> Choice(algorithm, tile, source)
 
 A cache entry is keyed by the GPU's name, the dtype, the world size and the per-rank shape (M, N, K_r) and gives
 the kernel and its tile (BLK_M, BLK_N, BLK_K, num_warps, num_stages, gsize_m) that measured fastest there. Where
-the cache holds no entry, the rule (:data:`RULE`, by rows per rank, fitted on the shape sweep's measured grid:
+the cache holds no entry, the rule (:data:`RULE`: by rows per rank, and above 64 rows a wave model of the
+candidate tiles on the GPU's SMs; fitted on the shape sweep's measured grid:
 benchmarks/shape_sweep.py; docs/decisions.md, the tile rule and the tuning cache) gives the tile for two_shot and
 one_shot at one rank on Hopper; elsewhere, or were the rule empty, the algorithm's own measured tiles stand
 (``tuning.tuned_defaults``). This module needs no GPU and no torch: the CPU tests read, refuse and fall back
@@ -43,8 +44,8 @@ CANDIDATES = {
 # ((tile, (fixed, per wave, per wave-step) microseconds), ...) over the bucket's candidates, and the tile whose
 # predicted time (predicted_us) is least at the shape: a persistent GEMM runs ceil(tiles / SMs) waves of K / BLK_K
 # steps, so the tile that leaves the fewest SMs idle in the last wave wins unless its steps cost more. Fitted per
-# tile on GPU time over every shape that timed it (1 x H100, 2026-12-06, 49 shapes above 64 rows). Why each bucket has
-# its tile, what the model buys and what it leaves slow: docs/decisions.md, the tile rule and the tuning cache.
+# tile on GPU time over every swept shape above 64 rows that timed it. Why each bucket has its tile, what the model
+# buys and what it leaves slow: docs/decisions.md, the tile rule and the tuning cache (and its wave model).
 _WAVES = {   # {tile: (fixed, per wave, per wave-step) microseconds}
     (32, 64, 128, 4, 4, 8): (3.2652, 1.0521, 0.3619),
     (64, 64, 128, 4, 4, 8): (3.2575, 1.152, 0.355),
@@ -98,7 +99,9 @@ def rule_tile(shape, rule=None, sms=None):
         return None
     bounds = sorted(rule)
     entry = rule[next((b for b in bounds if shape[0] <= b), bounds[-1])]
-    if entry and isinstance(entry[0], (tuple, list)):
+    if not entry:
+        return None
+    if isinstance(entry[0], (tuple, list)):
         return tuple(min(entry, key=lambda pair: predicted_us(pair[1], pair[0], shape, sms or RULE_SMS))[0])
     return tuple(entry)
 
@@ -116,19 +119,36 @@ def predicted_us(coefficients, tile, shape, sms):
 
 
 def rule_from_json(obj):
-    """A rule read from a JSON file ({"bound": tile, or [[tile, coefficients], ...]}), as RULE holds one; a one-line
-    UsageError for anything else."""
+    """A rule read from a JSON file ({"bound": tile, or [[tile, coefficients], ...]}: :func:`rule_to_json`'s), as RULE
+    holds one; a one-line UsageError for anything else."""
+    def tile_of(value):
+        tile = tuple(int(x) for x in value)
+        if len(tile) != len(TILE_KNOBS) or min(tile) < 1:
+            raise ValueError(f"a tile is {len(TILE_KNOBS)} positive integers ({', '.join(TILE_KNOBS)}), not {value}")
+        return tile
+
     rule = {}
     try:
         for bound, entry in obj.items():
-            if entry and isinstance(entry[0], list):
-                rule[int(bound)] = tuple((tuple(int(x) for x in tile), tuple(float(c) for c in coefficients))
+            if not entry:
+                raise ValueError(f"rows {bound} have no tile")
+            if isinstance(entry[0], list):
+                rule[int(bound)] = tuple((tile_of(tile), tuple(float(c) for c in coefficients))
                                          for tile, coefficients in entry)
+                if any(len(c) != 3 for _, c in rule[int(bound)]):
+                    raise ValueError(f"rows {bound}: a wave model's coefficients are 3 numbers (fixed, per wave, "
+                                     f"per wave-step)")
             else:
-                rule[int(bound)] = tuple(int(x) for x in entry)
+                rule[int(bound)] = tile_of(entry)
     except (AttributeError, TypeError, ValueError) as e:
         raise UsageError(f"a rule must map rows to a tile or to [[tile, coefficients], ...]: {e}") from None
     return rule
+
+
+def rule_to_json(rule):
+    """``rule`` as a JSON object (:func:`rule_from_json` reads it back)."""
+    return {str(bound): [[list(tile), list(c)] for tile, c in entry] if entry and isinstance(entry[0], tuple)
+            else list(entry) for bound, entry in rule.items()}
 
 
 # -- the cache file ------------------------------------------------------------------------------------------

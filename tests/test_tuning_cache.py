@@ -161,7 +161,7 @@ def test_the_rule_is_fitted_per_bucket_of_rows_on_geometric_means():
 def test_the_wave_model_fits_the_waves_and_picks_the_tile_that_fills_the_last():
     """Times made by a known wave model are fitted back to it, and the rule then picks, per shape, the tile with
     the fewest idle SMs unless its steps cost more: 128 x 128 tiles where 128 x 256 leave a wave half empty."""
-    from gemmar.tuning_cache import predicted_us, rule_from_json
+    from gemmar.tuning_cache import predicted_us, rule_from_json, rule_to_json
     from lab.models.tile_rule import fit_wave_model, wave_rule
 
     small, large = (128, 128, 64, 4, 4, 8), (128, 256, 64, 8, 4, 8)
@@ -178,11 +178,13 @@ def test_the_wave_model_fits_the_waves_and_picks_the_tile_that_fills_the_last():
     # another GPU counts its own waves: 160 large tiles in one wave of 160 SMs
     assert rule_tile((1024, 5120, 3456), rule, sms=160) == large
     # a rule file holds the same, and a bad one is refused in one line
-    as_json = json.loads(json.dumps({str(b): [[list(t), list(c)] for t, c in e] if isinstance(e[0], tuple)
-                                     else list(e) for b, e in rule.items()}))
-    assert rule_from_json(as_json) == {b: e for b, e in rule.items()}
-    with pytest.raises(UsageError, match="a rule must map rows"):
-        rule_from_json({"16": "tile"})
+    assert rule_from_json(json.loads(json.dumps(rule_to_json(rule)))) == rule
+    for bad in ({"16": "tile"}, {"16": []}, {"16": [16, 64]}, {"512": [[[128, 128, 64, 4, 4, 8], [1.0, 2.0]]]}):
+        with pytest.raises(UsageError, match="a rule must map rows"):
+            rule_from_json(bad)
+    # a bucket none of whose tiles was timed at enough shapes is left out; an empty entry answers nothing
+    assert 512 not in wave_rule({}, {(1, 2, 3, 4, 5, 6): (1.0, 1.0, 1.0)})
+    assert rule_tile((600, 8, 8), {1 << 20: ()}) is None
 
 
 def test_shapes_are_read_from_words_and_files(tmp_path):

@@ -86,8 +86,8 @@ class PreparedLaunch:
 
     def replay(self):
         """The launch again with every argument as last time: through a CUDA graph, captured at the first
-        replay, where one can be made (a compiled kernel with no per-launch arguments, on CUDA); else as
-        :meth:`at` launches. Not for a kernel with per-launch arguments: those change every launch."""
+        replay after a first launch (which compiles), where one can be made (a compiled kernel with no per-launch
+        arguments, on CUDA); else as :meth:`at` launches. Not for a kernel with per-launch arguments: those change every launch."""
         if self.per_launch:
             raise ValueError(f"{self.kernel.__name__}: its per-launch arguments change every launch: use at(count)")
         if USE_GRAPHS and self.launcher is not None:   # (captured after the first launch, which compiles)

@@ -39,14 +39,6 @@ def fit_rule(rows, buckets=M_BUCKETS):
     return rule
 
 
-def predicted_us(coefficients, tile, shape, sms):
-    """The wave model's time for ``tile`` at ``shape`` (M, N, K per rank): fixed + waves x (per wave + steps x per
-    step), microseconds; the package's copy of this arithmetic is ``tuning_cache.predicted_us``."""
-    from gemmar.tuning_cache import predicted_us as kit
-
-    return kit(coefficients, tile, shape, sms)
-
-
 def fit_wave_model(rows, sms, least_shapes=3):
     """{tile: (fixed, per wave, per wave-step) microseconds} from measured rows, each ``((M, N, K), {tile: GPU
     microseconds})``: per tile, least squares of the relative error over every shape that timed it (a tile timed at
@@ -73,10 +65,12 @@ def fit_wave_model(rows, sms, least_shapes=3):
 
 def wave_rule(bucket_rule, model, above=64):
     """A rule: ``bucket_rule``'s tiles up to ``above`` rows, and above them, per bucket, the wave model over the
-    bucket's candidate tiles (``tuning_cache.candidates``) that ``model`` has."""
+    bucket's candidate tiles (``tuning_cache.candidates``) that ``model`` has (a bucket with none is left out)."""
     from gemmar.tuning_cache import candidates
 
     rule = {bound: tile for bound, tile in bucket_rule.items() if bound <= above}
     for bound in sorted(b for b in M_BUCKETS if b > above):
-        rule[bound] = tuple((tile, model[tile]) for tile in candidates(bound) if tile in model)
+        timed = tuple((tile, model[tile]) for tile in candidates(bound) if tile in model)
+        if timed:   # (none of the bucket's tiles timed at enough shapes: the next bound up answers for it)
+            rule[bound] = timed
     return rule
