@@ -44,8 +44,8 @@ CANDIDATES = {
 # ((tile, (fixed, per wave, per wave-step) microseconds), ...) over the bucket's candidates, and the tile whose
 # predicted time (predicted_us) is least at the shape: a persistent GEMM runs ceil(tiles / SMs) waves of K / BLK_K
 # steps, so the tile that leaves the fewest SMs idle in the last wave wins unless its steps cost more. Fitted per
-# tile on GPU time over every swept shape above 64 rows that timed it. Why each bucket has its tile, what the model
-# buys and what it leaves slow: docs/decisions.md, the tile rule and the tuning cache (and its wave model).
+# tile on GPU time over every swept shape above 64 rows that timed it. Why each bucket has its tile, and what the wave
+# model buys and leaves slow (its paragraph there): docs/decisions.md, the tile rule and the tuning cache.
 _WAVES = {   # {tile: (fixed, per wave, per wave-step) microseconds}
     (32, 64, 128, 4, 4, 8): (3.2652, 1.0521, 0.3619),
     (64, 64, 128, 4, 4, 8): (3.2575, 1.152, 0.355),
