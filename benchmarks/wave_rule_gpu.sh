@@ -12,9 +12,9 @@ mkdir -p "$out"
 here=$(dirname "$0")
 before="$here/../lab/data/wave-rule-2026-12-07/rule-before.json"
 step() { echo "== $* ($(date -u +%H:%M:%S))"; }
-step sweep; python3 "$here/shape_sweep.py" "$out/sweep.json" --auto_only --max_seconds 190 2>&1 | tail -16
+step sweep; python3 "$here/shape_sweep.py" "$out/sweep.json" --auto_only --max_seconds 170 2>&1 | tail -16
 step rule_before; python3 "$here/shape_sweep.py" "$out/rule-before.json" --auto_only --min_m 65 --rule "$before" \
-    --max_seconds 110 2>&1 | tail -14
+    --max_seconds 90 2>&1 | tail -14
 step rule_before_no_graphs; GEMMAR_CUDA_GRAPHS=0 python3 "$here/shape_sweep.py" "$out/rule-before-no-graphs.json" \
-    --auto_only --min_m 65 --rule "$before" --max_seconds 110 2>&1 | tail -14
+    --auto_only --min_m 65 --rule "$before" --max_seconds 90 2>&1 | tail -14
 step done
