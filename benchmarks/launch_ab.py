@@ -146,7 +146,7 @@ def pool(args):
     the heap's two, and one of the driver's own making: which streams cost a launch more?"""
     import torch
 
-    from gemmar.tuner import inputs, one_gpu_rank, time_call
+    from gemmar.tuner import inputs, one_gpu_rank
 
     A, B, _ = inputs(1, 8192, 2048, "bf16")
     C = A @ B
@@ -195,11 +195,19 @@ def pool(args):
             torch.cuda.synchronize()
             named += [("first_launch_on_it", on_z), ("first_launch_beside", beside), ("the_companion", companion)]
         for name, stream in named:
-            def matmul(stream=stream):
-                with torch.cuda.stream(stream):
-                    torch.matmul(A, B, out=C)
-            print(f"{name:>8} {hex(stream.cuda_stream):>14} {time_call(matmul, 0.01, [stream])['gpu_ms'] * 1e3:.2f} us",
-                  flush=True)
+            print(f"{name:>8} {hex(stream.cuda_stream):>14} {matmul_us_on(stream, A, B, C):.2f} us", flush=True)
+
+
+def matmul_us_on(stream, A, B, C):
+    """GPU microseconds of torch.matmul(A, B, out=C) launched back to back on ``stream``."""
+    import torch
+
+    from gemmar.tuner import time_call
+
+    def matmul():
+        with torch.cuda.stream(stream):
+            torch.matmul(A, B, out=C)
+    return time_call(matmul, 0.01, [stream])["gpu_ms"] * 1e3
 
 
 def streams(args):
@@ -260,7 +268,7 @@ def taint(args):
     import triton
     import triton.language as tl
 
-    from gemmar.tuner import inputs, one_gpu_rank, time_call
+    from gemmar.tuner import inputs, one_gpu_rank
 
     def new_kernel(value):
         @triton.jit
@@ -313,11 +321,7 @@ def taint(args):
         named.append(("heap_side", heap.side_stream))
         for round_ in range(2):
             for name, stream in named:
-                def matmul(stream=stream):
-                    with torch.cuda.stream(stream):
-                        torch.matmul(A, B, out=C)
-                print(f"round {round_} {name:>36} {time_call(matmul, 0.01, [stream])['gpu_ms'] * 1e3:.2f} us",
-                      flush=True)
+                print(f"round {round_} {name:>36} {matmul_us_on(stream, A, B, C):.2f} us", flush=True)
 
 
 if __name__ == "__main__":
