@@ -27,6 +27,9 @@ from . import whereabouts
 from .host_calls import is_program_file
 
 FAILURE_GRACE_S = 5.0
+# How long a rank's call that came back as its engine's death waits for the engine's process to be seen gone (its
+# exit then says how: a signal, an exit code), before the rank is reported with ipyparallel's words alone.
+ENGINE_EXIT_WAIT_S = 3.0
 DEADLINE_EXIT_CODE = 3
 
 
@@ -194,6 +197,7 @@ class _ProgramRun:
         self.ended_at = [None] * W
         self.timed_out = False
         self.told = []   # the ranks the others were last told have ended (tell_ranks)
+        self.engine_lost_at = {}   # rank: when its call first came back as its engine's death
 
     def wait(self, timeout):
         """Until every rank has ended, or the rest were stopped."""
@@ -246,6 +250,11 @@ class _ProgramRun:
         for r, ar in enumerate(self.pending):
             if self.exit_codes[r] is None and ar.ready():
                 outcome = self._outcome(ar)
+                if (outcome["error"] or "").startswith("EngineError") and \
+                        time.monotonic() - self.engine_lost_at.setdefault(r, time.monotonic()) < ENGINE_EXIT_WAIT_S:
+                    # ipyparallel can tell that an engine died before its process is gone: wait a moment for
+                    # the process (above), whose exit says how it ended (a signal, an exit code).
+                    continue
                 self.exit_codes[r], self.errors[r] = outcome["exit_code"], outcome["error"]
                 self.ended_at[r] = outcome.get("ended_at") or time.time()   # (the rank's own clock, same host)
                 self.records[r] = outcome.get("sanitizer")
