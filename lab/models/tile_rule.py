@@ -63,10 +63,14 @@ def fit_wave_model(rows, sms, least_shapes=3):
     return model
 
 
-def wave_rule(bucket_rule, model, above=64):
-    """A rule: ``bucket_rule``'s tiles up to ``above`` rows, and above them, per bucket, the wave model over the
-    bucket's candidate tiles (``tuning_cache.candidates``) that ``model`` has (a bucket with none is left out)."""
+def wave_rule(bucket_rule, model, above=None):
+    """A rule: ``bucket_rule``'s tiles up to ``above`` rows (the few-rows kernel's, ``tuning.GEMV_ROWS``, when not
+    given), and above them, per bucket, the wave model over the bucket's candidate tiles
+    (``tuning_cache.candidates``) that ``model`` has (a bucket with none is left out)."""
+    from gemmar.tuning import GEMV_ROWS
     from gemmar.tuning_cache import candidates
+
+    above = GEMV_ROWS if above is None else above
 
     rule = {bound: tile for bound, tile in bucket_rule.items() if bound <= above}
     for bound in sorted(b for b in M_BUCKETS if b > above):
