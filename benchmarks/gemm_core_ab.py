@@ -1,6 +1,8 @@
-"""The one-rank GEMM core's variants at the shapes issue 60's sweep left slow: each candidate tile whole, warp
-specialized, and with its K cut (split-K, and stream-K where the slices give every program a share), against
-torch.matmul in the same process. Every result is checked against torch's.
+"""The one-rank GEMM core's variants at the shapes issue 60's sweep left slow: auto's choice, each candidate tile
+whole, and 128 x 256 with its K cut (split-K, and stream-K where the slices give every program a share), against
+torch.matmul in the same process. Every result is checked against torch's. (At commit f193094 it also timed warp
+specialization and tensor descriptors up to 512 rows, through switches in the package taken out after: docs/decisions.md,
+the tile rule and the tuning cache.)
 
     python3 benchmarks/gemm_core_ab.py OUT.json [--only MxNxK,...] [--max_seconds S]
 
@@ -22,10 +24,6 @@ TILES = [(128, 256, 64, 8, 4, 8), (128, 128, 64, 8, 4, 8), (64, 256, 64, 8, 3, 8
 MID_TILES = [(64, 128, 64, 4, 4, 8), (64, 128, 128, 4, 4, 8), (128, 128, 64, 4, 4, 8), (128, 128, 64, 8, 4, 8),
              (64, 256, 64, 8, 3, 8), (128, 256, 64, 8, 4, 8)]
 CUT_TILES = [(128, 256, 64, 8, 4, 8)]   # (each split compiles anew: WHOLE_TILES and SPLIT_K are constexprs)
-# How A and B are read: as the package does today, and through tensor descriptors at every row count above the
-# few-rows kernel's (GEMMAR_EXPERIMENT=TMA_FEW_ROWS; at most 512 rows at world size 1 the package reads pointers)
-READS = ["", "TMA_FEW_ROWS"]
-EXPERIMENT = "GEMMAR_EXPERIMENT"
 
 
 def main():
@@ -44,6 +42,7 @@ def main():
     from gemmar.runtime.backends import gpu_properties
     from gemmar.tuner import config_for, inputs, one_gpu_rank, tile_knobs, time_config, time_matmul
     from gemmar.tuning import tuned_defaults
+    from gemmar.tuning_cache import TILE_KNOBS
 
     gpu, capability, sms = gpu_properties("cuda")
     tuner.TRIALS = args.trials
@@ -52,36 +51,28 @@ def main():
                   torch=torch.__version__, triton=triton.__version__, command=" ".join(sys.argv), results=[])
     started = time.monotonic()
 
-    def timed(heap, m, n, k, knobs, A, B, ref, mm, experiment=""):
-        os.environ[EXPERIMENT] = experiment
-        try:
-            return time_config(heap, config_for(m, n, k, "bf16", "two_shot", knobs), A, B, ref, mm["gpu_ms"])
-        finally:
-            os.environ.pop(EXPERIMENT, None)
-
     with one_gpu_rank(4 << 30) as heap:
         for i, (m, n, k) in enumerate(shapes):
             A, B, ref = inputs(m, n, k, "bf16", seed=i)
             mm = time_matmul(A, B)
             row = dict(m=m, n=n, k=k, matmul=mm, variants=[])
 
-            def add(name, tile, knobs, experiment=""):
+            def add(name, tile, knobs):
                 if time.monotonic() - started > args.max_seconds:
                     return
-                got = timed(heap, m, n, k, knobs, A, B, ref, mm, experiment)
+                got = time_config(heap, config_for(m, n, k, "bf16", "two_shot", knobs), A, B, ref, mm["gpu_ms"])
                 got.update(name=name, tile=list(tile), split_k=knobs["split_k"])
                 row["variants"].append(got)
                 figure = (f"GPU {got['gpu_ms'] / mm['gpu_ms']:.3f} wall {got['wall_ms'] / mm['wall_ms']:.3f}"
                           if got.get("ok") else f"FAILED {got.get('error', got.get('rel_err'))}")
                 print(f"{m}x{n}x{k} {name:16s} {tile} split {knobs['split_k']}: {figure}", flush=True)
 
-            auto = tuned_defaults("cuda", "two_shot", capability, sms, shape=(m, n, k, 1), given={})
-            auto_tile = [auto[key] for key in ("BLK_M", "BLK_N", "BLK_K", "num_warps", "num_stages", "gsize_m")]
-            for reads in READS:
-                add(f"auto {reads or 'as is'}", auto_tile, auto, reads)
+            # (auto as the package runs it: the GPU's name and the dtype let the tuning cache and the rule answer)
+            auto = tuned_defaults("cuda", "two_shot", capability, sms, shape=(m, n, k, 1), given={}, gpu=gpu,
+                                  datatype="bf16")
+            add("auto", [auto[key] for key in TILE_KNOBS], auto)
             for tile in TILES if m > 512 else MID_TILES:
-                for reads in READS:
-                    add(f"whole {reads or 'as is'}", tile, tile_knobs(tile, sms, split_k=1), reads)
+                add("whole", tile, tile_knobs(tile, sms, split_k=1))
             for tile in CUT_TILES:
                 tiles = -(-m // tile[0]) * -(-n // tile[1])
                 whole, last_wave = waves(tiles, sms)
@@ -90,12 +81,9 @@ def main():
                     continue
                 fill = -(-sms // last_wave)
                 for split in sorted({2, fill} & set(range(2, steps // 4 + 1))):
-                    for reads in READS:
-                        add(f"{'stream' if split * last_wave > sms else 'split'}-K {reads or 'as is'}", tile,
-                            tile_knobs(tile, sms, split_k=split), reads)
+                    add("stream-K" if split * last_wave > sms else "split-K", tile, tile_knobs(tile, sms, split_k=split))
             row["matmul_after"] = time_matmul(A, B)
             report["results"].append(row)
-            del A, B, ref
             with open(args.out, "w") as f:
                 json.dump(report, f, indent=1)
             if time.monotonic() - started > args.max_seconds:

@@ -78,7 +78,6 @@ run a participant's own version of it. Step 4's wait is a part too (``WAIT_FOR_P
 late rank's partial is read before it is written.
 """
 
-import os
 from dataclasses import dataclass
 
 import torch
@@ -165,7 +164,7 @@ def one_rank_gemm(
         # the GEMM's tiles and programs, and how it computes a tile
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_SIZE_M: tl.constexpr,
         NUM_SMS: tl.constexpr, DOT_PRECISION: tl.constexpr, TRACE_CAPACITY: tl.constexpr, EVEN_K: tl.constexpr,
-        TMA: tl.constexpr, WARP_SPECIALIZE: tl.constexpr = False):
+        TMA: tl.constexpr):
     """two_shot and one_shot at world size 1: a tile's one partial is its sum, so each GEMM program writes its
     tiles straight into C (:func:`write_alone_tile`, steps 2-6 at once), and the launch is this kernel alone,
     with no flags and no communication programs. The partial's trip through memory (written, read back,
@@ -181,8 +180,7 @@ def one_rank_gemm(
     num_pid_n = tl.cdiv(N, BLOCK_N)
     gemm = (A, B, M, N, K, stride_am, stride_ak, stride_bk, stride_bn)   # (see gemm.traced_gemm_tile)
     n_events = tl.zeros((), tl.int32)
-    for tile_id in tl.range(pid, num_pid_m * num_pid_n, NUM_SMS, flatten=TMA and not WARP_SPECIALIZE,
-                            warp_specialize=WARP_SPECIALIZE):
+    for tile_id in tl.range(pid, num_pid_m * num_pid_n, NUM_SMS, flatten=TMA):
         acc, pid_m, pid_n, n_events, t = traced_gemm_tile(gemm, tile_id, trace, n_events, tile_coords, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_SIZE_M,
                                                            DOT_PRECISION, EVEN_K, TMA, TRACE_CAPACITY)
         n_events, t = write_alone_tile(acc, C, partials, M, N, stride_cm, stride_cn, trace, n_events, t, tile_id,
@@ -203,8 +201,7 @@ def one_rank_split_gemm(
         # how many shares each last-wave tile's K is cut, and how many rows the last share's program sums at once
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_SIZE_M: tl.constexpr,
         NUM_SMS: tl.constexpr, DOT_PRECISION: tl.constexpr, TRACE_CAPACITY: tl.constexpr, EVEN_K: tl.constexpr,
-        TMA: tl.constexpr, WHOLE_TILES: tl.constexpr, SPLIT_K: tl.constexpr, SUM_ROWS: tl.constexpr,
-        FLATTEN_WHOLE: tl.constexpr = False):
+        TMA: tl.constexpr, WHOLE_TILES: tl.constexpr, SPLIT_K: tl.constexpr, SUM_ROWS: tl.constexpr):
     """:func:`one_rank_gemm` with the K of the last wave's tiles shared out among the programs (split-K, and
     stream-K where the shares fill every program), for shapes whose last wave leaves most SMs idle: fewer tiles
     than SMs and a long K (one row of a decode step at K = 8192: 32-64 tiles for 132 SMs), or a wave and a bit
@@ -226,7 +223,7 @@ def one_rank_split_gemm(
     num_pid_n = tl.cdiv(N, BLOCK_N)
     gemm = (A, B, M, N, K, stride_am, stride_ak, stride_bk, stride_bn)   # (see gemm.traced_gemm_tile)
     n_events = tl.zeros((), tl.int32)
-    for tile_id in tl.range(pid, WHOLE_TILES, NUM_SMS, flatten=FLATTEN_WHOLE):
+    for tile_id in tl.range(pid, WHOLE_TILES, NUM_SMS):
         acc, pid_m, pid_n, n_events, t = traced_gemm_tile(gemm, tile_id, trace, n_events, tile_coords, BLOCK_M,
                                                            BLOCK_N, BLOCK_K, GROUP_SIZE_M, DOT_PRECISION, EVEN_K,
                                                            TMA, TRACE_CAPACITY)
@@ -417,11 +414,6 @@ def buffers(alloc, config, world_size):
                           **split)
 
 
-def _experiment(knob):
-    # EXPERIMENT (not to land as is): GEMMAR_EXPERIMENT=WARP_SPECIALIZE,FLATTEN_WHOLE turns a knob on
-    return {knob: True} if knob in os.environ.get("GEMMAR_EXPERIMENT", "").split(",") else {}
-
-
 def launches(ctx, gemm_kernel=two_shot_gemm, reduce_kernel=two_shot_reduce):
     """Two kernels on two streams: the GEMM on the rank's, the reduction on its side stream (the rank's
     next launch waits for it). The reduction records into the trace buffer after the GEMM programs'.
@@ -447,12 +439,11 @@ def launches(ctx, gemm_kernel=two_shot_gemm, reduce_kernel=two_shot_reduce):
             A=ctx.A, B=ctx.B, C=buf.C, partials=buf.partials, slices=buf.slices, slices_in=buf.slices_in, M=cfg.m,
             N=cfg.n, K=ctx.K, **ctx.strides, stride_cm=cfg.n, stride_cn=1, trace=ctx.trace,
             trace_counts=ctx.trace_counts, **ctx.gemm, WHOLE_TILES=cfg.whole_tiles, SPLIT_K=cfg.split_k,
-            SUM_ROWS=min(cfg.BLK_M, SPLIT_SUM_ROWS), **_experiment("FLATTEN_WHOLE")))]
+            SUM_ROWS=min(cfg.BLK_M, SPLIT_SUM_ROWS)))]
     if ctx.world_size == 1 and SPEC.runs_its_own_parts(ctx.parts):
         return [Launch(one_rank_gemm, (cfg.num_sms,), ctx.tuning(
             A=ctx.A, B=ctx.B, C=buf.C, partials=buf.partials, M=cfg.m, N=cfg.n, K=ctx.K, **ctx.strides,
-            stride_cm=cfg.n, stride_cn=1, trace=ctx.trace, trace_counts=ctx.trace_counts, **ctx.gemm,
-            **_experiment("WARP_SPECIALIZE")))]
+            stride_cm=cfg.n, stride_cn=1, trace=ctx.trace, trace_counts=ctx.trace_counts, **ctx.gemm))]
     # GEMM programs help only when the communication programs are fewer than theirs (then each one is
     # an SM the GEMM does not have, and there may be too few to keep up); with one beside each GEMM program
     # there are enough, and looking over the tiles would only cost the GEMM programs time.

@@ -7,8 +7,6 @@ zeroed or reset on the host in between (see the kernels' docstrings for how each
 """
 
 import numpy as np
-import os
-
 import torch
 
 from ..config import RunConfig
@@ -43,8 +41,7 @@ def gemm_operands(A, B, config, device):
     """
     if device.type != "cuda" or torch.cuda.get_device_capability(device) < (9, 0):
         return A, B, False
-    if config.world_size == 1 and config.m <= FEW_ROWS and \
-            "TMA_FEW_ROWS" not in os.environ.get("GEMMAR_EXPERIMENT", "").split(","):   # EXPERIMENT, not to land
+    if config.world_size == 1 and config.m <= FEW_ROWS:
         return A, B, False
     k_r, elem = A.shape[1], A.element_size()
     aligned = all(t.is_contiguous() and t.data_ptr() % 16 == 0 for t in (A, B)) and \
