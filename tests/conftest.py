@@ -72,6 +72,46 @@ ALONE = ("test_explorer.py", "test_shared_server.py",
          "test_sanitizer.py::test_a_large_host_fill_is_one_record_of_byte_ranges")
 
 
+# Seconds each file's tests took in one of two xdist workers on 2 cores (`-m "not alone" --durations=0`, call + setup +
+# teardown, 2026-12-07 at 715c60f); a file not named here counts as FILE_SECONDS_UNKNOWN. Only the order the files are
+# handed out in depends on them (pytest_xdist_make_scheduler below), never what runs: stale figures cost balance only.
+FILE_SECONDS = {"test_browser.py": 328, "test_exercises.py": 320, "test_kernels.py": 238, "test_notebooks.py": 210,
+                "test_reliability.py": 129, "test_programs_end_with_their_run.py": 123, "test_compile.py": 122,
+                "test_lifecycle.py": 116, "test_sanitizer.py": 105, "test_allreduce.py": 104, "test_cli.py": 85,
+                "test_limits_are_named_in_one_line.py": 78, "test_iris_today.py": 69, "test_iris_programs.py": 69,
+                "test_cluster.py": 65, "test_readme.py": 64, "test_user_algorithm.py": 44, "test_faults.py": 41,
+                "test_iris_suite_causes.py": 35, "test_trace.py": 31, "test_reports_are_written_whole_or_not_at_all.py": 20,
+                "test_real_iris_host.py": 19, "test_compiled_launch.py": 16, "test_trace_files.py": 15, "test_docs.py": 8,
+                "test_mistakes.py": 7, "test_layers.py": 7, "test_config.py": 4, "test_interpreter_patched_only_in_gemmar.py": 3,
+                "test_device_api.py": 1, "test_casts.py": 1, "test_checks.py": 1, "test_model.py": 1, "test_program_hooks.py": 1,
+                "test_tuning_cache.py": 1, "test_iris_backend.py": 1}
+FILE_SECONDS_UNKNOWN = 20
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """`--dist loadfile`, longest files first. xdist hands out files by their number of tests, most first, so a file
+    of one long test (test_compile.py: one test, 2 minutes) or a few (test_browser.py) came last, and one worker ran
+    on alone at the end; handed out longest first, the short files at the end even the two workers out."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from collections import OrderedDict
+
+    from xdist.scheduler import LoadFileScheduling
+
+    class LongestFirst(OrderedDict):
+        # The scheduler's queue of files: it takes the next one with popitem(last=False) (xdist 3.x).
+        def popitem(self, last=True):
+            if last or not self:
+                return super().popitem(last)
+            scope = max(self, key=lambda scope: FILE_SECONDS.get(os.path.basename(scope), FILE_SECONDS_UNKNOWN))
+            return scope, self.pop(scope)
+
+    scheduler = LoadFileScheduling(config, log)
+    scheduler.workqueue = LongestFirst(scheduler.workqueue)
+    return scheduler
+
+
 def pytest_collection_modifyitems(items):
     """Mark each test with its tier (and "cluster" where it uses real engines); then tests without a
     world_size parameter first, then by world size: fewer clusters alive at a time."""

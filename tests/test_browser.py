@@ -23,6 +23,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -40,16 +41,15 @@ def _free_port():
         return s.getsockname()[1]
 
 
-@pytest.fixture
-def jupyterlab(tmp_path):
-    # Copies of the notebooks: JupyterLab saves outputs into the file it has open.
-    for name in ("01_persistent_gemm.ipynb", "02_atomic_accumulation.ipynb", "04_tile_explorer.ipynb",
-                 "06_two_shot.ipynb", "07_your_own_algorithm.ipynb", "08_iris_programs.ipynb"):
-        shutil.copy(ROOT / "notebooks" / name, tmp_path)
+@pytest.fixture(scope="module")
+def jupyterlab_server(tmp_path_factory):
+    """One JupyterLab for the file's tests (it took 5-7 s to start and stop, per test); each test works in a
+    folder of its own (the jupyterlab fixture) and its kernels are shut down when it ends."""
+    root = tmp_path_factory.mktemp("jupyterlab")
     port, token = _free_port(), secrets.token_hex(16)
-    log = open(tmp_path / "jupyterlab.log", "w")
+    log = open(root / "jupyterlab.log", "w")
     proc = subprocess.Popen([sys.executable, "-m", "jupyterlab", "--no-browser", "--allow-root", f"--port={port}",
-                             "--ip=127.0.0.1", f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={tmp_path}",
+                             "--ip=127.0.0.1", f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root}",
                              "--ServerApp.open_browser=False"], stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 90
@@ -60,15 +60,40 @@ def jupyterlab(tmp_path):
         except OSError:
             if time.monotonic() > deadline or proc.poll() is not None:
                 proc.kill()
-                pytest.fail("JupyterLab did not start within 90 s: " + (tmp_path / "jupyterlab.log").read_text()[-2000:])
+                log.close()
+                pytest.fail("JupyterLab did not start within 90 s: " + (root / "jupyterlab.log").read_text()[-2000:])
             time.sleep(0.5)
-    yield url, token
+    yield url, token, root
     proc.terminate()
     try:
         proc.wait(20)
     except subprocess.TimeoutExpired:
         proc.kill()
     log.close()
+
+
+def _api(url, token, path, method="GET"):
+    request = urllib.request.Request(f"{url}/api/{path}", method=method, headers={"Authorization": f"token {token}"})
+    with urllib.request.urlopen(request, timeout=60) as response:
+        body = response.read()
+    return json.loads(body) if body else None
+
+
+@pytest.fixture
+def jupyterlab(jupyterlab_server):
+    """(url, token, folder): fresh copies of the notebooks in a folder of this test's own under JupyterLab's root
+    (JupyterLab saves outputs into the file it has open); at the end, every kernel the test started is shut
+    down (with the cluster its notebook started), as stopping JupyterLab did when each test had its own."""
+    url, token, root = jupyterlab_server
+    folder = Path(tempfile.mkdtemp(prefix="test-", dir=root))
+    for name in ("01_persistent_gemm.ipynb", "02_atomic_accumulation.ipynb", "04_tile_explorer.ipynb",
+                 "06_two_shot.ipynb", "07_your_own_algorithm.ipynb", "08_iris_programs.ipynb"):
+        shutil.copy(ROOT / "notebooks" / name, folder)
+    yield url, token, folder.name
+    for session in _api(url, token, "sessions"):
+        _api(url, token, f"sessions/{session['id']}", method="DELETE")
+    for kernel in _api(url, token, "kernels"):   # (a kernel without a session: none expected)
+        _api(url, token, f"kernels/{kernel['id']}", method="DELETE")
 
 
 @contextlib.contextmanager
@@ -80,14 +105,14 @@ def notebook_page(jupyterlab, notebook, run_all=True):
         from playwright.sync_api import sync_playwright
     except ImportError:
         pytest.skip("!!! BROWSER TEST NOT RUN: Playwright for Python is not installed (pip install playwright) !!!")
-    url, token = jupyterlab
+    url, token, folder = jupyterlab
     SHOTS.mkdir(exist_ok=True)
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=[
             "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
             "--disable-component-update", "--disable-sync"])
         page = browser.new_page(viewport={"width": 1500, "height": 1800})
-        page.goto(f"{url}/lab/tree/{notebook}?token={token}&reset")   # reset: only this notebook open
+        page.goto(f"{url}/lab/tree/{folder}/{notebook}?token={token}&reset")   # reset: only this notebook open
         page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=120_000)
         # The kernel must be up before Run All; on a cold start (fresh venv) that takes a while.
         page.get_by_text("| Idle").first.wait_for(timeout=180_000)
