@@ -108,7 +108,8 @@ def pytest_xdist_make_scheduler(config, log):
             return scope, self.pop(scope)
 
     scheduler = LoadFileScheduling(config, log)
-    scheduler.workqueue = LongestFirst(scheduler.workqueue)
+    if isinstance(getattr(scheduler, "workqueue", None), OrderedDict):   # (another xdist: its own order, as before)
+        scheduler.workqueue = LongestFirst(scheduler.workqueue)
     return scheduler
 
 
