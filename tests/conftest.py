@@ -153,3 +153,13 @@ def clusters():
         os.environ.pop("PYTHONPATH", None)
     else:
         os.environ["PYTHONPATH"] = before
+
+
+@pytest.fixture(autouse=True)
+def close_figures():
+    """Figures a test drew and left open are closed after it: a worker runs many files' tests in one process, and
+    pyplot keeps every open figure (matplotlib warns past 20)."""
+    yield
+    pyplot = sys.modules.get("matplotlib.pyplot")
+    if pyplot is not None:
+        pyplot.close("all")

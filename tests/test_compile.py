@@ -12,6 +12,7 @@ import textwrap
 import pytest
 
 SCRIPT = textwrap.dedent('''
+    import inspect
     import os
 
     import triton
@@ -34,21 +35,31 @@ SCRIPT = textwrap.dedent('''
     SHARD, SHARDS = (int(v) for v in os.environ.get("GEMMAR_COMPILE_SHARD", "0/1").split("/"))
     builds = 0
 
-    def build(fn, signature, constexprs, ones=()):
+    def build(fn, signature, constexprs, ones=(), aligned=False):
         global builds
         builds += 1
         if (builds - 1) % SHARDS != SHARD:
             return
         # ``ones``: int arguments given as 1, which Triton turns into constants (a 1 x 1 x 1 problem, one rank).
         ones = {k: 1 for k in ones if k in signature}
+        # ``aligned``: what Triton's launcher tells the compiler at a shape whose sizes are multiples of 16 with
+        # contiguous A, B and C - the unit strides are constants, the pointers and the other sizes and strides
+        # divisible by 16. Without it plain-pointer loads cannot be vectorized, and are not software-pipelined.
+        attrs = {}
+        if aligned:
+            ones.update({k: 1 for k in ("stride_ak", "stride_bn", "stride_cn") if k in signature})
+            names = list(inspect.signature(fn.fn).parameters)
+            attrs = {(names.index(k),): [["tt.divisibility", 16]] for k, kind in signature.items()
+                     if k not in ones and k not in constexprs and (kind.startswith("*") or k in ints)}
         signature = dict(signature, **{k: "constexpr" for k in list(constexprs) + list(ones)})
         constexprs = dict(constexprs, **ones)
-        compiled = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs), target=target)
+        compiled = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs),
+                                  target=target)
         ptx = compiled.asm["ptx"]
         # A software-pipelined K loop keeps one wgmma group in flight while the next tiles load.
         pipelined = "wgmma.wait_group.sync.aligned 1" in ptx
         print(fn.__name__, constexprs.get("TRACE_CAPACITY"), "globaltimer" in ptx, len(compiled.asm["cubin"]), pipelined,
-              bool(constexprs.get("TMA")), len(ones))
+              bool(constexprs.get("TMA")), 0 if aligned else len(ones), aligned)
 
     def kernels(dtype, cap):
         tiles = dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_SIZE_M=8, NUM_SMS=132, DOT_PRECISION="tf32",
@@ -109,6 +120,13 @@ SCRIPT = textwrap.dedent('''
           dict(split_tiles, BLOCK_M=16, BLOCK_N=64, BLOCK_K=256, TMA=False, WHOLE_TILES=0, SPLIT_K=4, SUM_ROWS=16))
     build(two_shot.one_rank_split_gemm, {"A": "tensordesc<bf16[128, 64]>", "B": "tensordesc<bf16[64, 256]>", **split},
           dict(split_tiles, TMA=True, WHOLE_TILES=132, SPLIT_K=3, SUM_ROWS=32))
+    # The same through plain pointers (up to tuning.FEW_ROWS rows at world size 1), at an aligned shape as a launch
+    # compiles them: the tile GEMM whole, and split.
+    build(two_shot.one_rank_gemm, {"A": "*bf16", "B": "*bf16", "C": "*bf16", "partials": "*bf16",
+                                   **{k: "i32" for k in ints}, "trace": "*i64", "trace_counts": "*i64"},
+          dict(split_tiles, TMA=False), aligned=True)
+    build(two_shot.one_rank_split_gemm, {"A": "*bf16", "B": "*bf16", **split},
+          dict(split_tiles, TMA=False, WHOLE_TILES=132, SPLIT_K=3, SUM_ROWS=32), aligned=True)
     # The standalone all-reduce's own kernels (one launch each: copy in, publish, reduce).
     common = {"x": "*bf16", "numel": "i32", "out": "*bf16", "partials": "*bf16", "partial_ready": "*i32"}
     rest = {"watchdog": "*i64", "heap_bases": "*i64", "rank": "i32", "world_size": "i32", "launch_counts": "*i32",
@@ -136,18 +154,18 @@ def test_kernels_compile_for_hopper():
             pytest.skip("this Triton wheel carries no ptxas, so it cannot compile for NVIDIA here")
         assert returncode == 0, stderr[-3000:]
     lines = [line.split() for stdout, _, _ in outs for line in stdout.splitlines()]
-    assert len(lines) == 3 * 8 + 8 + 2 + 4 + 1   # (dtype, tracing) pairs x kernels, the 1 x 1 x 1 builds, split-K,
-    #                                            the all-reduce's own, the barrier
-    assert sum(int(line[-1]) > 0 for line in lines) == 10   # the kernels given arguments of 1 really had some
-    for name, capacity, has_timer, cubin_bytes, pipelined, tma, ones in lines:
+    assert len(lines) == 3 * 8 + 8 + 2 + 2 + 4 + 1   # (dtype, tracing) pairs x kernels, the 1 x 1 x 1 builds, split-K,
+    #                                                the aligned plain-pointer ones, the all-reduce's own, the barrier
+    assert sum(int(line[-2]) > 0 for line in lines) == 10   # the kernels given arguments of 1 really had some
+    assert sum(aligned == "True" for *_, aligned in lines) == 2   # (both plain-pointer GEMM builds were made)
+    for name, capacity, has_timer, cubin_bytes, pipelined, tma, ones, aligned in lines:
         assert int(cubin_bytes) > 0
         # (with K = 1 there is no loop to pipeline) A flattened tile loop once cost it its pipelining: 3x slower
-        # on an H200.
-        # (through plain pointers, for few rows, no K loop is software-pipelined, split or not: measured faster there
-        # than descriptors all the same; docs/decisions.md, FEW_ROWS)
+        # on an H200. Through plain pointers (few rows) the K loop is pipelined where the launch tells the compiler
+        # the shape is aligned (``aligned``); the other pointer builds carry no such hints, as a launch at odd sizes.
         if name in ("two_shot_gemm", "one_shot_gemm", "one_rank_gemm", "one_rank_split_gemm") and ones == "0" and \
-                tma == "True":
-            assert pipelined == "True", f"{name} (trace capacity {capacity}) is not software-pipelined"
+                (tma == "True" or aligned == "True"):
+            assert pipelined == "True", f"{name} (trace capacity {capacity}, TMA {tma}) is not software-pipelined"
         # The GPU timer is in the code exactly when tracing is on (and always in the barrier's watchdog).
         if name in ("two_shot_all_reduce", "one_shot_all_reduce"):
             continue   # (no trace; both wait, so they have the watchdog's clock)
