@@ -17,7 +17,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-# Shapes above 64 rows that issue 60's sweep of 2026-12-07 (run 14) left over 1.15x matmul's wall or GPU time.
+# The shapes issue 60's sweep of 2026-12-07 left over 1.15x by wall or GPU time above 64 rows (run 14), worst first.
 SHAPES = ["512x5120x4352", "512x6144x768", "128x5120x3200", "128x5120x2176", "128x7168x2304", "512x16384x6656",
           "1024x5120x3456"]
 TILES = [(128, 256, 64, 8, 4, 8), (128, 128, 64, 8, 4, 8), (64, 256, 64, 8, 3, 8), (256, 128, 64, 8, 3, 8)]

@@ -45,21 +45,21 @@ SCRIPT = textwrap.dedent('''
         # ``aligned``: what Triton's launcher tells the compiler at a shape whose sizes are multiples of 16 with
         # contiguous A, B and C - the unit strides are constants, the pointers and the other sizes and strides
         # divisible by 16. Without it plain-pointer loads cannot be vectorized, and are not software-pipelined.
-        units, attrs = {}, {}
+        attrs = {}
         if aligned:
-            units = {k: 1 for k in ("stride_ak", "stride_bn", "stride_cn") if k in signature}
+            ones.update({k: 1 for k in ("stride_ak", "stride_bn", "stride_cn") if k in signature})
             names = list(inspect.signature(fn.fn).parameters)
             attrs = {(names.index(k),): [["tt.divisibility", 16]] for k, kind in signature.items()
-                     if k not in units and k not in ones and k not in constexprs and (kind.startswith("*") or k in ints)}
-        signature = dict(signature, **{k: "constexpr" for k in list(constexprs) + list(ones) + list(units)})
-        constexprs = dict(constexprs, **ones, **units)
+                     if k not in ones and k not in constexprs and (kind.startswith("*") or k in ints)}
+        signature = dict(signature, **{k: "constexpr" for k in list(constexprs) + list(ones)})
+        constexprs = dict(constexprs, **ones)
         compiled = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs),
                                   target=target)
         ptx = compiled.asm["ptx"]
         # A software-pipelined K loop keeps one wgmma group in flight while the next tiles load.
         pipelined = "wgmma.wait_group.sync.aligned 1" in ptx
         print(fn.__name__, constexprs.get("TRACE_CAPACITY"), "globaltimer" in ptx, len(compiled.asm["cubin"]), pipelined,
-              bool(constexprs.get("TMA")), len(ones), aligned)
+              bool(constexprs.get("TMA")), 0 if aligned else len(ones), aligned)
 
     def kernels(dtype, cap):
         tiles = dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_SIZE_M=8, NUM_SMS=132, DOT_PRECISION="tf32",
